@@ -1,0 +1,44 @@
+// Error type and the FD_CHECK macro family: library code throws fd::Error, only main() exits.
+#pragma once
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace fd {
+
+// Every failure the library reports. The message is meant for a user: it names the file, the key or
+// the tensor involved and what was expected.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A configuration error (bad key, type or range). Programs exit with code 2 on it, before any work.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+[[noreturn]] void throw_check_failed(const char* expr, const char* file, int line, const std::string& msg);
+}  // namespace detail
+
+}  // namespace fd
+
+// FD_CHECK(cond, stream-expr): throws fd::Error("file:line: check `cond` failed: <message>").
+#define FD_CHECK(cond, msg)                                                          \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      std::ostringstream fd_check_os_;                                               \
+      fd_check_os_ << msg;                                                           \
+      ::fd::detail::throw_check_failed(#cond, __FILE__, __LINE__, fd_check_os_.str()); \
+    }                                                                                \
+  } while (0)
+
+// FD_THROW(stream-expr): throws fd::Error with the message alone (for errors meant for users).
+#define FD_THROW(msg)                      \
+  do {                                     \
+    std::ostringstream fd_throw_os_;       \
+    fd_throw_os_ << msg;                   \
+    throw ::fd::Error(fd_throw_os_.str()); \
+  } while (0)

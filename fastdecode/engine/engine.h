@@ -1,0 +1,77 @@
+// The Engine interface (DESIGN §3): the harness drives every engine (reference, FastDecode, GPU-only,
+// baselines) through these few calls. The harness owns the workload, clock, recorder and progress
+// display; an engine owns memory and devices.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fastdecode/core/json_util.h"
+#include "fastdecode/model/model_config.h"
+#include "fastdecode/model/sampler.h"
+#include "fastdecode/model/weights.h"
+
+namespace fd {
+
+struct Request {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;  // token ids, non-empty
+  int64_t max_new_tokens = 1;   // generation stops after this many tokens
+  bool stop_at_eos = false;     // also stop when the model emits its eos_token_id
+};
+
+struct GeneratedToken {
+  uint64_t request_id = 0;
+  int32_t token = 0;
+  bool finished = false;  // last token of the request; its resources are freed
+};
+
+// A timed interval inside a step, drawn as one event on `track` in trace.json.
+struct Span {
+  std::string track;  // e.g. "reference", later "gpu stream 0", "rworker 1"
+  std::string name;   // e.g. "prefill", "decode"
+  int64_t start_ns = 0;  // fd::now_ns() clock
+  int64_t dur_ns = 0;
+};
+
+struct StepResult {
+  std::vector<GeneratedToken> tokens;  // one per sequence that advanced this step
+  int64_t prefill_tokens = 0;          // prompt tokens processed this step
+  int64_t decode_tokens = 0;           // single-token decode inputs processed this step
+  int64_t total_context = 0;           // sum of context lengths attended over this step
+  std::vector<Span> spans;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual std::string name() const = 0;
+  // Queues requests; they start on a following step(). Throws fd::Error for a request the engine cannot
+  // run (token outside the vocabulary, longer than the model's positions); nothing is queued then.
+  virtual void add(const std::vector<Request>& requests) = 0;
+  // Runs one iteration over everything running (and starts queued requests).
+  virtual StepResult step() = 0;
+  // True when nothing is queued or running.
+  virtual bool done() const = 0;
+  // Frees resources; the engine may not be used afterwards. Idempotent.
+  virtual void shutdown() = 0;
+};
+
+// Engine settings from the experiment config's "engine" object.
+struct EngineConfig {
+  std::string type = "reference";
+  int64_t threads = 0;  // CPU threads for the engine's own compute; 0 = all cores
+};
+
+// Validates the "engine" object (unknown keys and bad values are ConfigErrors naming the key).
+EngineConfig parse_engine_config(StrictObject o);
+// Names accepted by "engine.type".
+std::vector<std::string> engine_types();
+std::unique_ptr<Engine> make_engine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights,
+                                    const SamplingParams& sampling);
+
+// Checks a request against a model (shared by engines and the harness's up-front validation).
+void validate_request(const Request& r, const ModelConfig& model);
+
+}  // namespace fd

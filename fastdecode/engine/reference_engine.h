@@ -1,0 +1,36 @@
+// The reference engine: the fp32 CPU reference model behind the Engine interface. All queued
+// requests start at the next step; each step prefills new prompts and decodes every running sequence.
+#pragma once
+#include <deque>
+#include <map>
+
+#include "fastdecode/engine/engine.h"
+#include "fastdecode/model/reference.h"
+
+namespace fd {
+
+class ReferenceEngine : public Engine {
+ public:
+  ReferenceEngine(const ModelConfig& model, TensorSource& weights, const SamplingParams& sampling);
+  std::string name() const override { return "reference"; }
+  void add(const std::vector<Request>& requests) override;
+  StepResult step() override;
+  bool done() const override { return queued_.empty() && running_.empty(); }
+  void shutdown() override;
+
+ private:
+  struct Running {
+    Request req;
+    int64_t seq = -1;
+    int64_t generated = 0;
+    int32_t last_token = 0;
+  };
+  void emit(Running& r, const float* logits, StepResult& out);
+
+  ReferenceModel model_;
+  SamplingParams sampling_;
+  std::deque<Request> queued_;
+  std::map<uint64_t, Running> running_;  // by request id: deterministic order
+};
+
+}  // namespace fd

@@ -1,0 +1,216 @@
+#include "fastdecode/model/reference.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "fastdecode/core/error.h"
+
+namespace fd {
+
+// y[t, o] = sum_i x[t, i] * W[o, i] + bias[o]. Parallel over output rows so each row of W is read once
+// per call whatever T is (decode batches are weight-bandwidth bound).
+void ref_linear(const float* x, int64_t T, int64_t in, const float* W, const float* bias, int64_t out, float* y) {
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < out; ++o) {
+    const float* wr = W + o * in;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xr = x + t * in;
+      // Eight partial sums: lets the compiler vectorise without reordering a single sum (-ffast-math).
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t i = 0;
+      for (; i + 8 <= in; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += xr[i + j] * wr[i + j];
+      float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      for (; i < in; ++i) s += xr[i] * wr[i];
+      y[t * out + o] = s + (bias ? bias[o] : 0.0f);
+    }
+  }
+}
+
+void ref_rmsnorm(const float* x, int64_t T, int64_t n, const float* w, double eps, float* out) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * n;
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+    const float r = float(1.0 / std::sqrt(ss / double(n) + eps));
+    for (int64_t i = 0; i < n; ++i) out[t * n + i] = w[i] * (xr[i] * r);
+  }
+}
+
+void ref_layernorm(const float* x, int64_t T, int64_t n, const float* w, const float* b, double eps, float* out) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * n;
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < n; ++i) mean += xr[i];
+    mean /= double(n);
+    for (int64_t i = 0; i < n; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    var /= double(n);  // biased variance, as torch.nn.LayerNorm
+    const double r = 1.0 / std::sqrt(var + eps);
+    for (int64_t i = 0; i < n; ++i) out[t * n + i] = float((xr[i] - mean) * r) * w[i] + b[i];
+  }
+}
+
+void ref_rope(float* vec, int64_t d, int64_t pos, double theta) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    // inv_freq_i = theta^(-2i/d), computed in double then used in fp32 as HF does in float32.
+    const float inv_freq = float(1.0 / std::pow(theta, double(2 * i) / double(d)));
+    const float angle = float(pos) * inv_freq;
+    const float c = std::cos(angle), s = std::sin(angle);
+    const float a = vec[i], b = vec[i + half];
+    vec[i] = a * c - b * s;
+    vec[i + half] = b * c + a * s;
+  }
+}
+
+ReferenceModel::ReferenceModel(ModelWeights weights) : w_(std::move(weights)) {}
+
+int64_t ReferenceModel::add_sequence() {
+  Sequence s;
+  s.live = true;
+  s.k.resize(size_t(w_.cfg.num_layers));
+  s.v.resize(size_t(w_.cfg.num_layers));
+  seqs_.push_back(std::move(s));
+  return int64_t(seqs_.size()) - 1;
+}
+
+ReferenceModel::Sequence& ReferenceModel::seq_at(int64_t seq) {
+  FD_CHECK(seq >= 0 && seq < int64_t(seqs_.size()) && seqs_[size_t(seq)].live, "no live sequence " << seq);
+  return seqs_[size_t(seq)];
+}
+const ReferenceModel::Sequence& ReferenceModel::seq_at(int64_t seq) const {
+  FD_CHECK(seq >= 0 && seq < int64_t(seqs_.size()) && seqs_[size_t(seq)].live, "no live sequence " << seq);
+  return seqs_[size_t(seq)];
+}
+
+void ReferenceModel::free_sequence(int64_t seq) { seq_at(seq) = Sequence{}; }
+int64_t ReferenceModel::sequence_length(int64_t seq) const { return seq_at(seq).length; }
+
+int64_t ReferenceModel::num_sequences() const {
+  return std::count_if(seqs_.begin(), seqs_.end(), [](const Sequence& s) { return s.live; });
+}
+
+int64_t ReferenceModel::total_context() const {
+  int64_t n = 0;
+  for (const auto& s : seqs_) n += s.live ? s.length : 0;
+  return n;
+}
+
+std::vector<float> ReferenceModel::forward(const std::vector<RefToken>& batch) {
+  const ModelConfig& c = w_.cfg;
+  const bool llama = c.arch == Arch::Llama;
+  const int64_t T = int64_t(batch.size()), H = c.hidden_size, I = c.intermediate_size;
+  const int64_t D = c.head_dim, nH = c.num_heads, nKV = c.num_kv_heads, group = nH / nKV;
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+
+  // Positions: each token goes at its sequence's next free slot.
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  {
+    std::vector<int64_t> next(seqs_.size(), 0);
+    for (size_t s = 0; s < seqs_.size(); ++s) next[s] = seqs_[s].live ? seqs_[s].length : 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const RefToken& tok = batch[size_t(t)];
+      seq_at(tok.seq);
+      FD_CHECK(tok.token >= 0 && tok.token < c.vocab_size, "token id " << tok.token << " outside vocab of " << c.vocab_size);
+      pos[size_t(t)] = next[size_t(tok.seq)]++;
+      FD_CHECK(pos[size_t(t)] < c.max_position_embeddings,
+               "position " << pos[size_t(t)] << " exceeds max_position_embeddings " << c.max_position_embeddings);
+    }
+  }
+
+  // x: residual stream [T, H].
+  std::vector<float> x(size_t(T * H)), h(size_t(T * H));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* e = w_.embed.data() + int64_t(batch[size_t(t)].token) * H;
+    for (int64_t i = 0; i < H; ++i) x[size_t(t * H + i)] = e[i];
+    if (!llama) {  // OPT: learned positions, offset 2 as in HF's OPTLearnedPositionalEmbedding
+      const float* p = w_.pos_embed.data() + (pos[size_t(t)] + 2) * H;
+      for (int64_t i = 0; i < H; ++i) x[size_t(t * H + i)] += p[i];
+    }
+  }
+
+  std::vector<float> q(size_t(T * qd)), k(size_t(T * kvd)), v(size_t(T * kvd)), att(size_t(T * qd));
+  std::vector<float> proj(size_t(T * H)), up(size_t(T * I)), gate(size_t(T * I));
+  const auto norm = [&](const std::vector<float>& wt, const std::vector<float>& b, const float* in, float* out) {
+    if (llama) ref_rmsnorm(in, T, H, wt.data(), c.norm_eps, out);
+    else ref_layernorm(in, T, H, wt.data(), b.data(), c.norm_eps, out);
+  };
+  const auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = w_.layers[size_t(l)];
+    // --- attention block: h = norm(x); q, k, v = h W^T; RoPE; append k, v; attend; x += o W_o^T
+    norm(L.attn_norm_w, L.attn_norm_b, x.data(), h.data());
+    ref_linear(h.data(), T, H, L.wq.data(), bias(L.bq), qd, q.data());
+    ref_linear(h.data(), T, H, L.wk.data(), bias(L.bk), kvd, k.data());
+    ref_linear(h.data(), T, H, L.wv.data(), bias(L.bv), kvd, v.data());
+    for (int64_t t = 0; t < T; ++t) {
+      if (llama) {
+        for (int64_t hh = 0; hh < nH; ++hh) ref_rope(&q[size_t(t * qd + hh * D)], D, pos[size_t(t)], c.rope_theta);
+        for (int64_t hh = 0; hh < nKV; ++hh) ref_rope(&k[size_t(t * kvd + hh * D)], D, pos[size_t(t)], c.rope_theta);
+      }
+      Sequence& s = seqs_[size_t(batch[size_t(t)].seq)];
+      s.k[size_t(l)].insert(s.k[size_t(l)].end(), k.begin() + t * kvd, k.begin() + (t + 1) * kvd);
+      s.v[size_t(l)].insert(s.v[size_t(l)].end(), v.begin() + t * kvd, v.begin() + (t + 1) * kvd);
+    }
+    const float scale = float(1.0 / std::sqrt(double(D)));
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t hh = 0; hh < nH; ++hh) {
+        const Sequence& s = seqs_[size_t(batch[size_t(t)].seq)];
+        const int64_t n = pos[size_t(t)] + 1, kvh = hh / group;  // causal: positions 0..pos
+        const float* qh = &q[size_t(t * qd + hh * D)];
+        std::vector<float> score(static_cast<size_t>(n));
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kj = &s.k[size_t(l)][size_t(j * kvd + kvh * D)];
+          float dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += qh[d] * kj[d];
+          score[size_t(j)] = dot * scale;
+          mx = std::max(mx, score[size_t(j)]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += (score[size_t(j)] = std::exp(score[size_t(j)] - mx));
+        float* out = &att[size_t(t * qd + hh * D)];
+        std::fill(out, out + D, 0.0f);
+        for (int64_t j = 0; j < n; ++j) {
+          const float p = float(score[size_t(j)] / sum);
+          const float* vj = &s.v[size_t(l)][size_t(j * kvd + kvh * D)];
+          for (int64_t d = 0; d < D; ++d) out[d] += p * vj[d];
+        }
+      }
+    }
+    ref_linear(att.data(), T, qd, L.wo.data(), bias(L.bo), H, proj.data());
+    for (int64_t i = 0; i < T * H; ++i) x[size_t(i)] += proj[size_t(i)];
+
+    // --- MLP block: Llama x += down(silu(gate(h)) * up(h)); OPT x += fc2(relu(fc1(h)))
+    norm(L.mlp_norm_w, L.mlp_norm_b, x.data(), h.data());
+    ref_linear(h.data(), T, H, L.w_up.data(), bias(L.b_up), I, up.data());
+    if (llama) {
+      ref_linear(h.data(), T, H, L.w_gate.data(), nullptr, I, gate.data());
+      for (int64_t i = 0; i < T * I; ++i) {
+        const float g = gate[size_t(i)];
+        up[size_t(i)] *= g / (1.0f + std::exp(-g));
+      }
+    } else {
+      for (int64_t i = 0; i < T * I; ++i) up[size_t(i)] = std::max(up[size_t(i)], 0.0f);
+    }
+    ref_linear(up.data(), T, I, L.w_down.data(), bias(L.b_down), H, proj.data());
+    for (int64_t i = 0; i < T * H; ++i) x[size_t(i)] += proj[size_t(i)];
+  }
+  for (int64_t t = 0; t < T; ++t) seqs_[size_t(batch[size_t(t)].seq)].length = pos[size_t(t)] + 1;
+
+  // --- final norm and LM head for the tokens that want logits
+  std::vector<float> sel;
+  for (int64_t t = 0; t < T; ++t)
+    if (batch[size_t(t)].want_logits) sel.insert(sel.end(), x.begin() + t * H, x.begin() + (t + 1) * H);
+  const int64_t n_out = int64_t(sel.size()) / H;
+  std::vector<float> hn(sel.size()), logits(size_t(n_out * c.vocab_size));
+  if (n_out == 0) return logits;
+  if (llama) ref_rmsnorm(sel.data(), n_out, H, w_.final_norm_w.data(), c.norm_eps, hn.data());
+  else ref_layernorm(sel.data(), n_out, H, w_.final_norm_w.data(), w_.final_norm_b.data(), c.norm_eps, hn.data());
+  ref_linear(hn.data(), n_out, H, w_.lm_head_matrix().data(), nullptr, c.vocab_size, logits.data());
+  return logits;
+}
+
+}  // namespace fd

@@ -1,0 +1,59 @@
+// The fp32 CPU reference model: the golden implementation every engine is tested against.
+// Plain loops in the spirit of llm.c's CPU reference; correctness and readability over speed.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "fastdecode/model/weights.h"
+
+namespace fd {
+
+// One token to run: it belongs to sequence `seq` and goes at the next position of that sequence.
+struct RefToken {
+  int64_t seq = 0;
+  int32_t token = 0;
+  bool want_logits = false;  // compute the LM head for this token
+};
+
+class ReferenceModel {
+ public:
+  explicit ReferenceModel(ModelWeights weights);
+
+  const ModelConfig& config() const { return w_.cfg; }
+
+  // Creates an empty sequence (KV-cache) and returns its id; ids are never reused.
+  int64_t add_sequence();
+  void free_sequence(int64_t seq);
+  // Number of tokens in the sequence's KV-cache.
+  int64_t sequence_length(int64_t seq) const;
+  int64_t num_sequences() const;
+  // Sum of cached tokens over all live sequences.
+  int64_t total_context() const;
+
+  // Runs a batch: each token's K/V is appended to its sequence's cache at the next position and the
+  // token attends causally to its sequence's cache. A sequence may appear several times (a prompt);
+  // its tokens are taken in order. Prefill and decode are the same call.
+  // Returns logits [n_wanted, vocab] for the tokens with want_logits, in batch order.
+  std::vector<float> forward(const std::vector<RefToken>& batch);
+
+ private:
+  struct Sequence {
+    bool live = false;
+    int64_t length = 0;
+    std::vector<std::vector<float>> k, v;  // per layer: [length, kv_dim]
+  };
+  Sequence& seq_at(int64_t seq);
+  const Sequence& seq_at(int64_t seq) const;
+
+  ModelWeights w_;
+  std::vector<Sequence> seqs_;
+};
+
+// Building blocks, exposed for tests. x, out: [T, n]; W: [out_features, in_features] row-major.
+void ref_linear(const float* x, int64_t T, int64_t in, const float* W, const float* bias, int64_t out, float* y);
+void ref_rmsnorm(const float* x, int64_t T, int64_t n, const float* w, double eps, float* out);
+void ref_layernorm(const float* x, int64_t T, int64_t n, const float* w, const float* b, double eps, float* out);
+// HF "rotate_half" RoPE on one head vector of size d at position pos: pairs (i, i + d/2).
+void ref_rope(float* vec, int64_t d, int64_t pos, double theta);
+
+}  // namespace fd

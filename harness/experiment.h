@@ -1,0 +1,70 @@
+// Experiment configs (strict JSON) and the workloads they describe.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fastdecode/engine/engine.h"
+
+namespace fd {
+
+// A length: fixed, or drawn uniformly from [min, max] (seeded).
+struct LengthDist {
+  int64_t min = 0, max = 0;
+  bool fixed() const { return min == max; }
+};
+
+struct WeightsConfig {
+  std::string dir;      // a folder with model.safetensors (and config.json); empty = random
+  uint64_t seed = 0;    // random weights: seed and storage dtype (values rounded through it)
+  DType dtype = DType::F16;
+};
+
+struct WorkloadConfig {
+  int64_t requests = 1;
+  LengthDist prompt_len{16, 16};
+  LengthDist gen_len{16, 16};
+  uint64_t seed = 0;
+  std::string arrival = "offline";  // all requests present at t = 0 (online arrivals come later)
+  bool stop_at_eos = false;
+};
+
+// Reserved for hardware-balance emulation (DESIGN §8): validated now, applied by the engines that
+// support it. A value of 0 means "not set".
+struct HardwareConfig {
+  double gpu_memory_gb = 0;
+  int64_t gpu_sm_count = 0;
+  int64_t rworkers = 0;
+  int64_t rworker_threads = 0;
+  bool any() const { return gpu_memory_gb > 0 || gpu_sm_count > 0 || rworkers > 0 || rworker_threads > 0; }
+};
+
+struct ExperimentConfig {
+  std::string file;  // the config file it came from
+  std::string name;
+  std::string description;
+  std::string model_config_path;  // resolved
+  ModelConfig model;              // with the layers override applied
+  WeightsConfig weights;
+  WorkloadConfig workload;
+  SamplingParams sampling;
+  EngineConfig engine;
+  HardwareConfig hardware;
+  std::string output_dir = "results";  // parent folder of run folders
+  json raw;                            // the file as read
+  json resolved() const;               // the config with defaults filled in (echoed in summary.json)
+};
+
+// Parses and validates everything (model config included) before any work starts. Relative paths are
+// resolved against the config file's folder. Throws ConfigError naming the file and key.
+ExperimentConfig load_experiment(const std::string& path);
+ExperimentConfig parse_experiment(const json& j, const std::string& path);
+
+// The requests of an offline workload: seeded prompt tokens and lengths. Token ids avoid the model's
+// special ids (bos/eos and below) so no prompt is cut short by a stop token.
+std::vector<Request> make_requests(const WorkloadConfig& w, const ModelConfig& m);
+
+// Opens the weights an experiment names.
+std::unique_ptr<TensorSource> open_weights(const ExperimentConfig& e);
+
+}  // namespace fd

@@ -1,0 +1,225 @@
+#include "harness/runner.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+
+#include "fastdecode/core/clock.h"
+#include "harness/provenance.h"
+
+namespace fd {
+
+namespace fs = std::filesystem;
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const double pos = q / 100.0 * double(v.size() - 1);
+  const size_t lo = size_t(std::floor(pos)), hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
+}
+
+json distribution(const std::vector<double>& v) {
+  const double mean = v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
+  return {{"mean", mean},
+          {"p50", percentile(v, 50)},
+          {"p90", percentile(v, 90)},
+          {"p99", percentile(v, 99)},
+          {"max", v.empty() ? 0.0 : *std::max_element(v.begin(), v.end())},
+          {"count", v.size()}};
+}
+
+namespace {
+
+// Chrome Trace Event format (opens in Perfetto / chrome://tracing): complete events ("ph": "X") with
+// microsecond timestamps from the run's start; one thread id per track.
+class TraceWriter {
+ public:
+  explicit TraceWriter(int64_t t0_ns) : t0_(t0_ns) {}
+  void event(const std::string& track, const std::string& name, int64_t start_ns, int64_t dur_ns, json args = {}) {
+    json e = {{"name", name}, {"ph", "X"}, {"pid", 1}, {"tid", tid(track)},
+              {"ts", double(start_ns - t0_) / 1e3}, {"dur", double(dur_ns) / 1e3}};
+    if (!args.is_null()) e["args"] = std::move(args);
+    events_.push_back(std::move(e));
+  }
+  json finish(const json& provenance, const std::string& process) const {
+    json all = json::array();
+    all.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"args", {{"name", process}}}});
+    for (const auto& [track, id] : tids_)
+      all.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", id}, {"args", {{"name", track}}}});
+    for (const auto& e : events_) all.push_back(e);
+    return {{"traceEvents", all}, {"displayTimeUnit", "ms"}, {"otherData", provenance}};
+  }
+
+ private:
+  int tid(const std::string& track) {
+    auto it = tids_.find(track);
+    if (it != tids_.end()) return it->second;
+    const int id = int(tids_.size()) + 1;
+    tids_[track] = id;
+    return id;
+  }
+  int64_t t0_;
+  std::map<std::string, int> tids_;
+  json events_ = json::array();
+};
+
+// One line on a terminal, redrawn at most ~10 times a second: steps, tokens/s, ETA.
+class Progress {
+ public:
+  Progress(bool enabled, int64_t total_tokens)
+      : on_(enabled && isatty(fileno(stderr))), total_(total_tokens), t0_(now_ns()) {}
+  void update(int64_t step, int64_t tokens, int64_t running, bool force = false) {
+    if (!on_) return;
+    const int64_t t = now_ns();
+    if (!force && t - last_ < 100'000'000) return;
+    last_ = t;
+    const double s = double(t - t0_) / 1e9, rate = s > 0 ? double(tokens) / s : 0.0;
+    const double eta = rate > 0 ? double(total_ - tokens) / rate : 0.0;
+    std::fprintf(stderr, "\r  step %6lld | running %5lld | tokens %8lld / %lld | %9.1f tok/s | ETA %6.1f s  ",
+                 (long long)step, (long long)running, (long long)tokens, (long long)total_, rate, eta);
+    std::fflush(stderr);
+  }
+  void done() {
+    if (on_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool on_;
+  int64_t total_, t0_, last_ = 0;
+};
+
+struct RequestTrack {
+  int64_t prompt_len = 0;
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> token_ns;  // time each token was produced (end of its step), from run start
+};
+
+}  // namespace
+
+json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
+  const fs::path dir = opt.out_dir;
+  if (fs::exists(dir / "summary.json"))
+    throw ConfigError(opt.out_dir + ": already holds a finished run (summary.json); choose another --out");
+  fs::create_directories(dir);
+  const json prov = collect_provenance(opt.command_line);
+
+  std::vector<Request> requests = make_requests(e.workload, e.model);
+  int64_t total_gen = 0, prompt_tokens = 0;
+  std::map<uint64_t, RequestTrack> track;
+  for (const auto& r : requests) {
+    validate_request(r, e.model);
+    total_gen += r.max_new_tokens;
+    prompt_tokens += int64_t(r.prompt.size());
+    track[r.id].prompt_len = int64_t(r.prompt.size());
+  }
+
+  auto weights = open_weights(e);
+  const int64_t load0 = now_ns();
+  std::unique_ptr<Engine> engine = make_engine(e.engine, e.model, *weights, e.sampling);
+  const double load_s = double(now_ns() - load0) / 1e9;
+
+  std::ofstream steps_out(dir / "steps.jsonl", std::ios::trunc);
+  if (!steps_out) FD_THROW((dir / "steps.jsonl").string() << ": cannot open for writing");
+
+  // Offline workload: every request arrives at t = 0, the start of the first step.
+  const int64_t t0 = now_ns();
+  TraceWriter trace(t0);
+  Progress progress(opt.progress, total_gen);
+  engine->add(requests);
+  int64_t step = 0, out_tokens = 0;
+  std::vector<double> step_ms;
+  while (!engine->done()) {
+    const int64_t s0 = now_ns();
+    StepResult r = engine->step();
+    const int64_t s1 = now_ns();
+    int64_t finished = 0;
+    for (const auto& t : r.tokens) {
+      RequestTrack& rt = track.at(t.request_id);
+      rt.tokens.push_back(t.token);
+      rt.token_ns.push_back(s1 - t0);
+      finished += t.finished ? 1 : 0;
+    }
+    out_tokens += int64_t(r.tokens.size());
+    const double ms = double(s1 - s0) / 1e6;
+    step_ms.push_back(ms);
+    json phases = json::object();
+    for (const auto& sp : r.spans) {
+      trace.event(sp.track, sp.name, sp.start_ns, sp.dur_ns);
+      phases[sp.name] = phases.value(sp.name, 0.0) + double(sp.dur_ns) / 1e6;
+    }
+    const json rec = {{"step", step},
+                      {"start_ms", double(s0 - t0) / 1e6},
+                      {"step_ms", ms},
+                      {"running", r.tokens.size()},
+                      {"new_tokens", r.tokens.size()},
+                      {"finished", finished},
+                      {"prefill_tokens", r.prefill_tokens},
+                      {"decode_tokens", r.decode_tokens},
+                      {"total_context", r.total_context},
+                      {"phases_ms", phases}};
+    trace.event("harness", "step " + std::to_string(step), s0, s1 - s0,
+                {{"tokens", r.tokens.size()}, {"total_context", r.total_context}});
+    steps_out << rec.dump() << "\n";
+    ++step;
+    progress.update(step, out_tokens, int64_t(r.tokens.size()) - finished);
+  }
+  const int64_t t_end = now_ns();
+  progress.update(step, out_tokens, 0, true);
+  progress.done();
+  engine->shutdown();
+  steps_out.close();
+
+  // Per-request latency metrics (vLLM's names): TTFT from arrival (t = 0) to the first token; TPOT =
+  // (last - first) / (n - 1); ITL = every gap between consecutive tokens.
+  std::vector<double> ttft, tpot, itl, e2e;
+  std::ofstream req_out(dir / "requests.jsonl", std::ios::trunc);
+  for (const auto& [id, rt] : track) {
+    FD_CHECK(!rt.tokens.empty(), "request " << id << " produced no token");
+    const double first = double(rt.token_ns.front()) / 1e6, last = double(rt.token_ns.back()) / 1e6;
+    ttft.push_back(first);
+    e2e.push_back(last);
+    const size_t n = rt.tokens.size();
+    if (n > 1) tpot.push_back((last - first) / double(n - 1));
+    for (size_t i = 1; i < n; ++i) itl.push_back(double(rt.token_ns[i] - rt.token_ns[i - 1]) / 1e6);
+    req_out << json{{"id", id}, {"prompt_len", rt.prompt_len}, {"output_len", n}, {"ttft_ms", first},
+                    {"e2e_ms", last}, {"tokens", rt.tokens}}.dump()
+            << "\n";
+  }
+
+  const double dur_s = double(t_end - t0) / 1e9;
+  json results = {{"num_requests", requests.size()},
+                  {"prompt_tokens", prompt_tokens},
+                  {"output_tokens", out_tokens},
+                  {"steps", step},
+                  {"duration_s", dur_s},
+                  {"weights_load_s", load_s},
+                  {"output_throughput", double(out_tokens) / dur_s},
+                  {"total_token_throughput", double(out_tokens + prompt_tokens) / dur_s},
+                  {"request_throughput", double(requests.size()) / dur_s},
+                  {"step_ms", distribution(step_ms)},
+                  {"ttft_ms", distribution(ttft)},
+                  {"tpot_ms", distribution(tpot)},
+                  {"itl_ms", distribution(itl)},
+                  {"e2e_latency_ms", distribution(e2e)}};
+  json model = {{"name", e.model.name}, {"arch", arch_name(e.model.arch)}, {"layers", e.model.num_layers},
+                {"full_layers", e.model.full_num_layers}, {"params", e.model.num_params()},
+                {"weights", weights->describe()}};
+  json notes = json::array();
+  if (e.hardware.any() && e.engine.type == "reference")
+    notes.push_back("hardware emulation fields are validated but not applied by the reference engine");
+  json summary = {{"name", e.name},   {"engine", engine->name()}, {"config_file", e.file},
+                  {"config", e.resolved()}, {"provenance", prov}, {"model", model},
+                  {"results", results}, {"notes", notes}};
+  write_json_file((dir / "trace.json").string(), trace.finish(prov, "fd-bench " + e.name), -1);
+  write_json_file((dir / "summary.json").string(), summary);
+  return summary;
+}
+
+}  // namespace fd

@@ -1,0 +1,24 @@
+// Runs an experiment: drives an engine step by step, records steps.jsonl, trace.json, summary.json
+// and requests.jsonl, and shows progress.
+#pragma once
+#include <string>
+
+#include "harness/experiment.h"
+
+namespace fd {
+
+struct RunOptions {
+  std::string out_dir;       // the run folder (created; must not already hold a summary.json)
+  std::string command_line;  // for provenance
+  bool progress = true;      // progress line on stderr when it is a terminal
+};
+
+// Returns summary.json's content. Throws fd::Error on failure (the run folder keeps what was written).
+json run_experiment(const ExperimentConfig& e, const RunOptions& opt);
+
+// Percentile with linear interpolation between order statistics (numpy's default); 0 for empty input.
+double percentile(std::vector<double> v, double q);
+// {mean, p50, p90, p99, max, count} of the values.
+json distribution(const std::vector<double>& v);
+
+}  // namespace fd

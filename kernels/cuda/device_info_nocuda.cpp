@@ -1,0 +1,9 @@
+// Built instead of device_info.cu when no CUDA compiler is available: this build has no GPU support.
+#include "kernels/cuda/device_info.h"
+
+namespace fd {
+
+bool cuda_built() { return false; }
+std::vector<CudaDeviceInfo> cuda_devices() { return {}; }
+
+}  // namespace fd

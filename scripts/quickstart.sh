@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Command one of the README: set-up, build, and the quick-start experiment end to end.
+# Writes a run folder under results/quickstart/ and prints tokens/s and latency percentiles.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh default
+build/default/bin/fd-bench run experiments/quickstart.json "$@"

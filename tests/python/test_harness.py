@@ -1,0 +1,175 @@
+"""fd-bench's outputs and error handling, checked from outside as a user sees them.
+
+A run folder must hold one steps.jsonl line per step, a trace.json in Chrome Trace Event format with
+events, a summary.json whose numbers agree with steps.jsonl and requests.jsonl, and bad configs must
+exit with code 2 before any work, naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TINY = {
+    "name": "tiny",
+    "model": {"config": "MODELS/tiny-llama-gqa.json", "weights": {"seed": 2, "dtype": "bf16"}},
+    "workload": {"requests": 5, "prompt_len": {"dist": "uniform", "min": 3, "max": 12}, "gen_len": {"dist": "uniform", "min": 2, "max": 9}, "seed": 4},
+    "engine": {"type": "reference", "threads": 1},
+}
+
+
+def write_config(path: Path, models_dir: Path, cfg: dict) -> Path:
+    text = json.dumps(cfg).replace("MODELS", str(models_dir))
+    path.write_text(text)
+    return path
+
+
+def bench(fd_bin, *args, check=True):
+    proc = subprocess.run([fd_bin("fd-bench"), *map(str, args)], capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        pytest.fail(f"fd-bench {' '.join(map(str, args))} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def run_dir(fd_bin, models_dir, tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench")
+    cfg = write_config(d / "tiny.json", models_dir, TINY)
+    bench(fd_bin, "run", cfg, "--out", d / "run", "--quiet")
+    return d / "run"
+
+
+def read_jsonl(path: Path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_steps_jsonl_one_line_per_step(run_dir):
+    steps = read_jsonl(run_dir / "steps.jsonl")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    res = summary["results"]
+    assert len(steps) == res["steps"] > 0
+    assert [s["step"] for s in steps] == list(range(len(steps)))
+    starts = [s["start_ms"] for s in steps]
+    assert starts == sorted(starts)
+    # The first step prefills every prompt; the longest generation sets the step count.
+    reqs = read_jsonl(run_dir / "requests.jsonl")
+    assert steps[0]["prefill_tokens"] == sum(r["prompt_len"] for r in reqs) == res["prompt_tokens"]
+    assert len(steps) == max(r["output_len"] for r in reqs)
+
+
+def test_summary_consistent_with_steps(run_dir):
+    steps = read_jsonl(run_dir / "steps.jsonl")
+    reqs = read_jsonl(run_dir / "requests.jsonl")
+    s = json.loads((run_dir / "summary.json").read_text())
+    res = s["results"]
+    assert res["output_tokens"] == sum(x["new_tokens"] for x in steps) == sum(r["output_len"] for r in reqs)
+    assert res["num_requests"] == len(reqs) == TINY["workload"]["requests"]
+    assert sum(x["finished"] for x in steps) == len(reqs)
+    ms = np.array([x["step_ms"] for x in steps])
+    for q in (50, 90, 99):
+        assert res["step_ms"][f"p{q}"] == pytest.approx(np.percentile(ms, q), rel=1e-9)
+    assert res["step_ms"]["max"] == pytest.approx(ms.max())
+    assert res["step_ms"]["mean"] == pytest.approx(ms.mean())
+    assert res["duration_s"] * 1e3 >= ms.sum() * (1 - 1e-9)
+    assert res["output_throughput"] == pytest.approx(res["output_tokens"] / res["duration_s"])
+    ttft = np.array([r["ttft_ms"] for r in reqs])
+    assert res["ttft_ms"]["p50"] == pytest.approx(np.percentile(ttft, 50))
+    # Offline: everyone's first token comes from step 0.
+    assert ttft.max() == pytest.approx(steps[0]["start_ms"] + steps[0]["step_ms"], abs=0.5)
+    for r in reqs:
+        assert len(r["tokens"]) == r["output_len"]
+        assert 2 <= r["output_len"] <= 9 and 3 <= r["prompt_len"] <= 12
+    prov = s["provenance"]
+    for key in ("git_commit", "host", "cpu_model", "cpu_cores", "gpus", "date_utc", "command"):
+        assert key in prov
+    assert s["config"]["workload"]["requests"] == 5
+    assert s["model"]["name"] == "tiny-llama-gqa"
+
+
+def test_trace_is_chrome_trace_format(run_dir):
+    trace = json.loads((run_dir / "trace.json").read_text())
+    events = trace["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    steps = read_jsonl(run_dir / "steps.jsonl")
+    assert len([e for e in complete if e["name"].startswith("step ")]) == len(steps)
+    assert {e["name"] for e in complete} >= {"prefill", "decode"}
+    for e in complete:
+        assert e["dur"] >= 0 and e["ts"] >= 0 and isinstance(e["tid"], int)
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"harness", "reference"} <= names
+
+
+def test_same_config_same_tokens(run_dir, fd_bin, models_dir, tmp_path):
+    cfg = write_config(tmp_path / "tiny.json", models_dir, TINY)
+    bench(fd_bin, "run", cfg, "--out", tmp_path / "again", "--quiet")
+    a = [r["tokens"] for r in read_jsonl(run_dir / "requests.jsonl")]
+    b = [r["tokens"] for r in read_jsonl(tmp_path / "again" / "requests.jsonl")]
+    assert a == b
+
+
+def test_refuses_to_overwrite_a_finished_run(run_dir, fd_bin, models_dir, tmp_path):
+    cfg = write_config(tmp_path / "tiny.json", models_dir, TINY)
+    before = (run_dir / "summary.json").read_bytes()
+    p = bench(fd_bin, "run", cfg, "--out", run_dir, "--quiet", check=False)
+    assert p.returncode == 2
+    assert "already holds a finished run" in p.stderr
+    assert (run_dir / "summary.json").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "mutate, expect",
+    [
+        (lambda c: c.update(extra=1), "extra: unknown key"),
+        (lambda c: c["workload"].update(requests="5"), "workload.requests: expected an integer"),
+        (lambda c: c["workload"].update(requests=0), "workload.requests: value 0 out of range"),
+        (lambda c: c["engine"].update(type="warp"), "engine.type"),
+        (lambda c: c["model"].update(layers=9), "model.layers"),
+        (lambda c: c["model"]["weights"].update(dtype="fp8"), "model.weights.dtype"),
+    ],
+)
+def test_bad_config_exit_2_before_any_work(fd_bin, models_dir, tmp_path, mutate, expect):
+    cfg = json.loads(json.dumps(TINY))
+    mutate(cfg)
+    path = write_config(tmp_path / "bad.json", models_dir, cfg)
+    out = tmp_path / "out"
+    p = bench(fd_bin, "run", path, "--out", out, check=False)
+    assert p.returncode == 2, p.stderr
+    assert str(path) in p.stderr and expect in p.stderr, p.stderr
+    assert not out.exists()
+
+
+def test_invalid_json_and_missing_file(fd_bin, tmp_path):
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"name": ')
+    p = bench(fd_bin, "run", bad, check=False)
+    assert p.returncode == 2 and "broken.json: invalid JSON" in p.stderr
+    p = bench(fd_bin, "run", tmp_path / "absent.json", check=False)
+    assert p.returncode == 2 and "cannot open" in p.stderr
+
+
+def test_check_prints_resolved_config(fd_bin, repo_root):
+    p = bench(fd_bin, "run", repo_root / "experiments" / "quickstart.json", "--check")
+    cfg = json.loads(p.stdout)
+    assert cfg["engine"]["type"] == "reference" and cfg["model"]["layers"] >= 1
+
+
+@pytest.mark.parametrize("prog", ["fd-bench", "fd-weights", "fd-generate"])
+def test_every_program_has_help(fd_bin, prog):
+    p = subprocess.run([fd_bin(prog), "--help"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and "Usage" in p.stdout
+
+
+@pytest.mark.parametrize("args", [["run"], ["frobnicate"], ["run", "x.json", "--bogus"]])
+def test_usage_errors_exit_2(fd_bin, args):
+    p = bench(fd_bin, *args, check=False)
+    assert p.returncode == 2
+
+
+def test_experiment_configs_in_repo_are_valid(fd_bin, repo_root):
+    for cfg in sorted((repo_root / "experiments").glob("*.json")):
+        p = bench(fd_bin, "run", cfg, "--check", check=False)
+        assert p.returncode == 0, f"{cfg}: {p.stderr}"

@@ -1,0 +1,117 @@
+#include "fastdecode/model/reference.h"
+
+#include <cmath>
+
+#include "test_helpers.h"
+
+using namespace fd;
+using fd::test::repo_path;
+
+namespace {
+
+ReferenceModel make_model(const char* name, uint64_t seed = 7) {
+  const ModelConfig c = load_model_config(repo_path(std::string("experiments/models/") + name + ".json"));
+  auto src = make_random_source(seed, DType::F16);
+  return ReferenceModel(load_model_weights(c, *src));
+}
+
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, float atol, float rtol) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_LE(std::fabs(a[i] - b[i]), atol + rtol * std::fabs(b[i])) << "first bad index " << i;
+}
+
+class ReferenceArch : public ::testing::TestWithParam<const char*> {};
+
+}  // namespace
+
+TEST(ReferenceBlocks, RopeIsIdentityAtZeroAndPreservesNorm) {
+  std::vector<float> v = {1, 2, 3, 4, 5, 6, 7, 8};
+  const auto orig = v;
+  ref_rope(v.data(), 8, 0, 10000.0);
+  EXPECT_EQ(v, orig);
+  ref_rope(v.data(), 8, 37, 10000.0);
+  double n0 = 0, n1 = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    n0 += orig[i] * orig[i];
+    n1 += v[i] * v[i];
+  }
+  EXPECT_NEAR(n0, n1, 1e-3);
+  // Pair (0, 4) rotates by angle pos * theta^0 = 37 rad.
+  EXPECT_NEAR(v[0], 1 * std::cos(37.0) - 5 * std::sin(37.0), 1e-4);
+  EXPECT_NEAR(v[4], 5 * std::cos(37.0) + 1 * std::sin(37.0), 1e-4);
+}
+
+TEST(ReferenceBlocks, NormsAndLinear) {
+  const std::vector<float> x = {1, -2, 3, -4}, w = {1, 1, 2, 2}, b = {0, 0, 1, 1};
+  std::vector<float> y(4);
+  ref_rmsnorm(x.data(), 1, 4, w.data(), 0.0, y.data());
+  const float r = 1.0f / std::sqrt(30.0f / 4);
+  EXPECT_NEAR(y[2], 2 * 3 * r, 1e-6);
+  ref_layernorm(x.data(), 1, 4, w.data(), b.data(), 0.0, y.data());
+  double mean = 0;
+  for (float v : y) mean += v;
+  EXPECT_NEAR(y[0], (1 - (-0.5)) / std::sqrt(7.25), 1e-5);
+  const std::vector<float> W = {1, 0, 0, 0, 0, 1, 1, 0, 1, 1, 1, 1};  // [3, 4]
+  std::vector<float> out(6);
+  const std::vector<float> xx = {1, -2, 3, -4, 1, 1, 1, 1};          // [2, 4]
+  const std::vector<float> bias = {0.5f, 0, 0};
+  ref_linear(xx.data(), 2, 4, W.data(), bias.data(), 3, out.data());
+  EXPECT_EQ(out, (std::vector<float>{1.5f, 1, -2, 1.5f, 2, 4}));
+}
+
+// Decoding token by token must give the logits of one causal prefill over the same tokens.
+TEST_P(ReferenceArch, IncrementalDecodeMatchesPrefill) {
+  ReferenceModel a = make_model(GetParam()), b = make_model(GetParam());
+  const std::vector<int32_t> toks = {5, 9, 33, 70, 12, 4, 88, 101, 3, 17, 64, 31};
+  const int64_t sa = a.add_sequence(), sb = b.add_sequence();
+  std::vector<RefToken> all;
+  for (int32_t t : toks) all.push_back({sa, t, true});
+  const std::vector<float> full = a.forward(all);
+  std::vector<float> inc;
+  for (int32_t t : toks) {
+    const auto l = b.forward({{sb, t, true}});
+    inc.insert(inc.end(), l.begin(), l.end());
+  }
+  EXPECT_EQ(a.sequence_length(sa), int64_t(toks.size()));
+  expect_close(inc, full, 1e-5f, 1e-4f);
+}
+
+// A sequence's logits do not depend on what else is in the batch.
+TEST_P(ReferenceArch, BatchIndependence) {
+  ReferenceModel m = make_model(GetParam()), solo = make_model(GetParam());
+  const int64_t s1 = m.add_sequence(), s2 = m.add_sequence(), s = solo.add_sequence();
+  m.forward({{s1, 7, false}, {s1, 8, false}, {s2, 40, false}, {s1, 9, true}, {s2, 41, true}});
+  const auto l = m.forward({{s2, 42, true}, {s1, 10, true}});
+  const auto ref = solo.forward({{s, 7, false}, {s, 8, false}, {s, 9, false}, {s, 10, true}});
+  const int64_t V = m.config().vocab_size;
+  expect_close(std::vector<float>(l.begin() + V, l.end()), ref, 1e-5f, 1e-4f);
+  EXPECT_EQ(m.total_context(), 4 + 3);
+  m.free_sequence(s1);
+  EXPECT_EQ(m.num_sequences(), 1);
+  EXPECT_EQ(m.total_context(), 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ReferenceArch, ::testing::Values("tiny-llama", "tiny-llama-gqa", "tiny-opt"));
+
+TEST(Reference, BadInputChangesNothing) {
+  ReferenceModel m = make_model("tiny-llama");
+  const int64_t s = m.add_sequence();
+  m.forward({{s, 1, false}});
+  EXPECT_THROW(m.forward({{s, 2, false}, {s, 256, true}}), Error);  // token outside vocab
+  EXPECT_THROW(m.forward({{s + 1, 2, true}}), Error);               // unknown sequence
+  EXPECT_EQ(m.sequence_length(s), 1);
+  m.free_sequence(s);
+  EXPECT_THROW(m.forward({{s, 2, true}}), Error);  // freed
+}
+
+TEST(Reference, PositionLimit) {
+  json j = read_json_file(repo_path("experiments/models/tiny-llama.json"));
+  j["max_position_embeddings"] = 4;
+  auto src = make_random_source(1, DType::F16);
+  ReferenceModel m(load_model_weights(model_config_from_json(j, "short.json"), *src));
+  const int64_t s = m.add_sequence();
+  m.forward({{s, 1, false}, {s, 2, false}, {s, 3, false}, {s, 4, true}});
+  EXPECT_THROW(m.forward({{s, 5, true}}), Error);
+  EXPECT_EQ(m.sequence_length(s), 4);
+}
