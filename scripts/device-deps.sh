@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Prepares .deps/: Debian packages unpacked (dpkg -x) for a machine that has a compiler but no package
+# manager access, such as the GPU machine. Run here (Debian 12), then carry .deps to that machine and
+# `source scripts/device-env.sh` there before building.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PKGS=(nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
+      libzmq5 libzmq3-dev cppzmq-dev libsodium23 libpgm-5.3-0 libnorm1)
+mkdir -p .deps/debs
+(cd .deps/debs && apt-get download "${PKGS[@]}" >/dev/null)
+for deb in .deps/debs/*.deb; do dpkg -x "$deb" .deps/root; done
+rm -rf .deps/debs
+echo "device-deps: unpacked ${#PKGS[@]} packages into .deps/root"
