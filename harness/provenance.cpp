@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <thread>
@@ -39,9 +40,14 @@ std::string utc_timestamp(const char* fmt) {
 json collect_provenance(const std::string& command_line) {
   json p;
   const std::string git = "git -C '" + std::string(FD_SOURCE_DIR) + "' ";
-  const std::string commit = run_capture(git + "rev-parse HEAD 2>/dev/null");
+  // FD_GIT_COMMIT names the commit where the tree has no git history (a copy sent to another machine).
+  const char* env_commit = std::getenv("FD_GIT_COMMIT");
+  std::string commit = run_capture(git + "rev-parse --verify -q HEAD 2>/dev/null");
+  const bool from_git = !commit.empty();
+  if (!from_git && env_commit && *env_commit) commit = env_commit;
   p["git_commit"] = commit.empty() ? "unknown" : commit;
-  p["git_dirty"] = !commit.empty() && !run_capture(git + "status --porcelain --untracked-files=no 2>/dev/null").empty();
+  if (from_git) p["git_dirty"] = !run_capture(git + "status --porcelain --untracked-files=no 2>/dev/null").empty();
+  else p["git_dirty"] = nullptr;  // unknown without a repository
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   p["host"] = host;

@@ -155,8 +155,9 @@ def provenance(argv) -> dict:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": None if status is None else bool(status),
+        # FD_GIT_COMMIT names the commit when the tree was copied without its git history.
+        "git_commit": git("rev-parse", "--verify", "-q", "HEAD") or os.environ.get("FD_GIT_COMMIT") or None,
+        "git_dirty": None if status is None or not git("rev-parse", "--verify", "-q", "HEAD") else bool(status),
     }
 
 
