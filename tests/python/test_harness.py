@@ -8,6 +8,7 @@ exit with code 2 before any work, naming the file and the key.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -173,3 +174,27 @@ def test_experiment_configs_in_repo_are_valid(fd_bin, repo_root):
     for cfg in sorted((repo_root / "experiments").glob("*.json")):
         p = bench(fd_bin, "run", cfg, "--check", check=False)
         assert p.returncode == 0, f"{cfg}: {p.stderr}"
+
+
+def test_weights_dir_equals_seeded_weights(run_dir, fd_bin, models_dir, tmp_path):
+    """A config naming a folder written by fd-weights gives the tokens of the same seed given inline."""
+    subprocess.run([fd_bin("fd-weights"), "random", "--model", models_dir / "tiny-llama-gqa.json", "--seed", "2",
+                    "--dtype", "bf16", "--out", tmp_path / "w", "--quiet"], check=True, capture_output=True)
+    cfg = json.loads(json.dumps(TINY))
+    cfg["model"] = {"weights": {"dir": str(tmp_path / "w")}}  # model config taken from the folder
+    path = write_config(tmp_path / "dir.json", models_dir, cfg)
+    bench(fd_bin, "run", path, "--out", tmp_path / "run", "--quiet")
+    a = [r["tokens"] for r in read_jsonl(run_dir / "requests.jsonl")]
+    b = [r["tokens"] for r in read_jsonl(tmp_path / "run" / "requests.jsonl")]
+    assert a == b
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["model"]["weights"].endswith("model.safetensors")
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a pseudo-terminal")
+def test_progress_line_on_a_terminal(fd_bin, models_dir, tmp_path):
+    path = write_config(tmp_path / "tiny.json", models_dir, TINY)
+    cmd = f"{fd_bin('fd-bench')} run {path} --out {tmp_path / 'run'}"
+    p = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout
+    assert "tok/s" in p.stdout and "ETA" in p.stdout and "step" in p.stdout
