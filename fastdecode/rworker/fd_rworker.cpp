@@ -1,0 +1,83 @@
+// fd-rworker: an R-worker process. Holds KV-caches in host memory and answers ATTEND requests with
+// decode attention over them (DESIGN §4-5).
+#include <csignal>
+#include <cstdio>
+#include <sstream>
+#include <thread>
+
+#include "fastdecode/rworker/server.h"
+#include "harness/cli_main.h"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop = true; }
+
+// "0-3,8,10-11" -> {0,1,2,3,8,10,11}
+std::vector<int> parse_cpus(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    const size_t dash = item.find('-');
+    try {
+      size_t used = 0;
+      const int a = std::stoi(item.substr(0, dash), &used);
+      const int b = dash == std::string::npos ? a : std::stoi(item.substr(dash + 1));
+      if (a < 0 || b < a || b > 65535) throw std::invalid_argument("range");
+      for (int c = a; c <= b; ++c) out.push_back(c);
+    } catch (const std::exception&) {
+      throw fd::ConfigError("--cpus: '" + item + "' is not a CPU number or range (e.g. 0-7,16)");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fd-rworker: R-worker process (KV-cache holder and CPU decode attention)", "fd-rworker"};
+  std::string listen = "tcp://127.0.0.1:5555", kv_dtype = "fp16", isa, cpus, name = "rworker";
+  int threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  double memory_gb = 4.0, max_message_mb = 1024;
+  bool verbose = false, print_endpoint = false;
+  app.add_option("--listen", listen, "ZeroMQ endpoint to bind: tcp://HOST:PORT (PORT * = any), ipc://PATH")->capture_default_str();
+  app.add_option("--threads", threads, "Compute threads")->check(CLI::Range(1, 4096))->capture_default_str();
+  app.add_option("--cpus", cpus, "Pin compute threads to these CPUs, e.g. 0-7 or 0,2,4");
+  app.add_option("--memory-gb", memory_gb, "KV-cache memory limit (GB = 1e9 bytes)")->check(CLI::Range(0.0, 1e6))->capture_default_str();
+  app.add_option("--kv-dtype", kv_dtype, "KV storage")->check(CLI::IsMember({"fp16", "int8", "int4"}))->capture_default_str();
+  app.add_option("--isa", isa, "Kernel ISA: scalar, avx2, avx512 (default: the best supported)");
+  app.add_option("--max-message-mb", max_message_mb, "Largest accepted request")->check(CLI::Range(1.0, 65536.0))->capture_default_str();
+  app.add_option("--name", name, "Name in logs and STATS")->capture_default_str();
+  app.add_flag("--print-endpoint", print_endpoint, "Print the bound endpoint on stdout once listening");
+  app.add_flag("--verbose", verbose, "Log every error reply");
+  return fd::guarded_main(app, argc, argv, [&]() {
+    fd::RWorkerConfig cfg;
+    cfg.kv_dtype = fd::kv_dtype_from_name(kv_dtype);
+    cfg.memory_limit_bytes = size_t(memory_gb * 1e9);
+    cfg.threads = threads;
+    cfg.isa = isa.empty() ? fd::best_isa() : fd::isa_from_name(isa);
+    if (!fd::isa_supported(cfg.isa)) throw fd::ConfigError("--isa " + isa + ": not supported by this CPU");
+    cfg.limits.max_message_bytes = size_t(max_message_mb * 1e6);
+    cfg.name = name;
+    fd::RWorkerServerOptions opt;
+    opt.listen = listen;
+    opt.cpus = parse_cpus(cpus);
+    opt.verbose = verbose;
+    fd::pin_openmp_threads(opt.cpus, threads);
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    fd::RWorkerService service(cfg);
+    fd::run_rworker_server(service, opt, &g_stop, [&](const std::string& ep) {
+      std::fprintf(stderr, "fd-rworker %s: listening on %s (kv %s, %d threads, %s, %.2f GB)\n", name.c_str(),
+                   ep.c_str(), kv_dtype.c_str(), threads, std::string(fd::isa_name(cfg.isa)).c_str(), memory_gb);
+      if (print_endpoint) {
+        std::printf("%s\n", ep.c_str());
+        std::fflush(stdout);
+      }
+    });
+    const fd::json s = service.stats();
+    std::fprintf(stderr, "fd-rworker %s: stopped after %llu requests (%llu errors)\n", name.c_str(),
+                 (unsigned long long)s["requests"].get<uint64_t>(), (unsigned long long)s["errors"].get<uint64_t>());
+    return 0;
+  });
+}

@@ -1,0 +1,26 @@
+// The R-worker's socket loop: a ROUTER bound to an endpoint, one request at a time through
+// RWorkerService, until SHUTDOWN or a stop signal.
+#pragma once
+#include <atomic>
+#include <string>
+
+#include "fastdecode/rworker/service.h"
+
+namespace fd {
+
+struct RWorkerServerOptions {
+  std::string listen = "tcp://127.0.0.1:5555";
+  std::vector<int> cpus;  // pin the compute threads to these CPUs (round robin); empty = no pinning
+  int io_threads = 2;
+  bool verbose = false;
+};
+
+// Runs until SHUTDOWN or *stop becomes true (checked every 100 ms). `on_bound` receives the endpoint
+// actually bound (tcp://...:* resolves to a port). Throws fd::Error if it cannot bind.
+void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt, const std::atomic<bool>* stop,
+                        const std::function<void(const std::string&)>& on_bound = nullptr);
+
+// Pins the calling process's OpenMP threads (n of them) to `cpus`, round robin. No-op when empty.
+void pin_openmp_threads(const std::vector<int>& cpus, int n_threads);
+
+}  // namespace fd

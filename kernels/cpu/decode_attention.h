@@ -1,0 +1,94 @@
+// CPU decode attention over a paged KV-cache: one query token per sequence against its whole cache.
+// The R-worker's hot loop. Scalar reference, AVX2+F16C and AVX-512 paths; fp16, int8, int4 KV.
+//
+// KV-cache layout (shared with the R-worker's KV store, fastdecode/rworker/kv_store.*):
+// a sequence's cache at one layer is a list of blocks of kKVBlockTokens tokens. Each *full* block is
+// stored in the worker's KV dtype (layout: kv_block_bytes / kv_quantize_block below); the newest,
+// partially filled block (the "tail", 0..31 tokens) is always fp16 in the fp16 block layout:
+//   K: [n_kv_heads][kKVBlockTokens][head_dim] fp16, then V: same, i.e. 2*n_kv_heads*32*head_dim halves.
+// For the fp16 KV dtype a full block has exactly the tail's layout.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace fd {
+
+constexpr int kKVBlockTokens = 32;
+
+enum class KVDType : uint8_t { F16 = 0, I8 = 1, I4 = 2 };
+std::string_view kv_dtype_name(KVDType t);        // "fp16", "int8", "int4"
+KVDType kv_dtype_from_name(std::string_view name);  // throws fd::Error on anything else
+
+// Bytes of one full block of `dtype` (K and V, all kv heads, 32 tokens), including scales/offsets.
+size_t kv_block_bytes(KVDType dtype, int n_kv_heads, int head_dim);
+// Bytes of one fp16 block (the tail layout).
+inline size_t kv_fp16_block_bytes(int n_kv_heads, int head_dim) {
+  return size_t(2) * n_kv_heads * kKVBlockTokens * head_dim * 2;
+}
+// Converts a full fp16 block (tail layout, 32 valid tokens) into a block of `dtype` at `out`
+// (kv_block_bytes bytes). For F16 it is a copy.
+void kv_quantize_block(KVDType dtype, const uint16_t* fp16_block, void* out, int n_kv_heads, int head_dim);
+// The inverse, for tests and debugging: writes the fp16 block the quantized block stands for.
+void kv_dequantize_block(KVDType dtype, const void* block, uint16_t* fp16_block, int n_kv_heads, int head_dim);
+// The same in fp32, without the final rounding to fp16: the values the kernels actually compute on
+// (scale*code [+ offset] with the stored scales/offsets). Tests build their golden reference from it;
+// rounding to fp16 (as kv_dequantize_block must) would add ~5e-4 relative noise to an exact check.
+void kv_dequantize_block_f32(KVDType dtype, const void* block, float* out, int n_kv_heads, int head_dim);
+
+// One sequence's cache at one layer.
+struct SeqKVView {
+  const void* const* blocks = nullptr;  // n_full full blocks, each in the KV dtype's layout
+  int32_t n_full = 0;
+  const uint16_t* tail = nullptr;       // fp16 block layout; n_tail valid tokens; null when n_tail == 0
+  int32_t n_tail = 0;
+  int64_t n_tokens() const { return int64_t(n_full) * kKVBlockTokens + n_tail; }
+};
+
+enum class Isa { Scalar = 0, AVX2 = 1, AVX512 = 2 };
+std::string_view isa_name(Isa isa);          // "scalar", "avx2", "avx512"
+Isa isa_from_name(std::string_view name);    // throws fd::Error
+bool isa_supported(Isa isa);                 // CPUID (and OS support for the registers)
+Isa best_isa();                              // the fastest supported
+
+struct DecodeAttentionParams {
+  KVDType dtype = KVDType::F16;
+  int n_seq = 0;
+  int n_heads = 0;      // query heads; n_heads % n_kv_heads == 0 (GQA group = n_heads / n_kv_heads)
+  int n_kv_heads = 0;
+  int head_dim = 0;     // multiple of 32, at most 256
+  float scale = 0;      // usually 1/sqrt(head_dim)
+  const SeqKVView* seqs = nullptr;  // [n_seq]; every sequence has >= 1 token
+  const float* q = nullptr;         // [n_seq, n_heads, head_dim]
+  float* o = nullptr;               // [n_seq, n_heads, head_dim]
+};
+
+// Reusable scratch (partial softmax states of context splits); owned by the caller, one per worker.
+struct DecodeAttentionWorkspace {
+  std::vector<float> partial;
+  std::vector<int64_t> index;
+};
+
+// o = softmax(q·Kᵀ·scale)·V per sequence and query head, fp32 accumulation, online softmax. Each KV
+// head is read once for its whole query group. Work is split across `n_threads` OpenMP threads by KV
+// bytes: long sequences are split along the context and the partial states merged, so one sequence
+// with a long context uses every thread. Throws fd::Error on invalid params or an unsupported ISA.
+void decode_attention(const DecodeAttentionParams& p, Isa isa, int n_threads, DecodeAttentionWorkspace& ws);
+
+// Bytes of KV a call reads: sum over sequences of n_kv_heads*(n_full*kv_block_bytes/n_kv_heads
+// + n_tail*head_dim*2*2), i.e. full blocks in the KV dtype plus the fp16 tail's valid tokens.
+int64_t decode_attention_kv_bytes(const DecodeAttentionParams& p);
+
+// The work split decode_attention uses for these params and thread count (validates p like it).
+// A (sequence, kv head) pair is cut into chunks of whole blocks when it is longer than the chunk
+// target; split pairs go through the merge pass. For tests, benchmarks and the R-worker's logs.
+struct DecodeAttentionPlan {
+  int64_t n_pairs = 0;             // n_seq * n_kv_heads
+  int64_t n_tasks = 0;             // chunks run under OpenMP (>= n_pairs)
+  int64_t n_split_pairs = 0;       // pairs cut into more than one chunk
+  int64_t chunk_target_bytes = 0;  // the size a chunk aims at
+};
+DecodeAttentionPlan decode_attention_plan(const DecodeAttentionParams& p, int n_threads);
+
+}  // namespace fd

@@ -1,0 +1,111 @@
+// AVX2 + F16C + FMA path of the CPU decode attention: vector traits for the shared SIMD kernel in
+// decode_attention_impl.h (8 fp32 lanes, 2 query heads per register block: 16 ymm registers), and
+// the read ceiling of fd-attn-bench. Compiled with -mavx2 -mf16c -mfma; only called after
+// isa_supported(Isa::AVX2).
+#include <immintrin.h>
+
+#define FD_ATTN_SIMD_TEMPLATE
+#include "kernels/cpu/decode_attention_impl.h"
+
+namespace fd::attn {
+namespace {
+
+struct V256 {
+  using T = __m256;
+  static constexpr int W = 8;
+  static constexpr int HB = 2;  // K: 2 heads x 2 accumulators + 4 K vectors
+  // V: 1 head x 8 accumulators (64 channels) + the row vectors, loaded as consumed
+  static constexpr int HBV = 1, CG = 2;
+  static T zero() { return _mm256_setzero_ps(); }
+  static T set1(float x) { return _mm256_set1_ps(x); }
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T x) { _mm256_storeu_ps(p, x); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
+  static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static T max(T a, T b) { return _mm256_max_ps(a, b); }
+  static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static float hsum(T x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+  }
+  static float hmax(T x) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+  }
+  // r: 8 rows of 8 floats -> lane i = sum of row i (unpack + add, shuffle + add, then the two 128-bit
+  // halves of tokens 0-3 and 4-7 are summed across with permute2f128).
+  static T reduce_rows(const float* r) {
+    T u[4], w[2];
+    for (int k = 0; k < 4; ++k) {
+      const T a = load(r + 16 * k), b = load(r + 16 * k + 8);
+      u[k] = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    }
+    for (int k = 0; k < 2; ++k)
+      w[k] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * k], u[2 * k + 1], 0x44), _mm256_shuffle_ps(u[2 * k], u[2 * k + 1], 0xee));
+    return _mm256_add_ps(_mm256_permute2f128_ps(w[0], w[1], 0x20), _mm256_permute2f128_ps(w[0], w[1], 0x31));
+  }
+  static T load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static T load_i8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  // 8 packed bytes -> f = 1 + code/16 for the low and the high nibbles (see the AVX-512 twin).
+  static void load_u4(const uint8_t* p, T& lo, T& hi) {
+    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i mask = _mm256_set1_epi32(0x00780000), one = _mm256_set1_epi32(0x3f800000);
+    lo = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(x, 19), mask), one));
+    hi = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(x, 15), mask), one));
+  }
+  static float h2f(uint16_t h) { return _cvtsh_ss(h); }
+  // Cephes-style expf (see the AVX-512 twin); exactly 0 below -87.
+  static T exp(T x) {
+    const T under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_LT_OQ);
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.f)), _mm256_set1_ps(-87.f));
+    const T n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    T y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.f));
+    // n in [-126, 127] after the clamp: build 2^n in the exponent field.
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+  }
+};
+
+}  // namespace
+
+void run_chunk_avx2(const CallCtx& c, const Chunk& ch, const float* q, float* m, float* l, float* acc,
+                    float* scratch) {
+  simd::run_chunk<V256>(c, ch, q, m, l, acc, scratch);
+}
+
+// 32-byte loads, four independent integer accumulators, two loads per 64 bytes.
+uint64_t read_reduce_avx2(const void* p, size_t bytes) {
+  const auto* v = static_cast<const __m256i*>(p);
+  const size_t n = bytes / 32;
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(v + i));
+    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(v + i + 1));
+    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(v + i + 2));
+    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(v + i + 3));
+  }
+  for (; i < n; ++i) a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(v + i));
+  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+  alignas(32) uint64_t out[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), s);
+  return out[0] + out[1] + out[2] + out[3];
+}
+
+}  // namespace fd::attn

@@ -1,0 +1,366 @@
+// Internal to the CPU decode-attention kernels: block layouts as per-head pointers, the per-chunk entry
+// points of each ISA, and (only for the SIMD translation units) the shared SIMD kernel template.
+//
+// Shapes: H = n_kv_heads, D = head_dim (multiple of 32, <= 256), T = kKVBlockTokens = 32,
+// G = n_heads / n_kv_heads (the GQA group). One "chunk" is a run of whole blocks [b0, b1) of one
+// (sequence, kv head) pair, plus the fp16 tail when it is the pair's last chunk.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/decode_attention.h"
+
+namespace fd::attn {
+
+constexpr int T = kKVBlockTokens;
+
+// ---- Per-head views of one block (the layouts are described at the top of kv_quant.cpp) ----
+struct F16Head {
+  const uint16_t* k;  // [T][D] fp16
+  const uint16_t* v;  // [T][D] fp16
+};
+inline F16Head f16_head(const void* blk, int H, int D, int h) {
+  const auto* b = static_cast<const uint16_t*>(blk);
+  const size_t hs = size_t(T) * D;
+  return {b + h * hs, b + H * hs + h * hs};
+}
+struct I8Head {
+  const int8_t* k;   // [T][D] codes, x = ks[t] * code
+  const int8_t* v;   // [T][D]
+  const float* ks;   // [T]
+  const float* vs;   // [T]
+};
+inline I8Head i8_head(const void* blk, int H, int D, int h) {
+  const auto* b = static_cast<const int8_t*>(blk);
+  const size_t hs = size_t(T) * D;
+  const auto* sc = reinterpret_cast<const float*>(b + 2 * H * hs);
+  return {b + h * hs, b + H * hs + h * hs, sc + h * T, sc + H * T + h * T};
+}
+struct I4Head {
+  const uint8_t* k;    // [T][D/2] packed codes (see kv_quant.cpp for the nibble order)
+  const uint8_t* v;    // [T][D/2]
+  const uint16_t* kp;  // fp16 [2][D]: row 0 per-channel scale, row 1 per-channel min; x = s*c + z
+  const uint16_t* vp;  // fp16 [D/32][2][T]: per 32-channel group, 32 token scales then 32 token mins
+};
+inline I4Head i4_head(const void* blk, int H, int D, int h) {
+  const auto* b = static_cast<const uint8_t*>(blk);
+  const size_t hs = size_t(T) * D / 2;
+  const auto* par = reinterpret_cast<const uint16_t*>(b + 2 * H * hs);
+  return {b + h * hs, b + H * hs + h * hs, par + size_t(h) * 2 * D, par + size_t(H) * 2 * D + size_t(h) * T * (D / 32) * 2};
+}
+
+// ---- Per-ISA chunk entry points ----
+struct CallCtx {
+  KVDType dtype;
+  int H, D, G;
+  float scale;
+};
+struct Chunk {
+  const SeqKVView* seq;
+  int kv_head;
+  int32_t b0, b1;  // full blocks [b0, b1)
+  bool tail;       // also the fp16 tail (n_tail tokens)
+};
+// Scratch floats one thread needs (64-byte multiple): qs [G][D] (q * scale), qq [G][D] (int4: q with
+// the block's per-channel key scale folded in), scores/probabilities [G][T], c0 [G] (int4: q . z),
+// vt [D/32][2][T] (int4: the block's value params in fp32, 16*scale and min - 16*scale).
+// red [G][T][16] (SIMD: per-token partial dot-product vectors before their transposed reduction).
+inline size_t chunk_scratch_floats(int G, int D) {
+  return (size_t(G) * (2 * size_t(D) + T + 1 + T * 16) + size_t(D / 32) * 2 * T + 15) / 16 * 16;
+}
+// Runs one chunk for the G query heads of a kv head. q: the group's rows [G][D]. State in/out,
+// initialised by the caller: m [G] (-inf), l [G] (0), acc [G][D] (0). scratch: 64-byte aligned.
+using ChunkFn = void (*)(const CallCtx&, const Chunk&, const float* q, float* m, float* l, float* acc,
+                         float* scratch);
+void run_chunk_scalar(const CallCtx&, const Chunk&, const float*, float*, float*, float*, float*);
+void run_chunk_avx2(const CallCtx&, const Chunk&, const float*, float*, float*, float*, float*);
+void run_chunk_avx512(const CallCtx&, const Chunk&, const float*, float*, float*, float*, float*);
+
+// Read-only reduction over [p, p+bytes) with the ISA's widest loads (the STREAM-like read ceiling of
+// fd-attn-bench). bytes: multiple of 64. Returns a checksum so the reads cannot be optimised away.
+uint64_t read_reduce_avx2(const void* p, size_t bytes);
+uint64_t read_reduce_avx512(const void* p, size_t bytes);
+
+}  // namespace fd::attn
+
+// ---- The SIMD kernel, shared by decode_attention_avx2.cpp and decode_attention_avx512.cpp ----
+// Each includes this header with FD_ATTN_SIMD_TEMPLATE defined after defining a vector-traits struct V:
+//   T (vector of W floats), W, HB / HBV (query heads per register block for K / V), CG (32-channel
+//   groups per V pass), zero/set1/load/store/add/sub/mul/
+//   max/fmadd(a,b,c)=a*b+c, hsum/hmax, reduce_rows (W rows of W floats -> their W sums), exp (0 for x < -87, so -inf gives exactly 0), load_f16 (W halves),
+//   load_i8 (W int8), load_u4 (W bytes -> f = 1 + code/16 for the W low and the W high nibbles: exact
+//   floats made with integer ops, so x = s*code + z = (16s)*f + (z - 16s)), h2f (one fp16).
+// Per block (32 tokens) and kv head: scores for all G heads (each K row loaded once per HB heads, i.e.
+// once for the group when G <= HB), online-softmax update per head, then V accumulation (each V row
+// loaded once per HB heads). Quantized data is used as is: int8 scales multiply the dot product / the
+// probability; int4 key scales are folded into the query once per block (qq = qs * 16s, with f = 1 +
+// code/16) plus the constant c0 = qs . (z - 16s); int4 values use weight p*16s and add
+// sum_t p_t * (z - 16s)_t,g to each 32-channel group at the end.
+#ifdef FD_ATTN_SIMD_TEMPLATE
+#include <xmmintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "fastdecode/core/error.h"
+
+namespace fd::attn::simd {
+
+// Row loaders: load(t, g, x) fills x[0..32/W) with channels [32g, 32g+32) of token t, in order;
+// mult(t, g) is the factor of token t's group g (int8 values: per-token scale; int4: group scale).
+// Software prefetch of the next block: a head's K (or V) of one block is one short contiguous run
+// (8 KB at d = 128 fp16) followed by a jump of H * 8 KB, too short for the hardware prefetchers to ramp
+// up; while token t of this block is processed, row t of the same head in the next block is requested.
+// Measured on the dev machine (Zen 5, 1 thread, fp16, B=4, ctx 2048, 32 heads): no prefetch 34 % of
+// the read ceiling; into L1 (T0) 35 %; NTA 35 %; into L2 (T1) 67 %; two or four blocks ahead with T1
+// the same as one. Kept: T1, one block ahead.
+constexpr int kPrefetchBlocks = 1;
+inline void prefetch_row(const void* row, int bytes) {
+  for (int o = 0; o < bytes; o += 64) _mm_prefetch(static_cast<const char*>(row) + o, _MM_HINT_T1);
+}
+
+template <class V, int D>
+struct F16Rows {
+  static constexpr bool kOffset = false;
+  const uint16_t* p;  // [T][D]
+  const uint16_t* next = nullptr;  // the same rows of the next block, or null
+  void prefetch(int t) const { if (next) prefetch_row(next + size_t(t) * D, D * 2); }
+  void load(int t, int g, typename V::T* x) const {
+    const uint16_t* r = p + size_t(t) * D + g * 32;
+    for (int i = 0; i < 32 / V::W; ++i) x[i] = V::load_f16(r + i * V::W);
+  }
+  float mult(int, int) const { return 1.f; }
+};
+template <class V, int D>
+struct I8Rows {
+  static constexpr bool kOffset = false;
+  const int8_t* p;   // [T][D]
+  const float* sc;   // [T]
+  const int8_t* next = nullptr;
+  void prefetch(int t) const { if (next) prefetch_row(next + size_t(t) * D, D); }
+  void load(int t, int g, typename V::T* x) const {
+    const int8_t* r = p + size_t(t) * D + g * 32;
+    for (int i = 0; i < 32 / V::W; ++i) x[i] = V::load_i8(r + i * V::W);
+  }
+  float mult(int t, int) const { return sc[t]; }
+};
+// int4 group of 32 channels = 16 bytes; byte j: channel j in the low nibble, channel 16+j in the high.
+// W=16: one 16-byte load gives channels 0..15 (low) and 16..31 (high). W=8: bytes 0..7 give channels
+// 0..7 / 16..23, bytes 8..15 give 8..15 / 24..31; storing lows in x[i] and highs in x[VPG/2+i] keeps order.
+template <class V, int D>
+struct I4Rows {
+  static constexpr bool kOffset = true;
+  const uint8_t* p;    // [T][D/2]
+  const float* vt;     // values: [D/32][2][T] fp32 rows 16*scale and min - 16*scale (see load_u4); keys: null
+  const uint8_t* next = nullptr;
+  void prefetch(int t) const { if (next) prefetch_row(next + size_t(t) * D / 2, D / 2); }
+  const float* mins(int g) const { return vt + (2 * g + 1) * T; }
+  void load(int t, int g, typename V::T* x) const {
+    constexpr int VPG = 32 / V::W;
+    const uint8_t* r = p + size_t(t) * (D / 2) + g * 16;
+    for (int i = 0; i < VPG / 2; ++i) V::load_u4(r + i * V::W, x[i], x[VPG / 2 + i]);
+  }
+  float mult(int t, int g) const { return vt[2 * g * T + t]; }
+};
+
+// s[h][t] = q[h] . K[t] for t < n and HB heads (s[h][t >= n] undefined); q [HB][D], s [HB][T],
+// r [HB][T][W] scratch for the per-token partial vectors.
+template <class V, int D, int HB, class Rows>
+inline void scores(const Rows& rows, const float* q, float* s, float* r, int n) {
+  using VT = typename V::T;
+  constexpr int W = V::W, VPG = 32 / W;
+  for (int t = 0; t < n; ++t) {
+    rows.prefetch(t);
+    VT a0[HB], a1[HB];
+    for (int h = 0; h < HB; ++h) a0[h] = a1[h] = V::zero();
+    for (int g = 0; g < D / 32; ++g) {
+      VT x[VPG];
+      rows.load(t, g, x);
+      for (int h = 0; h < HB; ++h)
+        for (int i = 0; i < VPG; ++i) {
+          const VT qv = V::load(q + h * D + g * 32 + i * W);
+          if (i & 1) a1[h] = V::fmadd(qv, x[i], a1[h]);
+          else a0[h] = V::fmadd(qv, x[i], a0[h]);
+        }
+    }
+    for (int h = 0; h < HB; ++h) V::store(r + (h * T + t) * W, V::add(a0[h], a1[h]));
+  }
+  // W tokens' partial vectors at a time -> one vector of W dot products (a shuffle tree instead of a
+  // horizontal sum per token: that latency chain was ~40 % of the in-cache time).
+  for (int h = 0; h < HB; ++h)
+    for (int j = 0; j < n; j += W) V::store(s + h * T + j, V::reduce_rows(r + (h * T + j) * W));
+}
+
+// acc[h] += sum_t p[h][t] * mult(t, g) * V[t] for t < n, over the NGC 32-channel groups from g0;
+// p [HB][T], acc [HB][D]. The HB * NGC * (32/W) accumulators stay in registers for the whole pass over
+// the tokens: with V::CG groups per pass there are >= 8 independent FMA chains (the FMA latency, not
+// the loads, bounded an earlier token-inner-per-group loop) and each V row is read in one stretch.
+template <class V, int D, int HB, int NGC, class Rows>
+inline void accum_pass(const Rows& rows, const float* p, float* acc, int n, int g0) {
+  using VT = typename V::T;
+  constexpr int W = V::W, VPG = 32 / W, NV = NGC * VPG;
+  VT a[HB][NV];
+  for (int h = 0; h < HB; ++h)
+    for (int i = 0; i < NV; ++i) a[h][i] = V::load(acc + h * D + g0 * 32 + i * W);
+  for (int t = 0; t < n; ++t) {
+    if (g0 == 0) rows.prefetch(t);
+    VT x[NV];
+    for (int gg = 0; gg < NGC; ++gg) rows.load(t, g0 + gg, x + gg * VPG);
+    for (int h = 0; h < HB; ++h)
+      for (int gg = 0; gg < NGC; ++gg) {
+        const VT w = V::set1(p[h * T + t] * rows.mult(t, g0 + gg));
+        for (int i = 0; i < VPG; ++i) a[h][gg * VPG + i] = V::fmadd(w, x[gg * VPG + i], a[h][gg * VPG + i]);
+      }
+  }
+  for (int h = 0; h < HB; ++h)
+    for (int i = 0; i < NV; ++i) V::store(acc + h * D + g0 * 32 + i * W, a[h][i]);
+}
+template <class V, int D, int HB, class Rows>
+inline void accum(const Rows& rows, const float* p, float* acc, int n) {
+  constexpr int NG = D / 32, CG = V::CG;
+  int g0 = 0;
+  for (; g0 + CG <= NG; g0 += CG) accum_pass<V, D, HB, CG>(rows, p, acc, n, g0);
+  if constexpr (NG % CG != 0) accum_pass<V, D, HB, NG % CG>(rows, p, acc, n, g0);
+}
+
+// Online softmax over one block's scores s[0..n) of one head: s becomes p = exp(s - m_new);
+// l = l*corr + sum p; m = m_new. Returns corr = exp(m_old - m_new) (0 for the first block).
+template <class V>
+inline float softmax_block(float* s, int n, float& m, float& l) {
+  using VT = typename V::T;
+  constexpr int W = V::W;
+  for (int t = n; t < T; ++t) s[t] = -std::numeric_limits<float>::infinity();
+  VT mx = V::load(s);
+  for (int j = W; j < T; j += W) mx = V::max(mx, V::load(s + j));
+  const float m_new = std::max(m, V::hmax(mx));
+  const float corr = m == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(m - m_new);
+  const VT mv = V::set1(m_new);
+  VT sum = V::zero();
+  for (int j = 0; j < T; j += W) {
+    const VT e = V::exp(V::sub(V::load(s + j), mv));
+    V::store(s + j, e);
+    sum = V::add(sum, e);
+  }
+  l = l * corr + V::hsum(sum);
+  m = m_new;
+  return corr;
+}
+
+template <class V, int D>
+struct Kernel {
+  // Calls f.template operator()<HB>(h0) over the G heads in register blocks of HBM, 2, 1 heads.
+  template <int HBM, class F>
+  static void for_heads(int G, F&& f) {
+    int h = 0;
+    for (; h + HBM <= G; h += HBM) f.template operator()<HBM>(h);
+    if constexpr (HBM > 2)
+      for (; h + 2 <= G; h += 2) f.template operator()<2>(h);
+    if constexpr (HBM > 1)
+      for (; h < G; ++h) f.template operator()<1>(h);
+  }
+
+  // One block of n tokens for G heads. q [G][D]; fix(h, s, n) adjusts raw dot products into scores.
+  template <class KR, class VR, class Fix>
+  static void block(const KR& kr, const VR& vr, int n, int G, const float* q, float* m, float* l, float* acc,
+                    float* sc, float* red, Fix&& fix) {
+    for_heads<V::HB>(G, [&]<int HB>(int h0) { scores<V, D, HB>(kr, q + h0 * D, sc + h0 * T, red + h0 * T * V::W, n); });
+    for (int h = 0; h < G; ++h) {
+      fix(h, sc + h * T, n);
+      const float corr = softmax_block<V>(sc + h * T, n, m[h], l[h]);
+      if (corr != 1.f) {
+        const auto cv = V::set1(corr);
+        for (int d = 0; d < D; d += V::W) V::store(acc + h * D + d, V::mul(V::load(acc + h * D + d), cv));
+      }
+    }
+    for_heads<V::HBV>(G, [&]<int HB>(int h0) { accum<V, D, HB>(vr, sc + h0 * T, acc + h0 * D, n); });
+    if constexpr (VR::kOffset) {  // int4 values: + sum_t p_t * min_t,g on each 32-channel group
+      for (int h = 0; h < G; ++h)
+        for (int g = 0; g < D / 32; ++g) {
+          auto oa = V::zero();
+          for (int j = 0; j < T; j += V::W) oa = V::fmadd(V::load(sc + h * T + j), V::load(vr.mins(g) + j), oa);
+          const auto ov = V::set1(V::hsum(oa));  // p = 0 past n (exp(-inf)), so all T lanes may be summed
+          for (int d = g * 32; d < g * 32 + 32; d += V::W) V::store(acc + h * D + d, V::add(V::load(acc + h * D + d), ov));
+        }
+    }
+  }
+
+  static void run(const CallCtx& c, const Chunk& ch, const float* q, float* m, float* l, float* acc, float* scratch) {
+    const int G = c.G, H = c.H, kvh = ch.kv_head;
+    float* qs = scratch;      // [G][D]
+    float* qq = qs + G * D;   // [G][D]
+    float* sc = qq + G * D;   // [G][T]
+    float* c0 = sc + G * T;   // [G]
+    float* vt = c0 + G;       // [D/32][2][T] int4 value params in fp32
+    float* red = vt + (D / 32) * 2 * T;  // [G][T][W] per-token partial dot products
+    for (int i = 0; i < G * D; ++i) qs[i] = q[i] * c.scale;
+    auto raw = [](int, float*, int) {};
+    for (int32_t b = ch.b0; b < ch.b1; ++b) {
+      const void* blk = ch.seq->blocks[b];
+      const void* nxt = b + kPrefetchBlocks < ch.b1 ? ch.seq->blocks[b + kPrefetchBlocks] : nullptr;
+      switch (c.dtype) {
+        case KVDType::F16: {
+          const F16Head hd = f16_head(blk, H, D, kvh);
+          const F16Head nh = nxt ? f16_head(nxt, H, D, kvh) : F16Head{nullptr, nullptr};
+          block(F16Rows<V, D>{hd.k, nh.k}, F16Rows<V, D>{hd.v, nh.v}, T, G, qs, m, l, acc, sc, red, raw);
+          break;
+        }
+        case KVDType::I8: {
+          const I8Head hd = i8_head(blk, H, D, kvh);
+          const I8Head nh = nxt ? i8_head(nxt, H, D, kvh) : I8Head{nullptr, nullptr, nullptr, nullptr};
+          if (nxt) prefetch_row(nh.ks, T * 4), prefetch_row(nh.vs, T * 4);
+          block(I8Rows<V, D>{hd.k, hd.ks, nh.k}, I8Rows<V, D>{hd.v, hd.vs, nh.v}, T, G, qs, m, l, acc, sc, red,
+                [&](int, float* s, int n) { for (int t = 0; t < n; ++t) s[t] *= hd.ks[t]; });
+          break;
+        }
+        case KVDType::I4: {
+          const I4Head hd = i4_head(blk, H, D, kvh);
+          const I4Head nh = nxt ? i4_head(nxt, H, D, kvh) : I4Head{nullptr, nullptr, nullptr, nullptr};
+          if (nxt) prefetch_row(nh.kp, 4 * D), prefetch_row(nh.vp, 4 * D);
+          for (int g = 0; g < D / 32; ++g)  // per group: 16 * scale [T], then min - 16 * scale [T]
+            for (int j = 0; j < T; j += V::W) {
+              const auto s16 = V::mul(V::load_f16(hd.vp + 2 * g * T + j), V::set1(16.f));
+              V::store(vt + 2 * g * T + j, s16);
+              V::store(vt + (2 * g + 1) * T + j, V::sub(V::load_f16(hd.vp + (2 * g + 1) * T + j), s16));
+            }
+          // Fold the per-channel key scale into the query: qq = qs*16s, c0 = qs.(z-16s) (once per block).
+          for (int h = 0; h < G; ++h) {
+            auto cz = V::zero();
+            for (int d = 0; d < D; d += V::W) {
+              const auto qv = V::load(qs + h * D + d), s16 = V::mul(V::load_f16(hd.kp + d), V::set1(16.f));
+              V::store(qq + h * D + d, V::mul(qv, s16));
+              cz = V::fmadd(qv, V::sub(V::load_f16(hd.kp + D + d), s16), cz);
+            }
+            c0[h] = V::hsum(cz);
+          }
+          block(I4Rows<V, D>{hd.k, nullptr, nh.k}, I4Rows<V, D>{hd.v, vt, nh.v}, T, G, qq, m, l, acc, sc, red,
+                [&](int h, float* s, int n) { for (int t = 0; t < n; ++t) s[t] += c0[h]; });
+          break;
+        }
+        default: FD_THROW("decode_attention: unknown KV dtype " << int(c.dtype));
+      }
+    }
+    if (ch.tail && ch.seq->n_tail > 0) {
+      const F16Head hd = f16_head(ch.seq->tail, H, D, kvh);
+      block(F16Rows<V, D>{hd.k}, F16Rows<V, D>{hd.v}, ch.seq->n_tail, G, qs, m, l, acc, sc, red, raw);
+    }
+  }
+};
+
+template <class V>
+void run_chunk(const CallCtx& c, const Chunk& ch, const float* q, float* m, float* l, float* acc, float* scratch) {
+  switch (c.D) {
+    case 32: return Kernel<V, 32>::run(c, ch, q, m, l, acc, scratch);
+    case 64: return Kernel<V, 64>::run(c, ch, q, m, l, acc, scratch);
+    case 96: return Kernel<V, 96>::run(c, ch, q, m, l, acc, scratch);
+    case 128: return Kernel<V, 128>::run(c, ch, q, m, l, acc, scratch);
+    case 160: return Kernel<V, 160>::run(c, ch, q, m, l, acc, scratch);
+    case 192: return Kernel<V, 192>::run(c, ch, q, m, l, acc, scratch);
+    case 224: return Kernel<V, 224>::run(c, ch, q, m, l, acc, scratch);
+    case 256: return Kernel<V, 256>::run(c, ch, q, m, l, acc, scratch);
+    default: FD_THROW("decode_attention: head_dim " << c.D << " is not a multiple of 32 in [32, 256]");
+  }
+}
+
+}  // namespace fd::attn::simd
+#endif  // FD_ATTN_SIMD_TEMPLATE

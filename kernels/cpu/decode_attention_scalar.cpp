@@ -1,0 +1,142 @@
+// Scalar reference of the CPU decode attention: plain loops, the same arithmetic as the SIMD paths
+// (online softmax per 32-token block, fp32 accumulation, quantized data used directly), so it is the
+// readable golden twin they are compared with. Shapes: see decode_attention_impl.h.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "fastdecode/core/dtype.h"
+#include "fastdecode/core/error.h"
+#include "kernels/cpu/decode_attention_impl.h"
+
+namespace fd::attn {
+namespace {
+
+// Dequantizers for one element of token t, channel d of one head's K or V in one block. Each block
+// also gives the per-query-head score correction (int8: per-token key scale; int4: q . z).
+struct Ctx {
+  int G, D;
+  float* m;    // [G]
+  float* l;    // [G]
+  float* acc;  // [G][D]
+  float* s;    // [G][T] scores, then probabilities
+};
+
+// Online-softmax update of head h after its scores s[0..n) are final; returns corr and turns s into p.
+void softmax_update(Ctx& c, int h, int n) {
+  float* s = c.s + h * T;
+  float mb = -std::numeric_limits<float>::infinity();
+  for (int t = 0; t < n; ++t) mb = std::max(mb, s[t]);
+  const float m_new = std::max(c.m[h], mb);
+  const float corr = c.m[h] == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(c.m[h] - m_new);
+  float sum = 0;
+  for (int t = 0; t < n; ++t) {
+    s[t] = std::exp(s[t] - m_new);
+    sum += s[t];
+  }
+  c.l[h] = c.l[h] * corr + sum;
+  c.m[h] = m_new;
+  if (corr != 1.f)
+    for (int d = 0; d < c.D; ++d) c.acc[h * c.D + d] *= corr;
+}
+
+void block_f16(Ctx& c, const F16Head& hd, int n, const float* qs) {
+  const int D = c.D;
+  for (int t = 0; t < n; ++t) {  // each K row is read once for all G heads
+    const uint16_t* k = hd.k + size_t(t) * D;
+    for (int h = 0; h < c.G; ++h) {
+      float dot = 0;
+      for (int d = 0; d < D; ++d) dot += qs[h * D + d] * fp16_to_fp32(k[d]);
+      c.s[h * T + t] = dot;
+    }
+  }
+  for (int h = 0; h < c.G; ++h) softmax_update(c, h, n);
+  for (int t = 0; t < n; ++t) {
+    const uint16_t* v = hd.v + size_t(t) * D;
+    for (int h = 0; h < c.G; ++h)
+      for (int d = 0; d < D; ++d) c.acc[h * D + d] += c.s[h * T + t] * fp16_to_fp32(v[d]);
+  }
+}
+
+// int8: x = scale[t] * code. score = ks[t] * (qs . code); acc += (p * vs[t]) * code.
+void block_i8(Ctx& c, const I8Head& hd, const float* qs) {
+  const int D = c.D;
+  for (int t = 0; t < T; ++t) {
+    const int8_t* k = hd.k + size_t(t) * D;
+    for (int h = 0; h < c.G; ++h) {
+      float dot = 0;
+      for (int d = 0; d < D; ++d) dot += qs[h * D + d] * float(k[d]);
+      c.s[h * T + t] = dot * hd.ks[t];
+    }
+  }
+  for (int h = 0; h < c.G; ++h) softmax_update(c, h, T);
+  for (int t = 0; t < T; ++t) {
+    const int8_t* v = hd.v + size_t(t) * D;
+    for (int h = 0; h < c.G; ++h) {
+      const float w = c.s[h * T + t] * hd.vs[t];
+      for (int d = 0; d < D; ++d) c.acc[h * D + d] += w * float(v[d]);
+    }
+  }
+}
+
+// Code of channel d in a packed int4 row: group of 32 channels = 16 bytes, byte j holds channel j
+// (low nibble) and channel 16 + j (high nibble).
+inline int u4(const uint8_t* row, int d) {
+  const uint8_t b = row[(d / 32) * 16 + (d % 16)];
+  return (d % 32) < 16 ? (b & 15) : (b >> 4);
+}
+
+// int4 keys x = s[d]*c + z[d] (per channel): score = (qs*s) . c + qs . z.
+// int4 values x = s[t,g]*c + z[t,g] (per token and 32-channel group): acc += p*s*c, plus sum_t p*z.
+void block_i4(Ctx& c, const I4Head& hd, const float* qs, float* qq) {
+  const int D = c.D, NG = D / 32;
+  for (int h = 0; h < c.G; ++h) {
+    float c0 = 0;
+    for (int d = 0; d < D; ++d) {
+      qq[h * D + d] = qs[h * D + d] * fp16_to_fp32(hd.kp[d]);
+      c0 += qs[h * D + d] * fp16_to_fp32(hd.kp[D + d]);
+    }
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* k = hd.k + size_t(t) * D / 2;
+      float dot = 0;
+      for (int d = 0; d < D; ++d) dot += qq[h * D + d] * float(u4(k, d));
+      c.s[h * T + t] = dot + c0;
+    }
+  }
+  for (int h = 0; h < c.G; ++h) softmax_update(c, h, T);
+  for (int h = 0; h < c.G; ++h)
+    for (int g = 0; g < NG; ++g) {
+      float off = 0;
+      for (int t = 0; t < T; ++t) {
+        const uint8_t* v = hd.v + size_t(t) * D / 2;
+        const float p = c.s[h * T + t];
+        const float w = p * fp16_to_fp32(hd.vp[(2 * g) * T + t]);
+        off += p * fp16_to_fp32(hd.vp[(2 * g + 1) * T + t]);
+        for (int d = g * 32; d < g * 32 + 32; ++d) c.acc[h * D + d] += w * float(u4(v, d));
+      }
+      for (int d = g * 32; d < g * 32 + 32; ++d) c.acc[h * D + d] += off;
+    }
+}
+
+}  // namespace
+
+void run_chunk_scalar(const CallCtx& cc, const Chunk& ch, const float* q, float* m, float* l, float* acc,
+                      float* scratch) {
+  const int G = cc.G, D = cc.D, H = cc.H;
+  float* qs = scratch;     // [G][D] q * scale
+  float* qq = qs + G * D;  // [G][D] int4 folded query
+  Ctx c{G, D, m, l, acc, qq + G * D};
+  for (int i = 0; i < G * D; ++i) qs[i] = q[i] * cc.scale;
+  for (int32_t b = ch.b0; b < ch.b1; ++b) {
+    const void* blk = ch.seq->blocks[b];
+    switch (cc.dtype) {
+      case KVDType::F16: block_f16(c, f16_head(blk, H, D, ch.kv_head), T, qs); break;
+      case KVDType::I8: block_i8(c, i8_head(blk, H, D, ch.kv_head), qs); break;
+      case KVDType::I4: block_i4(c, i4_head(blk, H, D, ch.kv_head), qs, qq); break;
+      default: FD_THROW("decode_attention: unknown KV dtype " << int(cc.dtype));
+    }
+  }
+  if (ch.tail && ch.seq->n_tail > 0) block_f16(c, f16_head(ch.seq->tail, H, D, ch.kv_head), ch.seq->n_tail, qs);
+}
+
+}  // namespace fd::attn

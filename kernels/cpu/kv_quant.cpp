@@ -1,0 +1,218 @@
+// KV dtypes and their full-block layouts; quantize (once per block when it fills) and dequantize.
+//
+// Shapes: H = n_kv_heads, D = head_dim (multiple of 32), T = 32 tokens per block. Byte counts are for
+// one head at D = 128.
+//
+//   fp16 (the tail layout):  K fp16 [H][T][D], V fp16 [H][T][D].                       16384 B/head
+//   int8 (symmetric, per token and head; x = scale * code, code in [-127, 127]):
+//        K int8 [H][T][D], V int8 [H][T][D], K scale fp32 [H][T], V scale fp32 [H][T]. 8448 B/head (1.94x)
+//        fp32 scales: 256 B/head more than fp16 ones (3%) and no rounding of the scale to think about.
+//   int4 (KIVI-style, asymmetric; x = scale * code + min, code in [0, 15]):
+//        K codes [H][T][D/2], V codes [H][T][D/2],
+//        K params fp16 [H][2][D]       (row 0: scale per channel over the block's 32 tokens, row 1: min),
+//        V params fp16 [H][D/32][2][T] (per group of 32 channels: the 32 tokens' scales, then their
+//        mins; token-contiguous so a block's scales convert with vector loads).          5120 B/head (3.2x)
+//        Keys per channel because LLM keys have outlier *channels* (a per-token scale would be set by
+//        them); values per token because their outliers are not channel-aligned (KIVI, arXiv 2402.02750).
+//
+// int4 packing, chosen for SIMD unpacking: a row's channels go in groups of 32 = 16 bytes; byte j of a
+// group holds channel j in the low nibble and channel 16 + j in the high nibble. A 16-byte load widened
+// to 16 x int32 gives channels 0..15 with `and 15` and 16..31 with `>> 4`, both in order (AVX-512);
+// AVX2 does the same with 8-byte halves.
+//
+// Rounding: codes are round-to-nearest-even of the value in units of the *stored* (fp16-rounded)
+// scale and min, so dequantization uses exactly what was quantized against.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "fastdecode/core/dtype.h"
+#include "fastdecode/core/error.h"
+#include "kernels/cpu/decode_attention_impl.h"
+
+namespace fd {
+
+using attn::T;
+
+std::string_view kv_dtype_name(KVDType t) {
+  switch (t) {
+    case KVDType::F16: return "fp16";
+    case KVDType::I8: return "int8";
+    case KVDType::I4: return "int4";
+  }
+  FD_THROW("unknown KV dtype " << int(t));
+}
+
+KVDType kv_dtype_from_name(std::string_view name) {
+  if (name == "fp16") return KVDType::F16;
+  if (name == "int8") return KVDType::I8;
+  if (name == "int4") return KVDType::I4;
+  FD_THROW("unknown KV dtype '" << name << "' (expected fp16, int8 or int4)");
+}
+
+static void check_shape(int H, int D) {
+  FD_CHECK(H > 0 && D > 0 && D % 32 == 0 && D <= 256,
+           "KV block shape: n_kv_heads " << H << " must be > 0 and head_dim " << D
+                                          << " a multiple of 32 in [32, 256]");
+}
+
+size_t kv_block_bytes(KVDType dtype, int H, int D) {
+  check_shape(H, D);
+  const size_t hd = size_t(H) * D;
+  switch (dtype) {
+    case KVDType::F16: return kv_fp16_block_bytes(H, D);
+    case KVDType::I8: return 2 * hd * T + 2 * size_t(H) * T * sizeof(float);
+    case KVDType::I4: return hd * T + hd * 2 * 2 + size_t(H) * T * (D / 32) * 2 * 2;
+  }
+  FD_THROW("unknown KV dtype " << int(dtype));
+}
+
+namespace {
+
+// int8, one row of n values: scale = max|x| / 127.
+void quant_i8_row(const uint16_t* x, int n, int8_t* code, float* scale) {
+  float amax = 0;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(fp16_to_fp32(x[i])));
+  const float s = amax / 127.f;
+  *scale = s;
+  for (int i = 0; i < n; ++i) {
+    const float c = s > 0 ? std::nearbyint(fp16_to_fp32(x[i]) / s) : 0.f;
+    code[i] = int8_t(std::clamp(c, -127.f, 127.f));
+  }
+}
+
+// int4 parameters for values in [lo, hi]: lo is itself an fp16 value (the inputs are fp16), so the
+// min is stored exactly; the scale is rounded up (next fp16) until 15 steps reach hi.
+void u4_params(float lo, float hi, uint16_t* s_h, uint16_t* z_h) {
+  const uint16_t z = fp32_to_fp16(lo);
+  const float zf = fp16_to_fp32(z);
+  uint16_t s = fp32_to_fp16((hi - zf) / 15.f);
+  for (int i = 0; i < 4 && fp16_to_fp32(s) * 15.f + zf < hi; ++i) s = uint16_t(s + 1);  // s >= 0: next fp16 up
+  *s_h = s;
+  *z_h = z;
+}
+
+inline uint8_t u4_code(float x, float s, float z) {
+  if (!(s > 0)) return 0;
+  return uint8_t(std::clamp(std::nearbyint((x - z) / s), 0.f, 15.f));
+}
+
+// Packs 4-bit codes c[0..D) of one row (see the packing note above).
+void pack_u4(const uint8_t* c, int D, uint8_t* row) {
+  for (int g = 0; g < D / 32; ++g)
+    for (int j = 0; j < 16; ++j) row[g * 16 + j] = uint8_t(c[g * 32 + j] | (c[g * 32 + 16 + j] << 4));
+}
+inline int unpack_u4(const uint8_t* row, int d) {
+  const uint8_t b = row[(d / 32) * 16 + (d % 16)];
+  return (d % 32) < 16 ? (b & 15) : (b >> 4);
+}
+
+}  // namespace
+
+void kv_quantize_block(KVDType dtype, const uint16_t* src, void* out, int H, int D) {
+  const size_t bytes = kv_block_bytes(dtype, H, D);
+  FD_CHECK(src && out, "kv_quantize_block: null pointer");
+  switch (dtype) {
+    case KVDType::F16: std::memcpy(out, src, bytes); return;
+    case KVDType::I8:
+      for (int h = 0; h < H; ++h) {
+        const attn::I8Head hd = attn::i8_head(out, H, D, h);
+        const attn::F16Head in = attn::f16_head(src, H, D, h);
+        for (int t = 0; t < T; ++t) {
+          quant_i8_row(in.k + size_t(t) * D, D, const_cast<int8_t*>(hd.k) + size_t(t) * D, const_cast<float*>(hd.ks) + t);
+          quant_i8_row(in.v + size_t(t) * D, D, const_cast<int8_t*>(hd.v) + size_t(t) * D, const_cast<float*>(hd.vs) + t);
+        }
+      }
+      return;
+    case KVDType::I4: {
+      uint8_t codes[T][256];
+      for (int h = 0; h < H; ++h) {
+        const attn::I4Head hd = attn::i4_head(out, H, D, h);
+        const attn::F16Head in = attn::f16_head(src, H, D, h);
+        auto* kp = const_cast<uint16_t*>(hd.kp);
+        auto* vp = const_cast<uint16_t*>(hd.vp);
+        // Keys: per channel over the 32 tokens.
+        for (int d = 0; d < D; ++d) {
+          float lo = INFINITY, hi = -INFINITY;
+          for (int t = 0; t < T; ++t) {
+            const float x = fp16_to_fp32(in.k[size_t(t) * D + d]);
+            lo = std::min(lo, x);
+            hi = std::max(hi, x);
+          }
+          u4_params(lo, hi, &kp[d], &kp[D + d]);
+          const float s = fp16_to_fp32(kp[d]), z = fp16_to_fp32(kp[D + d]);
+          for (int t = 0; t < T; ++t) codes[t][d] = u4_code(fp16_to_fp32(in.k[size_t(t) * D + d]), s, z);
+        }
+        for (int t = 0; t < T; ++t) pack_u4(codes[t], D, const_cast<uint8_t*>(hd.k) + size_t(t) * D / 2);
+        // Values: per token, groups of 32 channels.
+        for (int t = 0; t < T; ++t) {
+          const uint16_t* x = in.v + size_t(t) * D;
+          for (int g = 0; g < D / 32; ++g) {
+            float lo = INFINITY, hi = -INFINITY;
+            for (int d = g * 32; d < g * 32 + 32; ++d) {
+              lo = std::min(lo, fp16_to_fp32(x[d]));
+              hi = std::max(hi, fp16_to_fp32(x[d]));
+            }
+            uint16_t* sp = vp + (2 * g) * T + t;  // scale; the min is T further
+            u4_params(lo, hi, sp, sp + T);
+            const float s = fp16_to_fp32(sp[0]), z = fp16_to_fp32(sp[T]);
+            for (int d = g * 32; d < g * 32 + 32; ++d) codes[t][d] = u4_code(fp16_to_fp32(x[d]), s, z);
+          }
+          pack_u4(codes[t], D, const_cast<uint8_t*>(hd.v) + size_t(t) * D / 2);
+        }
+      }
+      return;
+    }
+  }
+  FD_THROW("unknown KV dtype " << int(dtype));
+}
+
+void kv_dequantize_block_f32(KVDType dtype, const void* block, float* out, int H, int D) {
+  check_shape(H, D);
+  FD_CHECK(block && out, "kv_dequantize_block: null pointer");
+  const size_t hs = size_t(T) * D;  // one head's K (or V) in the fp16 layout
+  for (int h = 0; h < H; ++h) {
+    float* ko = out + h * hs;
+    float* vo = out + H * hs + h * hs;
+    switch (dtype) {
+      case KVDType::F16: {
+        const attn::F16Head hd = attn::f16_head(block, H, D, h);
+        for (size_t i = 0; i < hs; ++i) ko[i] = fp16_to_fp32(hd.k[i]), vo[i] = fp16_to_fp32(hd.v[i]);
+        break;
+      }
+      case KVDType::I8: {
+        const attn::I8Head hd = attn::i8_head(block, H, D, h);
+        for (int t = 0; t < T; ++t)
+          for (int d = 0; d < D; ++d) {
+            ko[t * D + d] = hd.ks[t] * float(hd.k[size_t(t) * D + d]);
+            vo[t * D + d] = hd.vs[t] * float(hd.v[size_t(t) * D + d]);
+          }
+        break;
+      }
+      case KVDType::I4: {
+        const attn::I4Head hd = attn::i4_head(block, H, D, h);
+        for (int t = 0; t < T; ++t)
+          for (int d = 0; d < D; ++d) {
+            const uint16_t* vp = hd.vp + (2 * (d / 32)) * T + t;
+            ko[t * D + d] = float(double(fp16_to_fp32(hd.kp[d])) * unpack_u4(hd.k + size_t(t) * D / 2, d) +
+                                  double(fp16_to_fp32(hd.kp[D + d])));
+            vo[t * D + d] = float(double(fp16_to_fp32(vp[0])) * unpack_u4(hd.v + size_t(t) * D / 2, d) +
+                                  double(fp16_to_fp32(vp[T])));
+          }
+        break;
+      }
+      default: FD_THROW("unknown KV dtype " << int(dtype));
+    }
+  }
+}
+
+void kv_dequantize_block(KVDType dtype, const void* block, uint16_t* fp16_block, int H, int D) {
+  const size_t n = kv_fp16_block_bytes(H, D) / 2;
+  std::vector<float> tmp(n);
+  kv_dequantize_block_f32(dtype, block, tmp.data(), H, D);
+  for (size_t i = 0; i < n; ++i) fp16_block[i] = fp32_to_fp16(tmp[i]);
+}
+
+}  // namespace fd

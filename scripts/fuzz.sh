@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer target for the R-worker's message handling with clang and runs it.
+# Usage: scripts/fuzz.sh [SECONDS]   (default 60). Installs clang and its runtime if missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs="${1:-60}"
+if ! command -v clang++ >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang libclang-rt-14-dev >/dev/null
+fi
+cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
+  -DFD_ENABLE_CUDA=OFF -DFD_BUILD_FUZZERS=ON -DFD_BUILD_TESTS=OFF >/dev/null
+cmake --build build/fuzz --target fuzz_rworker
+mkdir -p build/fuzz/corpus
+build/fuzz/fuzz_rworker -max_total_time="$secs" -max_len=4096 build/fuzz/corpus

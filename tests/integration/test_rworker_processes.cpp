@@ -1,0 +1,176 @@
+// fd-rworker processes over TCP loopback, driven by the S-side client: correctness against a double
+// reference with two workers in flight at once, garbage on the socket, a stopped worker (deadline),
+// a killed worker, and clean shutdown.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
+
+#include "fastdecode/sworker/rworker_client.h"
+#include "tests/unit/rworker_test_util.h"
+#include "tests/unit/test_helpers.h"
+
+extern char** environ;
+
+using namespace fd;
+using namespace fd::proto;
+
+namespace {
+
+constexpr int kLayers = 2, kH = 8, kKV = 4, kD = 64;
+
+// A child fd-rworker listening on an ephemeral TCP port; the endpoint is read from its stdout.
+struct Worker {
+  pid_t pid = -1;
+  std::string endpoint;
+  Worker(const std::string& name, const std::string& kv_dtype = "fp16") {
+    int out[2];
+    if (pipe(out) != 0) throw std::runtime_error("pipe");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    const std::string bin = std::string(FD_BIN_DIR) + "/fd-rworker";
+    std::vector<std::string> args = {bin, "--listen", "tcp://127.0.0.1:*", "--threads", "2", "--memory-gb", "0.5",
+                                     "--kv-dtype", kv_dtype, "--name", name, "--print-endpoint"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ) != 0) throw std::runtime_error("spawn " + bin);
+    posix_spawn_file_actions_destroy(&fa);
+    close(out[1]);
+    FILE* f = fdopen(out[0], "r");
+    char line[256] = {0};
+    if (!fgets(line, sizeof line, f)) throw std::runtime_error("fd-rworker printed no endpoint");
+    fclose(f);
+    endpoint = line;
+    while (!endpoint.empty() && endpoint.back() == '\n') endpoint.pop_back();
+  }
+  int wait_exit() {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  ~Worker() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+Header dims(MsgType t, uint32_t n_seq, uint32_t layer = 0) {
+  Header h = make_header(t, kH, kKV, kD, WireDType::F16);
+  h.n_seq = n_seq;
+  h.layer = layer;
+  return h;
+}
+
+}  // namespace
+
+TEST(RWorkerProcesses, TwoWorkersConcurrentAttendMatchesReference) {
+  Worker a("w0"), b("w1", "int8");
+  RWorkerClient c({a.endpoint, b.endpoint}, 20000);
+  for (size_t w = 0; w < 2; ++w) {
+    const json info = c.hello(w, kLayers, kH, kKV, kD, WireDType::F16);
+    EXPECT_EQ(info["block_tokens"], 32);
+  }
+  // Worker 0 holds sequences 1, 2; worker 1 holds 3 (int8 KV: compared with a looser bound).
+  c.add_seqs(0, {1, 2});
+  c.add_seqs(1, {3});
+  std::mt19937 rng(9);
+  std::vector<std::vector<float>> K(4), V(4);  // per sequence, layer 1 only
+  for (int step = 0; step < 70; ++step) {
+    const auto q = fd::test::random_f16(3 * kH * kD, rng), k = fd::test::random_f16(3 * kKV * kD, rng),
+               v = fd::test::random_f16(3 * kKV * kD, rng);
+    const std::vector<uint64_t> ids0 = {1, 2}, ids1 = {3};
+    const size_t qs = kH * kD * 2, ks = kKV * kD * 2;
+    // Both requests in flight before waiting: the S-worker's pattern.
+    const uint64_t r0 = c.send(0, dims(MsgType::Attend, 2, 1),
+                               {{ids0.data(), 16}, {q.data(), 2 * qs}, {k.data(), 2 * ks}, {v.data(), 2 * ks}});
+    const uint64_t r1 = c.send(1, dims(MsgType::Attend, 1, 1),
+                               {{ids1.data(), 8}, {q.data() + 2 * kH * kD, qs}, {k.data() + 2 * kKV * kD, ks}, {v.data() + 2 * kKV * kD, ks}});
+    const auto replies = c.wait({{0, r0}, {1, r1}});
+    ASSERT_EQ(replies[0].h.msg_type(), MsgType::AttendReply);
+    ASSERT_EQ(replies[1].h.request_id, r1);
+    for (int s = 0; s < 3; ++s) {
+      for (int j = 0; j < kKV * kD; ++j) {
+        K[s].push_back(fp16_to_fp32(k[s * kKV * kD + j]));
+        V[s].push_back(fp16_to_fp32(v[s * kKV * kD + j]));
+      }
+      std::vector<float> qs32(kH * kD);
+      for (int j = 0; j < kH * kD; ++j) qs32[j] = fp16_to_fp32(q[s * kH * kD + j]);
+      const auto ref = fd::test::reference_attention(qs32, K[s], V[s], step + 1, kH, kKV, kD);
+      const auto& frame = s < 2 ? replies[0].frames[0] : replies[1].frames[0];
+      const size_t row = s < 2 ? size_t(s) : 0;
+      std::vector<uint16_t> o(kH * kD);
+      std::memcpy(o.data(), static_cast<const uint8_t*>(frame.data()) + row * kH * kD * 2, o.size() * 2);
+      const double tol = s < 2 ? 2e-3 : 2e-2;  // int8 keys/values: ~1% relative error per element
+      for (int j = 0; j < kH * kD; ++j)
+        ASSERT_NEAR(fp16_to_fp32(o[j]), ref[j], tol + tol * std::fabs(ref[j])) << "step " << step << " seq " << s << " i " << j;
+    }
+  }
+  EXPECT_EQ(c.stats(0)["tokens"], 2 * 70);
+  EXPECT_EQ(c.stats(1)["kv_dtype"], "int8");
+  c.free_seqs(0, {1, 2});
+  EXPECT_EQ(c.stats(0)["memory_used_bytes"], 0);
+  c.shutdown(0);
+  c.shutdown(1);
+  EXPECT_EQ(a.wait_exit(), 0);
+  EXPECT_EQ(b.wait_exit(), 0);
+}
+
+TEST(RWorkerProcesses, GarbageGetsErrorAndWorkerKeepsServing) {
+  Worker a("w0");
+  zmq::context_t ctx(1);
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.set(zmq::sockopt::rcvtimeo, 20000);
+  raw.connect(a.endpoint);
+  std::mt19937 rng(4);
+  for (int i = 0; i < 200; ++i) {
+    const int n = 1 + int(rng() % 4);
+    for (int p = 0; p < n; ++p) {
+      std::string bytes(rng() % 100, '\0');
+      for (auto& ch : bytes) ch = char(rng());
+      raw.send(zmq::buffer(bytes), p + 1 < n ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+    std::vector<zmq::message_t> reply;
+    ASSERT_TRUE(zmq::recv_multipart(raw, std::back_inserter(reply)));
+    Header h;
+    ASSERT_EQ(reply[0].size(), kHeaderBytes);
+    std::memcpy(&h, reply[0].data(), kHeaderBytes);
+    ASSERT_EQ(h.msg_type(), MsgType::Error);
+  }
+  RWorkerClient c({a.endpoint}, 20000);
+  c.hello(0, kLayers, kH, kKV, kD, WireDType::F16);
+  c.add_seqs(0, {5});
+  EXPECT_EQ(c.stats(0)["sequences"], 1);
+  EXPECT_GE(c.stats(0)["errors"].get<int>(), 200);
+  // An ERROR reply reaches the caller as an fd::Error naming the worker.
+  const std::string msg = fd::test::error_message([&] { c.add_seqs(0, {5}); });
+  EXPECT_THAT(msg, ::testing::HasSubstr("R-worker 0 (" + a.endpoint + ")"));
+  EXPECT_THAT(msg, ::testing::HasSubstr("duplicate-sequence"));
+}
+
+TEST(RWorkerProcesses, StoppedOrKilledWorkerMissesDeadlineNeverHangs) {
+  Worker a("w0"), b("w1");
+  RWorkerClient c({a.endpoint, b.endpoint}, 20000);
+  c.hello(0, kLayers, kH, kKV, kD, WireDType::F16);
+  c.hello(1, kLayers, kH, kKV, kD, WireDType::F16);
+  kill(b.pid, SIGSTOP);
+  const uint64_t r0 = c.send(0, dims(MsgType::Stats, 0), {});
+  const uint64_t r1 = c.send(1, dims(MsgType::Stats, 0), {});
+  const std::string msg = fd::test::error_message([&] { c.wait({{0, r0}, {1, r1}}, 300); });
+  EXPECT_THAT(msg, ::testing::HasSubstr("R-worker 1 (" + b.endpoint + ") missed its deadline of 300 ms"));
+  kill(b.pid, SIGCONT);
+  kill(a.pid, SIGKILL);
+  const uint64_t r2 = c.send(0, dims(MsgType::Stats, 0), {});
+  EXPECT_THAT(fd::test::error_message([&] { c.wait({{0, r2}}, 300); }), ::testing::HasSubstr("R-worker 0"));
+  // The resumed worker answers again (its late reply to r1 is also there).
+  EXPECT_EQ(c.stats(1)["name"], "w1");
+}

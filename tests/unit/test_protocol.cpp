@@ -1,0 +1,118 @@
+#include "fastdecode/protocol/wire.h"
+
+#include "rworker_test_util.h"
+#include "test_helpers.h"
+
+using namespace fd;
+using namespace fd::proto;
+using fd::test::bytes_of;
+using fd::test::make_message;
+using fd::test::RawMessage;
+
+namespace {
+
+Header attend_header(uint32_t n_seq, int H = 4, int K = 2, int D = 32) {
+  Header h;
+  h.type = uint16_t(MsgType::Attend);
+  h.n_seq = n_seq;
+  h.n_heads = uint16_t(H);
+  h.n_kv_heads = uint16_t(K);
+  h.head_dim = uint16_t(D);
+  h.dtype = uint8_t(WireDType::F16);
+  return h;
+}
+
+RawMessage attend(uint32_t n_seq) {
+  std::vector<uint64_t> ids(n_seq);
+  for (uint32_t i = 0; i < n_seq; ++i) ids[i] = 100 + i;
+  return make_message(attend_header(n_seq), {bytes_of(ids), std::vector<uint8_t>(n_seq * 4 * 32 * 2),
+                                             std::vector<uint8_t>(n_seq * 2 * 32 * 2), std::vector<uint8_t>(n_seq * 2 * 32 * 2)});
+}
+
+ErrorCode code_of(const RawMessage& m, const Limits& lim = {}) {
+  const auto f = m.frames();
+  try {
+    decode(f.data(), f.size(), lim);
+  } catch (const ProtocolError& e) {
+    return e.code();
+  }
+  return ErrorCode::None;
+}
+
+}  // namespace
+
+TEST(Protocol, HeaderIsSixtyFourLittleEndianBytes) {
+  Header h = attend_header(3);
+  h.request_id = 0x0102030405060708ull;
+  const auto b = encode_header(h);
+  EXPECT_EQ(b[0], 'F');
+  EXPECT_EQ(b[1], 'D');
+  EXPECT_EQ(b[2], 'R');
+  EXPECT_EQ(b[3], 'W');
+  EXPECT_EQ(b[8], 0x08);  // request_id, little-endian at offset 8
+  EXPECT_EQ(b[15], 0x01);
+}
+
+TEST(Protocol, DecodesValidMessages) {
+  const RawMessage m = attend(3);
+  const auto f = m.frames();
+  const Message d = decode(f.data(), f.size(), Limits{});
+  EXPECT_EQ(d.h.msg_type(), MsgType::Attend);
+  ASSERT_EQ(d.frames.size(), 4u);
+  EXPECT_EQ(read_u64(d.frames[0].data, 2), 102u);
+  Header s;
+  s.type = uint16_t(MsgType::Stats);
+  EXPECT_EQ(code_of(make_message(s, {})), ErrorCode::None);
+  Header a = attend_header(2);
+  a.type = uint16_t(MsgType::AppendKV);
+  a.n_tokens = 5;
+  std::vector<uint32_t> counts = {2, 3};
+  std::vector<uint64_t> ids = {1, 2};
+  EXPECT_EQ(code_of(make_message(a, {bytes_of(ids), bytes_of(counts), std::vector<uint8_t>(5 * 2 * 32 * 2),
+                                     std::vector<uint8_t>(5 * 2 * 32 * 2)})),
+            ErrorCode::None);
+  counts = {2, 4};  // does not add up to n_tokens
+  EXPECT_EQ(code_of(make_message(a, {bytes_of(ids), bytes_of(counts), std::vector<uint8_t>(5 * 2 * 32 * 2),
+                                     std::vector<uint8_t>(5 * 2 * 32 * 2)})),
+            ErrorCode::Malformed);
+}
+
+TEST(Protocol, EveryMalformationIsCaught) {
+  const auto mutate_header = [](const std::function<void(Header&)>& f) {
+    RawMessage m = attend(2);
+    Header h;
+    std::memcpy(&h, m.parts[0].data(), kHeaderBytes);
+    f(h);
+    const auto b = encode_header(h);
+    m.parts[0].assign(b.begin(), b.end());
+    return code_of(m);
+  };
+  EXPECT_EQ(mutate_header([](Header& h) { h.magic = 0; }), ErrorCode::Malformed);
+  EXPECT_EQ(mutate_header([](Header& h) { h.version = 2; }), ErrorCode::Malformed);
+  EXPECT_EQ(mutate_header([](Header& h) { h.type = 0; }), ErrorCode::Malformed);
+  EXPECT_EQ(mutate_header([](Header& h) { h.type = 99; }), ErrorCode::Malformed);
+  EXPECT_EQ(mutate_header([](Header& h) { h.reserved[5] = 1; }), ErrorCode::Malformed);
+  EXPECT_EQ(mutate_header([](Header& h) { h.dtype = 7; }), ErrorCode::Malformed);
+  EXPECT_EQ(mutate_header([](Header& h) { h.n_seq = 3; }), ErrorCode::Malformed);  // frame sizes disagree
+  EXPECT_EQ(mutate_header([](Header& h) { h.n_frames = 3; }), ErrorCode::Malformed);
+  EXPECT_EQ(mutate_header([](Header& h) { h.head_dim = 64; }), ErrorCode::Malformed);
+  EXPECT_EQ(mutate_header([](Header& h) { h.n_seq = 0xffffffffu; }), ErrorCode::Malformed);  // over limits
+  EXPECT_EQ(mutate_header([](Header& h) { h.head_dim = 4096; }), ErrorCode::Malformed);
+
+  RawMessage m = attend(2);
+  m.parts[0].pop_back();  // short header
+  EXPECT_EQ(code_of(m), ErrorCode::Malformed);
+  m = attend(2);
+  m.parts[2].pop_back();  // truncated q
+  EXPECT_EQ(code_of(m), ErrorCode::Malformed);
+  m = attend(2);
+  m.parts.pop_back();  // missing frame
+  EXPECT_EQ(code_of(m), ErrorCode::Malformed);
+  m = attend(2);
+  m.parts.push_back({1, 2, 3});  // extra frame
+  EXPECT_EQ(code_of(m), ErrorCode::Malformed);
+  EXPECT_EQ(code_of(RawMessage{}), ErrorCode::Malformed);  // nothing at all
+  Limits small;
+  small.max_message_bytes = 200;
+  EXPECT_EQ(code_of(attend(4), small), ErrorCode::TooLarge);
+}

@@ -1,0 +1,212 @@
+#include "fastdecode/rworker/service.h"
+
+#include <random>
+
+#include "rworker_test_util.h"
+#include "test_helpers.h"
+#include "tests/fuzz/rworker_fuzz.h"
+
+using namespace fd;
+using namespace fd::proto;
+using fd::test::bytes_of;
+using fd::test::make_message;
+using fd::test::RawMessage;
+
+namespace {
+
+constexpr int kLayers = 2, kH = 8, kKV = 2, kD = 64;
+
+Header dims(MsgType t, uint32_t n_seq = 0) {
+  Header h;
+  h.type = uint16_t(t);
+  h.n_seq = n_seq;
+  h.n_heads = kH;
+  h.n_kv_heads = kKV;
+  h.head_dim = kD;
+  h.dtype = uint8_t(WireDType::F16);
+  return h;
+}
+
+Header reply_header(const std::vector<zmq::message_t>& r) {
+  Header h;
+  std::memcpy(&h, r.at(0).data(), kHeaderBytes);
+  return h;
+}
+
+struct Harness {
+  RWorkerService svc;
+  std::mt19937 rng{5};
+  explicit Harness(KVDType t = KVDType::F16, size_t mem = size_t(1) << 28)
+      : svc(RWorkerConfig{t, mem, 2, best_isa(), Limits{}, "test"}) {}
+
+  std::vector<zmq::message_t> send(const RawMessage& m) {
+    const auto f = m.frames();
+    return svc.handle(f.data(), f.size());
+  }
+  MsgType send_type(const RawMessage& m) { return reply_header(send(m)).msg_type(); }
+  ErrorCode send_error(const RawMessage& m) {
+    const auto r = send(m);
+    const Header h = reply_header(r);
+    return h.msg_type() == MsgType::Error ? ErrorCode(h.status) : ErrorCode::None;
+  }
+  void hello() {
+    Header h = dims(MsgType::Hello);
+    h.layer = kLayers;
+    ASSERT_EQ(send_type(make_message(h, {})), MsgType::HelloReply);
+  }
+  RawMessage ids_msg(MsgType t, const std::vector<uint64_t>& ids) { return make_message(dims(t, uint32_t(ids.size())), {bytes_of(ids)}); }
+};
+
+// Sequence ids with prompts of different lengths; K/V kept in fp32 (the fp16 values) for the reference.
+struct SeqData {
+  uint64_t id;
+  std::vector<float> k, v;  // [tokens][kKV][kD], per layer 0 only
+  int n = 0;
+};
+
+}  // namespace
+
+TEST(RWorkerService, AttendMatchesDoubleReference) {
+  Harness w;
+  w.hello();
+  std::vector<SeqData> seqs = {{11, {}, {}, 0}, {12, {}, {}, 0}, {13, {}, {}, 0}};
+  ASSERT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, {11, 12, 13})), MsgType::Ok);
+  // Prompt K/V for layer 0: 5, 40 and 0 tokens.
+  const std::vector<uint32_t> counts = {5, 40, 0};
+  const uint32_t total = 45;
+  const auto k16 = fd::test::random_f16(size_t(total) * kKV * kD, w.rng), v16 = fd::test::random_f16(size_t(total) * kKV * kD, w.rng);
+  Header a = dims(MsgType::AppendKV, 3);
+  a.n_tokens = total;
+  ASSERT_EQ(w.send_type(make_message(a, {bytes_of(std::vector<uint64_t>{11, 12, 13}), bytes_of(counts), bytes_of(k16), bytes_of(v16)})),
+            MsgType::Ok);
+  size_t off = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    for (size_t j = 0; j < counts[i] * size_t(kKV * kD); ++j) {
+      seqs[i].k.push_back(fp16_to_fp32(k16[off + j]));
+      seqs[i].v.push_back(fp16_to_fp32(v16[off + j]));
+    }
+    off += counts[i] * size_t(kKV * kD);
+    seqs[i].n = int(counts[i]);
+  }
+  // Several decode steps: ATTEND appends one token per sequence and attends over everything.
+  for (int step = 0; step < 40; ++step) {
+    const auto q = fd::test::random_f16(3 * kH * kD, w.rng), k = fd::test::random_f16(3 * kKV * kD, w.rng),
+               v = fd::test::random_f16(3 * kKV * kD, w.rng);
+    Header h = dims(MsgType::Attend, 3);
+    h.request_id = 1000 + step;
+    const auto r = w.send(make_message(h, {bytes_of(std::vector<uint64_t>{11, 12, 13}), bytes_of(q), bytes_of(k), bytes_of(v)}));
+    const Header rh = reply_header(r);
+    ASSERT_EQ(rh.msg_type(), MsgType::AttendReply);
+    EXPECT_EQ(rh.request_id, uint64_t(1000 + step));
+    EXPECT_GT(rh.compute_ns, 0u);
+    ASSERT_EQ(r.size(), 2u);
+    std::vector<uint16_t> o(3 * kH * kD);
+    ASSERT_EQ(r[1].size(), o.size() * 2);
+    std::memcpy(o.data(), r[1].data(), r[1].size());
+    for (size_t i = 0; i < 3; ++i) {
+      for (int j = 0; j < kKV * kD; ++j) {
+        seqs[i].k.push_back(fp16_to_fp32(k[i * kKV * kD + j]));
+        seqs[i].v.push_back(fp16_to_fp32(v[i * kKV * kD + j]));
+      }
+      ++seqs[i].n;
+      std::vector<float> qi(kH * kD);
+      for (int j = 0; j < kH * kD; ++j) qi[j] = fp16_to_fp32(q[i * kH * kD + j]);
+      const auto ref = fd::test::reference_attention(qi, seqs[i].k, seqs[i].v, seqs[i].n, kH, kKV, kD);
+      for (int j = 0; j < kH * kD; ++j)
+        ASSERT_NEAR(fp16_to_fp32(o[i * kH * kD + j]), ref[j], 2e-3 + 2e-3 * std::fabs(ref[j]))
+            << "step " << step << " seq " << i << " index " << j;
+    }
+  }
+  const json s = w.svc.stats();
+  EXPECT_EQ(s["tokens"], 45 + 3 * 40);
+  EXPECT_EQ(s["sequences"], 3);
+  ASSERT_EQ(w.send_type(w.ids_msg(MsgType::FreeSeq, {12})), MsgType::Ok);
+  EXPECT_EQ(w.svc.stats()["tokens"], 5 + 40 + 40);
+}
+
+TEST(RWorkerService, ErrorsLeaveStateUnchanged) {
+  Harness w(KVDType::F16, kv_fp16_block_bytes(kKV, kD) * 3);
+  EXPECT_EQ(w.send_error(w.ids_msg(MsgType::AddSeq, {1})), ErrorCode::NotConfigured);
+  w.hello();
+  ASSERT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, {1, 2})), MsgType::Ok);
+  EXPECT_EQ(w.send_error(w.ids_msg(MsgType::AddSeq, {2})), ErrorCode::DuplicateSequence);
+  EXPECT_EQ(w.send_error(w.ids_msg(MsgType::AddSeq, {5, 5})), ErrorCode::DuplicateSequence);
+  EXPECT_EQ(w.send_error(w.ids_msg(MsgType::FreeSeq, {1, 9})), ErrorCode::UnknownSequence);
+  EXPECT_EQ(w.svc.stats()["sequences"], 2);  // seq 1 not freed by the failed request
+  const auto q = fd::test::random_f16(2 * kH * kD, w.rng), kv = fd::test::random_f16(2 * kKV * kD, w.rng);
+  Header h = dims(MsgType::Attend, 2);
+  EXPECT_EQ(w.send_error(make_message(h, {bytes_of(std::vector<uint64_t>{1, 3}), bytes_of(q), bytes_of(kv), bytes_of(kv)})),
+            ErrorCode::UnknownSequence);
+  h.layer = kLayers;
+  EXPECT_EQ(w.send_error(make_message(h, {bytes_of(std::vector<uint64_t>{1, 2}), bytes_of(q), bytes_of(kv), bytes_of(kv)})),
+            ErrorCode::BadLayer);
+  Header other = dims(MsgType::Attend, 2);
+  other.n_heads = 4;  // shape differs from the HELLO (frames sized to match the header)
+  const auto q4 = fd::test::random_f16(2 * 4 * kD, w.rng);
+  EXPECT_EQ(w.send_error(make_message(other, {bytes_of(std::vector<uint64_t>{1, 2}), bytes_of(q4), bytes_of(kv), bytes_of(kv)})),
+            ErrorCode::ShapeMismatch);
+  EXPECT_EQ(w.svc.stats()["tokens"], 0);  // nothing appended by any failed ATTEND
+  // Memory: 3 blocks. Seq 1 takes 2 (40 tokens), seq 2 one; a 4th block for either is refused.
+  Header a = dims(MsgType::AppendKV, 2);
+  a.n_tokens = 41;
+  const auto k41 = fd::test::random_f16(41 * kKV * kD, w.rng);
+  ASSERT_EQ(w.send_type(make_message(a, {bytes_of(std::vector<uint64_t>{1, 2}), bytes_of(std::vector<uint32_t>{40, 1}),
+                                         bytes_of(k41), bytes_of(k41)})),
+            MsgType::Ok);
+  a.n_tokens = 32;
+  const auto k32 = fd::test::random_f16(32 * kKV * kD, w.rng);
+  EXPECT_EQ(w.send_error(make_message(a, {bytes_of(std::vector<uint64_t>{1, 2}), bytes_of(std::vector<uint32_t>{0, 32}),
+                                          bytes_of(k32), bytes_of(k32)})),
+            ErrorCode::OutOfMemory);
+  EXPECT_EQ(w.svc.stats()["tokens"], 41);
+  // Requests the worker never takes are refused too.
+  EXPECT_EQ(w.send_error(make_message(dims(MsgType::Ok), {})), ErrorCode::Malformed);
+  // A second HELLO with another shape while sequences are live is refused; the same shape is fine.
+  Header hb = dims(MsgType::Hello);
+  hb.layer = kLayers + 1;
+  EXPECT_EQ(w.send_error(make_message(hb, {})), ErrorCode::ShapeMismatch);
+  w.hello();
+  EXPECT_EQ(w.svc.stats()["tokens"], 41);
+  EXPECT_EQ(w.send_type(make_message(dims(MsgType::Shutdown), {})), MsgType::Ok);
+  EXPECT_TRUE(w.svc.shutdown_requested());
+}
+
+// At least 100k mutated messages: the worker answers every one (an ERROR or a valid reply), never
+// throws or crashes, and afterwards still computes correct attention for a clean sequence.
+TEST(RWorkerService, FuzzHundredThousandMutatedMessages) {
+  for (KVDType t : {KVDType::F16, KVDType::I4}) {
+    Harness w(t, size_t(64) << 20);
+    w.hello();
+    fd::fuzz::Corpus corpus = fd::fuzz::seed_corpus(kLayers, kH, kKV, kD);
+    std::mt19937_64 rng(t == KVDType::F16 ? 1 : 2);
+    size_t errors = 0, ok = 0;
+    const int n = t == KVDType::F16 ? 100000 : 20000;
+    for (int i = 0; i < n; ++i) {
+      const RawMessage m = fd::fuzz::mutate(corpus, rng);
+      const auto f = m.frames();
+      std::vector<zmq::message_t> r;
+      ASSERT_NO_THROW(r = w.svc.handle(f.data(), f.size())) << "message " << i;
+      ASSERT_FALSE(r.empty());
+      ASSERT_EQ(r[0].size(), kHeaderBytes);
+      const Header rh = reply_header(r);
+      ASSERT_EQ(rh.magic, kMagic);
+      (rh.msg_type() == MsgType::Error ? errors : ok) += 1;
+      if (w.svc.shutdown_requested()) w = Harness(t, size_t(64) << 20), w.hello();
+    }
+    std::printf("fuzz %s: %zu error replies, %zu other replies\n", std::string(kv_dtype_name(t)).c_str(), errors, ok);
+    EXPECT_GT(errors, size_t(n) / 4);  // the mutations do hit the checks
+    EXPECT_GT(ok, 100u);               // and valid traffic got through
+    // A fresh sequence on the fuzzed worker still gives the reference answer.
+    ASSERT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, {999999})), MsgType::Ok);
+    const auto q = fd::test::random_f16(kH * kD, w.rng), k = fd::test::random_f16(kKV * kD, w.rng),
+               v = fd::test::random_f16(kKV * kD, w.rng);
+    const auto r = w.send(make_message(dims(MsgType::Attend, 1), {bytes_of(std::vector<uint64_t>{999999}), bytes_of(q), bytes_of(k), bytes_of(v)}));
+    ASSERT_EQ(reply_header(r).msg_type(), MsgType::AttendReply);
+    std::vector<uint16_t> o(kH * kD);
+    std::memcpy(o.data(), r[1].data(), r[1].size());
+    // One token: the output is exactly that token's V (per KV head group), up to fp16 rounding.
+    for (int h = 0; h < kH; ++h)
+      for (int d = 0; d < kD; ++d)
+        ASSERT_NEAR(fp16_to_fp32(o[h * kD + d]), fp16_to_fp32(v[(h / (kH / kKV)) * kD + d]), 1e-3);
+  }
+}
