@@ -153,7 +153,7 @@ json ExperimentConfig::resolved() const {
         {"stop_at_eos", workload.stop_at_eos}}},
       {"sampling",
        {{"temperature", sampling.temperature}, {"top_k", sampling.top_k}, {"top_p", sampling.top_p}, {"seed", sampling.seed}}},
-      {"engine", {{"type", engine.type}, {"threads", engine.threads}}},
+      {"engine", engine_config_to_json(engine)},
       {"hardware",
        {{"gpu", {{"memory_gb", hardware.gpu_memory_gb}, {"sm_count", hardware.gpu_sm_count}}},
         {"rworkers", {{"count", hardware.rworkers}, {"threads", hardware.rworker_threads}}}}},

@@ -163,7 +163,8 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
                       {"prefill_tokens", r.prefill_tokens},
                       {"decode_tokens", r.decode_tokens},
                       {"total_context", r.total_context},
-                      {"phases_ms", phases}};
+                      {"phases_ms", phases},
+                      {"breakdown_ms", r.breakdown_ms}};
     trace.event("harness", "step " + std::to_string(step), s0, s1 - s0,
                 {{"tokens", r.tokens.size()}, {"total_context", r.total_context}});
     steps_out << rec.dump() << "\n";

@@ -3,6 +3,7 @@
 // display; an engine owns memory and devices.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,8 @@ struct StepResult {
   int64_t decode_tokens = 0;           // single-token decode inputs processed this step
   int64_t total_context = 0;           // sum of context lengths attended over this step
   std::vector<Span> spans;
+  // Where the step's time went, by name (ms), e.g. s_compute, r_wait, r_compute_max (engine-defined).
+  std::map<std::string, double> breakdown_ms;
 };
 
 class Engine {
@@ -58,14 +61,33 @@ class Engine {
   virtual void shutdown() = 0;
 };
 
+// R-workers of the FastDecode engine: spawned locally, or reached at endpoints started by the user.
+struct RWorkersConfig {
+  std::vector<std::string> endpoints;  // when set, use these and spawn nothing
+  int64_t spawn = 2;                   // local fd-rworker processes otherwise
+  int64_t threads = 1;                 // compute threads per spawned worker
+  std::string kv_dtype = "fp16";       // fp16 | int8 | int4 (spawned workers)
+  double memory_gb = 1.0;              // KV memory per spawned worker
+  int64_t timeout_ms = 60000;          // per-step deadline of every R-worker reply
+  std::string binary;                  // fd-rworker to spawn; default: next to the running program
+};
+
 // Engine settings from the experiment config's "engine" object.
 struct EngineConfig {
   std::string type = "reference";
   int64_t threads = 0;  // CPU threads for the engine's own compute; 0 = all cores
+  std::string kv_dtype = "fp32";  // reference engine: K/V rounded through this as they are cached
+  // fastdecode engine
+  std::string backend = "cpu";   // S-Part backend
+  int64_t mini_batches = 2;      // 2 = the two mini-batch pipeline; 1 = no overlap
+  std::string wire_dtype = "fp32";
+  RWorkersConfig rworkers;
 };
 
 // Validates the "engine" object (unknown keys and bad values are ConfigErrors naming the key).
 EngineConfig parse_engine_config(StrictObject o);
+// The config with defaults filled in (echoed in summary.json).
+json engine_config_to_json(const EngineConfig& ec);
 // Names accepted by "engine.type".
 std::vector<std::string> engine_types();
 std::unique_ptr<Engine> make_engine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights,

@@ -4,8 +4,11 @@
 
 namespace fd {
 
-ReferenceEngine::ReferenceEngine(const ModelConfig& model, TensorSource& weights, const SamplingParams& sampling)
-    : model_(load_model_weights(model, weights)), sampling_(sampling) {}
+ReferenceEngine::ReferenceEngine(const ModelConfig& model, TensorSource& weights, const SamplingParams& sampling,
+                                 DType kv_dtype)
+    : model_(load_model_weights(model, weights)), sampling_(sampling) {
+  model_.set_kv_dtype(kv_dtype);
+}
 
 void ReferenceEngine::add(const std::vector<Request>& requests) {
   for (const auto& r : requests) {

@@ -11,7 +11,10 @@ namespace fd {
 
 class ReferenceEngine : public Engine {
  public:
-  ReferenceEngine(const ModelConfig& model, TensorSource& weights, const SamplingParams& sampling);
+  // kv_dtype: K/V are rounded through it as they enter the cache (fp32: exact). fp16 gives the
+  // reference the KV values an fp16 KV-cache holds, so engines with one can be compared token by token.
+  ReferenceEngine(const ModelConfig& model, TensorSource& weights, const SamplingParams& sampling,
+                  DType kv_dtype = DType::F32);
   std::string name() const override { return "reference"; }
   void add(const std::vector<Request>& requests) override;
   StepResult step() override;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "fastdecode/core/dtype.h"
 #include "fastdecode/core/error.h"
 
 namespace fd {
@@ -96,15 +97,108 @@ int64_t ReferenceModel::total_context() const {
   return n;
 }
 
+// ---- Stages of a decoder layer, named after the model (shared with the FastDecode S-Part) ----
+
+void ref_embed(const ModelWeights& w, const int32_t* tokens, const int64_t* pos, int64_t T, float* x) {
+  const int64_t H = w.cfg.hidden_size;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* e = w.embed.data() + int64_t(tokens[t]) * H;
+    for (int64_t i = 0; i < H; ++i) x[t * H + i] = e[i];
+    if (w.cfg.arch == Arch::OPT) {  // learned positions, offset 2 as in HF's OPTLearnedPositionalEmbedding
+      const float* p = w.pos_embed.data() + (pos[t] + 2) * H;
+      for (int64_t i = 0; i < H; ++i) x[t * H + i] += p[i];
+    }
+  }
+}
+
+static void layer_norm_of(const ModelConfig& c, const std::vector<float>& wt, const std::vector<float>& b,
+                          const float* in, int64_t T, float* out) {
+  if (c.arch == Arch::Llama) ref_rmsnorm(in, T, c.hidden_size, wt.data(), c.norm_eps, out);
+  else ref_layernorm(in, T, c.hidden_size, wt.data(), b.data(), c.norm_eps, out);
+}
+
+static const float* bias_of(const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); }
+
+void ref_attention_input(const ModelConfig& c, const LayerWeights& L, const float* x, const int64_t* pos, int64_t T,
+                         float* q, float* k, float* v) {
+  const int64_t H = c.hidden_size, D = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  std::vector<float> h(size_t(T * H));
+  layer_norm_of(c, L.attn_norm_w, L.attn_norm_b, x, T, h.data());
+  ref_linear(h.data(), T, H, L.wq.data(), bias_of(L.bq), qd, q);
+  ref_linear(h.data(), T, H, L.wk.data(), bias_of(L.bk), kvd, k);
+  ref_linear(h.data(), T, H, L.wv.data(), bias_of(L.bv), kvd, v);
+  if (c.arch != Arch::Llama) return;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t hh = 0; hh < c.num_heads; ++hh) ref_rope(q + t * qd + hh * D, D, pos[t], c.rope_theta);
+    for (int64_t hh = 0; hh < c.num_kv_heads; ++hh) ref_rope(k + t * kvd + hh * D, D, pos[t], c.rope_theta);
+  }
+}
+
+void ref_attention_output_and_mlp(const ModelConfig& c, const LayerWeights& L, const float* att, int64_t T, float* x) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  std::vector<float> proj(size_t(T * H)), h(size_t(T * H)), up(size_t(T * I)), gate;
+  // x += o W_o^T
+  ref_linear(att, T, c.q_dim(), L.wo.data(), bias_of(L.bo), H, proj.data());
+  for (int64_t i = 0; i < T * H; ++i) x[i] += proj[size_t(i)];
+  // Llama: x += down(silu(gate(h)) * up(h)); OPT: x += fc2(relu(fc1(h)))
+  layer_norm_of(c, L.mlp_norm_w, L.mlp_norm_b, x, T, h.data());
+  ref_linear(h.data(), T, H, L.w_up.data(), bias_of(L.b_up), I, up.data());
+  if (c.arch == Arch::Llama) {
+    gate.resize(size_t(T * I));
+    ref_linear(h.data(), T, H, L.w_gate.data(), nullptr, I, gate.data());
+    for (int64_t i = 0; i < T * I; ++i) {
+      const float g = gate[size_t(i)];
+      up[size_t(i)] *= g / (1.0f + std::exp(-g));
+    }
+  } else {
+    for (auto& u : up) u = std::max(u, 0.0f);
+  }
+  ref_linear(up.data(), T, I, L.w_down.data(), bias_of(L.b_down), H, proj.data());
+  for (int64_t i = 0; i < T * H; ++i) x[i] += proj[size_t(i)];
+}
+
+void ref_lm_head(const ModelWeights& w, const float* x, int64_t n, float* logits) {
+  const ModelConfig& c = w.cfg;
+  std::vector<float> hn(size_t(n * c.hidden_size));
+  if (c.arch == Arch::Llama) ref_rmsnorm(x, n, c.hidden_size, w.final_norm_w.data(), c.norm_eps, hn.data());
+  else ref_layernorm(x, n, c.hidden_size, w.final_norm_w.data(), w.final_norm_b.data(), c.norm_eps, hn.data());
+  ref_linear(hn.data(), n, c.hidden_size, w.lm_head_matrix().data(), nullptr, c.vocab_size, logits);
+}
+
+void ref_decode_attention(const float* q, const float* kc, const float* vc, int64_t n, const ModelConfig& c, float* out) {
+  const int64_t D = c.head_dim, kvd = c.kv_dim(), group = c.num_heads / c.num_kv_heads;
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  std::vector<float> score(static_cast<size_t>(n));
+  for (int64_t hh = 0; hh < c.num_heads; ++hh) {
+    const int64_t kvh = hh / group;
+    const float* qh = q + hh * D;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* kj = kc + j * kvd + kvh * D;
+      float dot = 0;
+      for (int64_t d = 0; d < D; ++d) dot += qh[d] * kj[d];
+      score[size_t(j)] = dot * scale;
+      mx = std::max(mx, score[size_t(j)]);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < n; ++j) sum += (score[size_t(j)] = std::exp(score[size_t(j)] - mx));
+    float* o = out + hh * D;
+    std::fill(o, o + D, 0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      const float p = float(score[size_t(j)] / sum);
+      const float* vj = vc + j * kvd + kvh * D;
+      for (int64_t d = 0; d < D; ++d) o[d] += p * vj[d];
+    }
+  }
+}
+
 std::vector<float> ReferenceModel::forward(const std::vector<RefToken>& batch) {
   const ModelConfig& c = w_.cfg;
-  const bool llama = c.arch == Arch::Llama;
-  const int64_t T = int64_t(batch.size()), H = c.hidden_size, I = c.intermediate_size;
-  const int64_t D = c.head_dim, nH = c.num_heads, nKV = c.num_kv_heads, group = nH / nKV;
-  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+  const int64_t T = int64_t(batch.size()), H = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim();
 
-  // Positions: each token goes at its sequence's next free slot.
+  // Positions: each token goes at its sequence's next free slot. All checks before any change.
   std::vector<int64_t> pos(static_cast<size_t>(T));
+  std::vector<int32_t> tokens(static_cast<size_t>(T));
   {
     std::vector<int64_t> next(seqs_.size(), 0);
     for (size_t s = 0; s < seqs_.size(); ++s) next[s] = seqs_[s].live ? seqs_[s].length : 0;
@@ -113,103 +207,49 @@ std::vector<float> ReferenceModel::forward(const std::vector<RefToken>& batch) {
       seq_at(tok.seq);
       FD_CHECK(tok.token >= 0 && tok.token < c.vocab_size, "token id " << tok.token << " outside vocab of " << c.vocab_size);
       pos[size_t(t)] = next[size_t(tok.seq)]++;
+      tokens[size_t(t)] = tok.token;
       FD_CHECK(pos[size_t(t)] < c.max_position_embeddings,
                "position " << pos[size_t(t)] << " exceeds max_position_embeddings " << c.max_position_embeddings);
     }
   }
 
-  // x: residual stream [T, H].
-  std::vector<float> x(size_t(T * H)), h(size_t(T * H));
-  for (int64_t t = 0; t < T; ++t) {
-    const float* e = w_.embed.data() + int64_t(batch[size_t(t)].token) * H;
-    for (int64_t i = 0; i < H; ++i) x[size_t(t * H + i)] = e[i];
-    if (!llama) {  // OPT: learned positions, offset 2 as in HF's OPTLearnedPositionalEmbedding
-      const float* p = w_.pos_embed.data() + (pos[size_t(t)] + 2) * H;
-      for (int64_t i = 0; i < H; ++i) x[size_t(t * H + i)] += p[i];
-    }
-  }
-
+  std::vector<float> x(size_t(T * H));  // the residual stream [T, H]
+  ref_embed(w_, tokens.data(), pos.data(), T, x.data());
   std::vector<float> q(size_t(T * qd)), k(size_t(T * kvd)), v(size_t(T * kvd)), att(size_t(T * qd));
-  std::vector<float> proj(size_t(T * H)), up(size_t(T * I)), gate(size_t(T * I));
-  const auto norm = [&](const std::vector<float>& wt, const std::vector<float>& b, const float* in, float* out) {
-    if (llama) ref_rmsnorm(in, T, H, wt.data(), c.norm_eps, out);
-    else ref_layernorm(in, T, H, wt.data(), b.data(), c.norm_eps, out);
-  };
-  const auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
-
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = w_.layers[size_t(l)];
-    // --- attention block: h = norm(x); q, k, v = h W^T; RoPE; append k, v; attend; x += o W_o^T
-    norm(L.attn_norm_w, L.attn_norm_b, x.data(), h.data());
-    ref_linear(h.data(), T, H, L.wq.data(), bias(L.bq), qd, q.data());
-    ref_linear(h.data(), T, H, L.wk.data(), bias(L.bk), kvd, k.data());
-    ref_linear(h.data(), T, H, L.wv.data(), bias(L.bv), kvd, v.data());
+    ref_attention_input(c, L, x.data(), pos.data(), T, q.data(), k.data(), v.data());
+    // Append each token's k, v (optionally rounded to the KV storage dtype), then attend causally.
+    if (kv_dtype_ != DType::F32) {
+      for (auto* buf : {&k, &v})
+        for (auto& e : *buf) {
+          uint16_t b;
+          convert_from_f32(kv_dtype_, &e, &b, 1);
+          convert_to_f32(kv_dtype_, &b, &e, 1);
+        }
+    }
     for (int64_t t = 0; t < T; ++t) {
-      if (llama) {
-        for (int64_t hh = 0; hh < nH; ++hh) ref_rope(&q[size_t(t * qd + hh * D)], D, pos[size_t(t)], c.rope_theta);
-        for (int64_t hh = 0; hh < nKV; ++hh) ref_rope(&k[size_t(t * kvd + hh * D)], D, pos[size_t(t)], c.rope_theta);
-      }
       Sequence& s = seqs_[size_t(batch[size_t(t)].seq)];
       s.k[size_t(l)].insert(s.k[size_t(l)].end(), k.begin() + t * kvd, k.begin() + (t + 1) * kvd);
       s.v[size_t(l)].insert(s.v[size_t(l)].end(), v.begin() + t * kvd, v.begin() + (t + 1) * kvd);
     }
-    const float scale = float(1.0 / std::sqrt(double(D)));
-#pragma omp parallel for collapse(2) schedule(dynamic)
+#pragma omp parallel for schedule(dynamic)
     for (int64_t t = 0; t < T; ++t) {
-      for (int64_t hh = 0; hh < nH; ++hh) {
-        const Sequence& s = seqs_[size_t(batch[size_t(t)].seq)];
-        const int64_t n = pos[size_t(t)] + 1, kvh = hh / group;  // causal: positions 0..pos
-        const float* qh = &q[size_t(t * qd + hh * D)];
-        std::vector<float> score(static_cast<size_t>(n));
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          const float* kj = &s.k[size_t(l)][size_t(j * kvd + kvh * D)];
-          float dot = 0;
-          for (int64_t d = 0; d < D; ++d) dot += qh[d] * kj[d];
-          score[size_t(j)] = dot * scale;
-          mx = std::max(mx, score[size_t(j)]);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += (score[size_t(j)] = std::exp(score[size_t(j)] - mx));
-        float* out = &att[size_t(t * qd + hh * D)];
-        std::fill(out, out + D, 0.0f);
-        for (int64_t j = 0; j < n; ++j) {
-          const float p = float(score[size_t(j)] / sum);
-          const float* vj = &s.v[size_t(l)][size_t(j * kvd + kvh * D)];
-          for (int64_t d = 0; d < D; ++d) out[d] += p * vj[d];
-        }
-      }
+      const Sequence& s = seqs_[size_t(batch[size_t(t)].seq)];
+      ref_decode_attention(&q[size_t(t * qd)], s.k[size_t(l)].data(), s.v[size_t(l)].data(), pos[size_t(t)] + 1, c,
+                           &att[size_t(t * qd)]);
     }
-    ref_linear(att.data(), T, qd, L.wo.data(), bias(L.bo), H, proj.data());
-    for (int64_t i = 0; i < T * H; ++i) x[size_t(i)] += proj[size_t(i)];
-
-    // --- MLP block: Llama x += down(silu(gate(h)) * up(h)); OPT x += fc2(relu(fc1(h)))
-    norm(L.mlp_norm_w, L.mlp_norm_b, x.data(), h.data());
-    ref_linear(h.data(), T, H, L.w_up.data(), bias(L.b_up), I, up.data());
-    if (llama) {
-      ref_linear(h.data(), T, H, L.w_gate.data(), nullptr, I, gate.data());
-      for (int64_t i = 0; i < T * I; ++i) {
-        const float g = gate[size_t(i)];
-        up[size_t(i)] *= g / (1.0f + std::exp(-g));
-      }
-    } else {
-      for (int64_t i = 0; i < T * I; ++i) up[size_t(i)] = std::max(up[size_t(i)], 0.0f);
-    }
-    ref_linear(up.data(), T, I, L.w_down.data(), bias(L.b_down), H, proj.data());
-    for (int64_t i = 0; i < T * H; ++i) x[size_t(i)] += proj[size_t(i)];
+    ref_attention_output_and_mlp(c, L, att.data(), T, x.data());
   }
   for (int64_t t = 0; t < T; ++t) seqs_[size_t(batch[size_t(t)].seq)].length = pos[size_t(t)] + 1;
 
-  // --- final norm and LM head for the tokens that want logits
+  // Final norm and LM head for the tokens that want logits.
   std::vector<float> sel;
   for (int64_t t = 0; t < T; ++t)
     if (batch[size_t(t)].want_logits) sel.insert(sel.end(), x.begin() + t * H, x.begin() + (t + 1) * H);
   const int64_t n_out = int64_t(sel.size()) / H;
-  std::vector<float> hn(sel.size()), logits(size_t(n_out * c.vocab_size));
-  if (n_out == 0) return logits;
-  if (llama) ref_rmsnorm(sel.data(), n_out, H, w_.final_norm_w.data(), c.norm_eps, hn.data());
-  else ref_layernorm(sel.data(), n_out, H, w_.final_norm_w.data(), w_.final_norm_b.data(), c.norm_eps, hn.data());
-  ref_linear(hn.data(), n_out, H, w_.lm_head_matrix().data(), nullptr, c.vocab_size, logits.data());
+  std::vector<float> logits(size_t(n_out * c.vocab_size));
+  if (n_out > 0) ref_lm_head(w_, sel.data(), n_out, logits.data());
   return logits;
 }
 

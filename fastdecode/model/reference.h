@@ -20,6 +20,10 @@ class ReferenceModel {
   explicit ReferenceModel(ModelWeights weights);
 
   const ModelConfig& config() const { return w_.cfg; }
+  const ModelWeights& weights() const { return w_; }
+  // Rounds K/V through this dtype as they enter the cache (fp32 = exact, the default). With fp16 the
+  // reference sees the same K/V values as an engine storing an fp16 KV-cache.
+  void set_kv_dtype(DType t) { kv_dtype_ = t; }
 
   // Creates an empty sequence (KV-cache) and returns its id; ids are never reused.
   int64_t add_sequence();
@@ -46,8 +50,22 @@ class ReferenceModel {
   const Sequence& seq_at(int64_t seq) const;
 
   ModelWeights w_;
+  DType kv_dtype_ = DType::F32;
   std::vector<Sequence> seqs_;
 };
+
+// The stages of the forward pass, named after the model; the FastDecode S-Part runs the same stages
+// with attention done elsewhere (on R-workers). x: residual stream [T, H]; pos: [T] positions.
+void ref_embed(const ModelWeights& w, const int32_t* tokens, const int64_t* pos, int64_t T, float* x);
+// norm -> q, k, v projections (+ biases) -> RoPE (Llama). q: [T, q_dim], k, v: [T, kv_dim].
+void ref_attention_input(const ModelConfig& c, const LayerWeights& L, const float* x, const int64_t* pos, int64_t T,
+                         float* q, float* k, float* v);
+// x += att W_o^T (+ b); x += MLP(norm(x)). att: [T, q_dim].
+void ref_attention_output_and_mlp(const ModelConfig& c, const LayerWeights& L, const float* att, int64_t T, float* x);
+// final norm -> LM head: logits [n, vocab].
+void ref_lm_head(const ModelWeights& w, const float* x, int64_t n, float* logits);
+// One query token over n cached tokens (k, v: [n, kv_dim]); out: [q_dim]. GQA by head groups.
+void ref_decode_attention(const float* q, const float* k, const float* v, int64_t n, const ModelConfig& c, float* out);
 
 // Building blocks, exposed for tests. x, out: [T, n]; W: [out_features, in_features] row-major.
 void ref_linear(const float* x, int64_t T, int64_t in, const float* W, const float* bias, int64_t out, float* y);

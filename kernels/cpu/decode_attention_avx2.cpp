@@ -14,8 +14,10 @@ struct V256 {
   using T = __m256;
   static constexpr int W = 8;
   static constexpr int HB = 2;  // K: 2 heads x 2 accumulators + 4 K vectors
-  // V: 1 head x 8 accumulators (64 channels) + the row vectors, loaded as consumed
-  static constexpr int HBV = 1, CG = 2;
+  // V: 2 heads x 1 group (8 accumulators; each V row converted once per 2 heads) or 1 head x 2 groups
+  // (8 accumulators, 64 channels) + the row vectors; weights broadcast from memory.
+  static constexpr int HBV = 2;
+  static constexpr int cg(int hb) { return hb >= 2 ? 1 : 2; }
   static T zero() { return _mm256_setzero_ps(); }
   static T set1(float x) { return _mm256_set1_ps(x); }
   static T load(const float* p) { return _mm256_loadu_ps(p); }

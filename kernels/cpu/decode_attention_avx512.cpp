@@ -14,8 +14,11 @@ struct V512 {
   using T = __m512;
   static constexpr int W = 16;
   static constexpr int HB = 4;  // K: 4 heads x 2 accumulators + 2 K vectors
-  // V: 2 heads x 8 accumulators (128 channels) + 8 row vectors + 1 weight = 25 of 32 registers
-  static constexpr int HBV = 2, CG = 4;
+  // V: up to 4 heads (a GQA group of 4: each V row converted once); 32-channel groups per pass for HB
+  // heads: 4 heads x 2 groups or 2 heads x 4 groups = 16 accumulators + 4..8 row vectors; 1 head x 4
+  // groups = 8 independent FMA chains. Weights are broadcast from memory (no register).
+  static constexpr int HBV = 4;
+  static constexpr int cg(int hb) { return hb >= 4 ? 2 : 4; }
   static T zero() { return _mm512_setzero_ps(); }
   static T set1(float x) { return _mm512_set1_ps(x); }
   static T load(const float* p) { return _mm512_loadu_ps(p); }

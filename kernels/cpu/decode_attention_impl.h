@@ -64,9 +64,11 @@ struct Chunk {
 // Scratch floats one thread needs (64-byte multiple): qs [G][D] (q * scale), qq [G][D] (int4: q with
 // the block's per-channel key scale folded in), scores/probabilities [G][T], c0 [G] (int4: q . z),
 // vt [D/32][2][T] (int4: the block's value params in fp32, 16*scale and min - 16*scale).
-// red [G][T][16] (SIMD: per-token partial dot-product vectors before their transposed reduction).
+// red [G][T][16] (SIMD: per-token partial dot-product vectors before their transposed reduction),
+// wv [G][D/32][T] (SIMD: the block's value weights p * per-token (group) scale, broadcast from memory).
 inline size_t chunk_scratch_floats(int G, int D) {
-  return (size_t(G) * (2 * size_t(D) + T + 1 + T * 16) + size_t(D / 32) * 2 * T + 15) / 16 * 16;
+  return (size_t(G) * (2 * size_t(D) + T + 1 + T * 16 + size_t(D / 32) * T) + size_t(D / 32) * 2 * T + 15) / 16 *
+         16;
 }
 // Runs one chunk for the G query heads of a kv head. q: the group's rows [G][D]. State in/out,
 // initialised by the caller: m [G] (-inf), l [G] (0), acc [G][D] (0). scratch: 64-byte aligned.
@@ -131,6 +133,9 @@ struct F16Rows {
     for (int i = 0; i < 32 / V::W; ++i) x[i] = V::load_f16(r + i * V::W);
   }
   float mult(int, int) const { return 1.f; }
+  // Value weights of the block: fp16 uses the probabilities as they are (stride T per head).
+  static constexpr int kWG = 0;  // weight rows per head: 0 = p itself, 1 = per token, D/32 = per group
+  const float* weights(const float* p, float*, int) const { return p; }
 };
 template <class V, int D>
 struct I8Rows {
@@ -144,6 +149,13 @@ struct I8Rows {
     for (int i = 0; i < 32 / V::W; ++i) x[i] = V::load_i8(r + i * V::W);
   }
   float mult(int t, int) const { return sc[t]; }
+  // w[h][t] = p[h][t] * scale[t] for the G heads (once per block instead of once per token and head).
+  static constexpr int kWG = 1;
+  const float* weights(const float* p, float* w, int G) const {
+    for (int h = 0; h < G; ++h)
+      for (int j = 0; j < T; j += V::W) V::store(w + h * T + j, V::mul(V::load(p + h * T + j), V::load(sc + j)));
+    return w;
+  }
 };
 // int4 group of 32 channels = 16 bytes; byte j: channel j in the low nibble, channel 16+j in the high.
 // W=16: one 16-byte load gives channels 0..15 (low) and 16..31 (high). W=8: bytes 0..7 give channels
@@ -162,6 +174,15 @@ struct I4Rows {
     for (int i = 0; i < VPG / 2; ++i) V::load_u4(r + i * V::W, x[i], x[VPG / 2 + i]);
   }
   float mult(int t, int g) const { return vt[2 * g * T + t]; }
+  // w[h][g][t] = p[h][t] * 16 scale[t][g].
+  static constexpr int kWG = D / 32;
+  const float* weights(const float* p, float* w, int G) const {
+    for (int h = 0; h < G; ++h)
+      for (int g = 0; g < D / 32; ++g)
+        for (int j = 0; j < T; j += V::W)
+          V::store(w + (h * (D / 32) + g) * T + j, V::mul(V::load(p + h * T + j), V::load(vt + 2 * g * T + j)));
+    return w;
+  }
 };
 
 // s[h][t] = q[h] . K[t] for t < n and HB heads (s[h][t >= n] undefined); q [HB][D], s [HB][T],
@@ -192,14 +213,19 @@ inline void scores(const Rows& rows, const float* q, float* s, float* r, int n) 
     for (int j = 0; j < n; j += W) V::store(s + h * T + j, V::reduce_rows(r + (h * T + j) * W));
 }
 
-// acc[h] += sum_t p[h][t] * mult(t, g) * V[t] for t < n, over the NGC 32-channel groups from g0;
-// p [HB][T], acc [HB][D]. The HB * NGC * (32/W) accumulators stay in registers for the whole pass over
-// the tokens: with V::CG groups per pass there are >= 8 independent FMA chains (the FMA latency, not
-// the loads, bounded an earlier token-inner-per-group loop) and each V row is read in one stretch.
+// acc[h] += sum_t w[h][g][t] * V[t] for t < n, over the NGC 32-channel groups from g0; w: the block's
+// value weights (Rows::weights: p times the token's (group's) scale, [HB][max(kWG,1)][T]), acc [HB][D].
+// The HB * NGC * (32/W) accumulators stay in registers for the whole pass over the tokens: with
+// V::cg(HB) groups per pass there are >= 8 independent FMA chains (the FMA latency, not the loads,
+// bounded an earlier token-inner-per-group loop) and each V row is read in one stretch. The weights are
+// broadcast from memory (an FMA operand with embedded broadcast: no scalar multiply, no shuffle per
+// token and head), and the head block is the whole GQA group where registers allow, so each V row is
+// loaded and converted once per group.
 template <class V, int D, int HB, int NGC, class Rows>
-inline void accum_pass(const Rows& rows, const float* p, float* acc, int n, int g0) {
+inline void accum_pass(const Rows& rows, const float* w, float* acc, int n, int g0) {
   using VT = typename V::T;
   constexpr int W = V::W, VPG = 32 / W, NV = NGC * VPG;
+  constexpr int WG = Rows::kWG > 1 ? Rows::kWG : 1, WGS = Rows::kWG > 1 ? T : 0;  // per-head / per-group strides
   VT a[HB][NV];
   for (int h = 0; h < HB; ++h)
     for (int i = 0; i < NV; ++i) a[h][i] = V::load(acc + h * D + g0 * 32 + i * W);
@@ -209,19 +235,19 @@ inline void accum_pass(const Rows& rows, const float* p, float* acc, int n, int 
     for (int gg = 0; gg < NGC; ++gg) rows.load(t, g0 + gg, x + gg * VPG);
     for (int h = 0; h < HB; ++h)
       for (int gg = 0; gg < NGC; ++gg) {
-        const VT w = V::set1(p[h * T + t] * rows.mult(t, g0 + gg));
-        for (int i = 0; i < VPG; ++i) a[h][gg * VPG + i] = V::fmadd(w, x[gg * VPG + i], a[h][gg * VPG + i]);
+        const VT wv = V::set1(w[h * WG * T + (g0 + gg) * WGS + t]);
+        for (int i = 0; i < VPG; ++i) a[h][gg * VPG + i] = V::fmadd(wv, x[gg * VPG + i], a[h][gg * VPG + i]);
       }
   }
   for (int h = 0; h < HB; ++h)
     for (int i = 0; i < NV; ++i) V::store(acc + h * D + g0 * 32 + i * W, a[h][i]);
 }
 template <class V, int D, int HB, class Rows>
-inline void accum(const Rows& rows, const float* p, float* acc, int n) {
-  constexpr int NG = D / 32, CG = V::CG;
+inline void accum(const Rows& rows, const float* w, float* acc, int n) {
+  constexpr int NG = D / 32, CG = V::cg(HB);
   int g0 = 0;
-  for (; g0 + CG <= NG; g0 += CG) accum_pass<V, D, HB, CG>(rows, p, acc, n, g0);
-  if constexpr (NG % CG != 0) accum_pass<V, D, HB, NG % CG>(rows, p, acc, n, g0);
+  for (; g0 + CG <= NG; g0 += CG) accum_pass<V, D, HB, CG>(rows, w, acc, n, g0);
+  if constexpr (NG % CG != 0) accum_pass<V, D, HB, NG % CG>(rows, w, acc, n, g0);
 }
 
 // Online softmax over one block's scores s[0..n) of one head: s becomes p = exp(s - m_new);
@@ -263,7 +289,7 @@ struct Kernel {
   // One block of n tokens for G heads. q [G][D]; fix(h, s, n) adjusts raw dot products into scores.
   template <class KR, class VR, class Fix>
   static void block(const KR& kr, const VR& vr, int n, int G, const float* q, float* m, float* l, float* acc,
-                    float* sc, float* red, Fix&& fix) {
+                    float* sc, float* red, float* wv, Fix&& fix) {
     for_heads<V::HB>(G, [&]<int HB>(int h0) { scores<V, D, HB>(kr, q + h0 * D, sc + h0 * T, red + h0 * T * V::W, n); });
     for (int h = 0; h < G; ++h) {
       fix(h, sc + h * T, n);
@@ -273,7 +299,9 @@ struct Kernel {
         for (int d = 0; d < D; d += V::W) V::store(acc + h * D + d, V::mul(V::load(acc + h * D + d), cv));
       }
     }
-    for_heads<V::HBV>(G, [&]<int HB>(int h0) { accum<V, D, HB>(vr, sc + h0 * T, acc + h0 * D, n); });
+    const float* w = vr.weights(sc, wv, G);
+    constexpr int WS = (VR::kWG > 1 ? VR::kWG : 1) * T;  // weights per head
+    for_heads<V::HBV>(G, [&]<int HB>(int h0) { accum<V, D, HB>(vr, w + h0 * WS, acc + h0 * D, n); });
     if constexpr (VR::kOffset) {  // int4 values: + sum_t p_t * min_t,g on each 32-channel group
       for (int h = 0; h < G; ++h)
         for (int g = 0; g < D / 32; ++g) {
@@ -293,6 +321,7 @@ struct Kernel {
     float* c0 = sc + G * T;   // [G]
     float* vt = c0 + G;       // [D/32][2][T] int4 value params in fp32
     float* red = vt + (D / 32) * 2 * T;  // [G][T][W] per-token partial dot products
+    float* wv = red + G * T * V::W;      // [G][D/32][T] value weights
     for (int i = 0; i < G * D; ++i) qs[i] = q[i] * c.scale;
     auto raw = [](int, float*, int) {};
     for (int32_t b = ch.b0; b < ch.b1; ++b) {
@@ -302,14 +331,14 @@ struct Kernel {
         case KVDType::F16: {
           const F16Head hd = f16_head(blk, H, D, kvh);
           const F16Head nh = nxt ? f16_head(nxt, H, D, kvh) : F16Head{nullptr, nullptr};
-          block(F16Rows<V, D>{hd.k, nh.k}, F16Rows<V, D>{hd.v, nh.v}, T, G, qs, m, l, acc, sc, red, raw);
+          block(F16Rows<V, D>{hd.k, nh.k}, F16Rows<V, D>{hd.v, nh.v}, T, G, qs, m, l, acc, sc, red, wv, raw);
           break;
         }
         case KVDType::I8: {
           const I8Head hd = i8_head(blk, H, D, kvh);
           const I8Head nh = nxt ? i8_head(nxt, H, D, kvh) : I8Head{nullptr, nullptr, nullptr, nullptr};
           if (nxt) prefetch_row(nh.ks, T * 4), prefetch_row(nh.vs, T * 4);
-          block(I8Rows<V, D>{hd.k, hd.ks, nh.k}, I8Rows<V, D>{hd.v, hd.vs, nh.v}, T, G, qs, m, l, acc, sc, red,
+          block(I8Rows<V, D>{hd.k, hd.ks, nh.k}, I8Rows<V, D>{hd.v, hd.vs, nh.v}, T, G, qs, m, l, acc, sc, red, wv,
                 [&](int, float* s, int n) { for (int t = 0; t < n; ++t) s[t] *= hd.ks[t]; });
           break;
         }
@@ -333,7 +362,7 @@ struct Kernel {
             }
             c0[h] = V::hsum(cz);
           }
-          block(I4Rows<V, D>{hd.k, nullptr, nh.k}, I4Rows<V, D>{hd.v, vt, nh.v}, T, G, qq, m, l, acc, sc, red,
+          block(I4Rows<V, D>{hd.k, nullptr, nh.k}, I4Rows<V, D>{hd.v, vt, nh.v}, T, G, qq, m, l, acc, sc, red, wv,
                 [&](int h, float* s, int n) { for (int t = 0; t < n; ++t) s[t] += c0[h]; });
           break;
         }
@@ -342,7 +371,7 @@ struct Kernel {
     }
     if (ch.tail && ch.seq->n_tail > 0) {
       const F16Head hd = f16_head(ch.seq->tail, H, D, kvh);
-      block(F16Rows<V, D>{hd.k}, F16Rows<V, D>{hd.v}, ch.seq->n_tail, G, qs, m, l, acc, sc, red, raw);
+      block(F16Rows<V, D>{hd.k}, F16Rows<V, D>{hd.v}, ch.seq->n_tail, G, qs, m, l, acc, sc, red, wv, raw);
     }
   }
 };

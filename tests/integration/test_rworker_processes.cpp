@@ -10,10 +10,10 @@
 #include <random>
 
 #include "fastdecode/sworker/rworker_client.h"
+#include "fastdecode/sworker/rworker_spawn.h"
 #include "tests/unit/rworker_test_util.h"
 #include "tests/unit/test_helpers.h"
 
-extern char** environ;
 
 using namespace fd;
 using namespace fd::proto;
@@ -22,45 +22,11 @@ namespace {
 
 constexpr int kLayers = 2, kH = 8, kKV = 4, kD = 64;
 
-// A child fd-rworker listening on an ephemeral TCP port; the endpoint is read from its stdout.
-struct Worker {
-  pid_t pid = -1;
-  std::string endpoint;
-  Worker(const std::string& name, const std::string& kv_dtype = "fp16") {
-    int out[2];
-    if (pipe(out) != 0) throw std::runtime_error("pipe");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    const std::string bin = std::string(FD_BIN_DIR) + "/fd-rworker";
-    std::vector<std::string> args = {bin, "--listen", "tcp://127.0.0.1:*", "--threads", "2", "--memory-gb", "0.5",
-                                     "--kv-dtype", kv_dtype, "--name", name, "--print-endpoint"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ) != 0) throw std::runtime_error("spawn " + bin);
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    FILE* f = fdopen(out[0], "r");
-    char line[256] = {0};
-    if (!fgets(line, sizeof line, f)) throw std::runtime_error("fd-rworker printed no endpoint");
-    fclose(f);
-    endpoint = line;
-    while (!endpoint.empty() && endpoint.back() == '\n') endpoint.pop_back();
-  }
-  int wait_exit() {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  ~Worker() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
+// A child fd-rworker on an ephemeral loopback port (the engine's own spawning code).
+struct Worker : SpawnedRWorker {
+  explicit Worker(const std::string& name, const std::string& kv_dtype = "fp16")
+      : SpawnedRWorker(std::string(FD_BIN_DIR) + "/fd-rworker",
+                       {"--threads", "2", "--memory-gb", "0.5", "--kv-dtype", kv_dtype, "--name", name}) {}
 };
 
 Header dims(MsgType t, uint32_t n_seq, uint32_t layer = 0) {
@@ -74,7 +40,7 @@ Header dims(MsgType t, uint32_t n_seq, uint32_t layer = 0) {
 
 TEST(RWorkerProcesses, TwoWorkersConcurrentAttendMatchesReference) {
   Worker a("w0"), b("w1", "int8");
-  RWorkerClient c({a.endpoint, b.endpoint}, 20000);
+  RWorkerClient c({a.endpoint(), b.endpoint()}, 20000);
   for (size_t w = 0; w < 2; ++w) {
     const json info = c.hello(w, kLayers, kH, kKV, kD, WireDType::F16);
     EXPECT_EQ(info["block_tokens"], 32);
@@ -130,7 +96,7 @@ TEST(RWorkerProcesses, GarbageGetsErrorAndWorkerKeepsServing) {
   zmq::socket_t raw(ctx, zmq::socket_type::dealer);
   raw.set(zmq::sockopt::linger, 0);
   raw.set(zmq::sockopt::rcvtimeo, 20000);
-  raw.connect(a.endpoint);
+  raw.connect(a.endpoint());
   std::mt19937 rng(4);
   for (int i = 0; i < 200; ++i) {
     const int n = 1 + int(rng() % 4);
@@ -146,29 +112,29 @@ TEST(RWorkerProcesses, GarbageGetsErrorAndWorkerKeepsServing) {
     std::memcpy(&h, reply[0].data(), kHeaderBytes);
     ASSERT_EQ(h.msg_type(), MsgType::Error);
   }
-  RWorkerClient c({a.endpoint}, 20000);
+  RWorkerClient c({a.endpoint()}, 20000);
   c.hello(0, kLayers, kH, kKV, kD, WireDType::F16);
   c.add_seqs(0, {5});
   EXPECT_EQ(c.stats(0)["sequences"], 1);
   EXPECT_GE(c.stats(0)["errors"].get<int>(), 200);
   // An ERROR reply reaches the caller as an fd::Error naming the worker.
   const std::string msg = fd::test::error_message([&] { c.add_seqs(0, {5}); });
-  EXPECT_THAT(msg, ::testing::HasSubstr("R-worker 0 (" + a.endpoint + ")"));
+  EXPECT_THAT(msg, ::testing::HasSubstr("R-worker 0 (" + a.endpoint() + ")"));
   EXPECT_THAT(msg, ::testing::HasSubstr("duplicate-sequence"));
 }
 
 TEST(RWorkerProcesses, StoppedOrKilledWorkerMissesDeadlineNeverHangs) {
   Worker a("w0"), b("w1");
-  RWorkerClient c({a.endpoint, b.endpoint}, 20000);
+  RWorkerClient c({a.endpoint(), b.endpoint()}, 20000);
   c.hello(0, kLayers, kH, kKV, kD, WireDType::F16);
   c.hello(1, kLayers, kH, kKV, kD, WireDType::F16);
-  kill(b.pid, SIGSTOP);
+  kill(b.pid(), SIGSTOP);
   const uint64_t r0 = c.send(0, dims(MsgType::Stats, 0), {});
   const uint64_t r1 = c.send(1, dims(MsgType::Stats, 0), {});
   const std::string msg = fd::test::error_message([&] { c.wait({{0, r0}, {1, r1}}, 300); });
-  EXPECT_THAT(msg, ::testing::HasSubstr("R-worker 1 (" + b.endpoint + ") missed its deadline of 300 ms"));
-  kill(b.pid, SIGCONT);
-  kill(a.pid, SIGKILL);
+  EXPECT_THAT(msg, ::testing::HasSubstr("R-worker 1 (" + b.endpoint() + ") missed its deadline of 300 ms"));
+  kill(b.pid(), SIGCONT);
+  kill(a.pid(), SIGKILL);
   const uint64_t r2 = c.send(0, dims(MsgType::Stats, 0), {});
   EXPECT_THAT(fd::test::error_message([&] { c.wait({{0, r2}}, 300); }), ::testing::HasSubstr("R-worker 0"));
   // The resumed worker answers again (its late reply to r1 is also there).

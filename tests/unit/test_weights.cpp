@@ -33,7 +33,7 @@ TEST(Weights, SpecsFollowHfNames) {
   EXPECT_EQ(specs.back().name, "lm_head.weight");
   const auto gqa = model_tensor_specs(tiny("tiny-llama-gqa"));
   EXPECT_EQ(gqa[3].name, "model.layers.0.self_attn.k_proj.weight");
-  EXPECT_EQ(gqa[3].shape, (std::vector<int64_t>{2 * 16, 128}));
+  EXPECT_EQ(gqa[3].shape, (std::vector<int64_t>{2 * 32, 128}));  // 2 KV heads of head_dim 32
   const auto opt = model_tensor_specs(tiny("tiny-opt"));  // tied: no lm_head
   EXPECT_EQ(opt.back().name, "model.decoder.final_layer_norm.bias");
   EXPECT_EQ(opt[1].shape, (std::vector<int64_t>{514, 64}));

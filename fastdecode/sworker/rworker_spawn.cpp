@@ -1,0 +1,98 @@
+#include "fastdecode/sworker/rworker_spawn.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "fastdecode/core/clock.h"
+#include "fastdecode/core/error.h"
+
+extern char** environ;
+
+namespace fd {
+
+std::string default_rworker_binary() {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("fd-rworker") : (self.parent_path() / "fd-rworker").string();
+}
+
+SpawnedRWorker::SpawnedRWorker(const std::string& binary, const std::vector<std::string>& args, int timeout_ms) {
+  if (access(binary.c_str(), X_OK) != 0) FD_THROW("R-worker program not found or not executable: " << binary);
+  int out[2];
+  if (pipe(out) != 0) FD_THROW("pipe() failed");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  std::vector<std::string> all = {binary};
+  all.insert(all.end(), args.begin(), args.end());
+  for (const char* a : {"--listen", "tcp://127.0.0.1:*", "--print-endpoint"}) all.emplace_back(a);
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int rc = posix_spawn(&pid_, binary.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(out[1]);
+  if (rc != 0) {
+    close(out[0]);
+    FD_THROW("cannot start " << binary << ": error " << rc);
+  }
+  // Read the endpoint line with a deadline; the child may also die first (bad arguments).
+  std::string line;
+  const int64_t deadline = now_ns() + int64_t(timeout_ms) * 1'000'000;
+  while (line.find('\n') == std::string::npos) {
+    const int64_t left = (deadline - now_ns()) / 1'000'000;
+    pollfd p{out[0], POLLIN, 0};
+    if (left <= 0 || poll(&p, 1, int(std::min<int64_t>(left, 200))) < 0) break;
+    if (p.revents & (POLLIN | POLLHUP)) {
+      char buf[256];
+      const ssize_t n = read(out[0], buf, sizeof buf);
+      if (n <= 0) break;
+      line.append(buf, size_t(n));
+    }
+  }
+  close(out[0]);
+  if (line.find('\n') == std::string::npos) {
+    kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    FD_THROW("R-worker " << binary << " did not report an endpoint (exit status " << status
+                         << "); see its messages above");
+  }
+  endpoint_ = line.substr(0, line.find('\n'));
+}
+
+int SpawnedRWorker::wait_exit(int timeout_ms) {
+  if (pid_ <= 0) return -1;
+  int status = 0;
+  const int64_t deadline = now_ns() + int64_t(timeout_ms) * 1'000'000;
+  while (now_ns() < deadline) {
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill(pid_, SIGKILL);
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return -1;
+}
+
+SpawnedRWorker::~SpawnedRWorker() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+}  // namespace fd

@@ -1,0 +1,34 @@
+// Local R-worker processes started by the engine (or tests): fd-rworker with --print-endpoint on an
+// ephemeral loopback port; killed on destruction if still running.
+#pragma once
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace fd {
+
+class SpawnedRWorker {
+ public:
+  // Starts `binary` with `args` plus `--listen tcp://127.0.0.1:* --print-endpoint` and waits (up to
+  // timeout_ms) for the endpoint it prints. Throws fd::Error if it cannot start or exits first.
+  SpawnedRWorker(const std::string& binary, const std::vector<std::string>& args, int timeout_ms = 20000);
+  ~SpawnedRWorker();
+  SpawnedRWorker(const SpawnedRWorker&) = delete;
+  SpawnedRWorker& operator=(const SpawnedRWorker&) = delete;
+
+  pid_t pid() const { return pid_; }
+  const std::string& endpoint() const { return endpoint_; }
+  // Waits for the process to exit (after a SHUTDOWN) up to timeout_ms; returns its exit status, or -1
+  // if it had to be killed.
+  int wait_exit(int timeout_ms = 10000);
+
+ private:
+  pid_t pid_ = -1;
+  std::string endpoint_;
+};
+
+// The fd-rworker next to the running program (same bin/ folder).
+std::string default_rworker_binary();
+
+}  // namespace fd
