@@ -42,6 +42,11 @@ int main(int argc, char** argv) {
                 r["output_throughput"].get<double>(), r["step_ms"]["p50"].get<double>(),
                 r["step_ms"]["p99"].get<double>(), r["ttft_ms"]["p50"].get<double>(),
                 r["tpot_ms"]["p50"].get<double>(), out.c_str());
+    if (!r["step_breakdown_ms_mean"].empty()) {
+      std::printf("step breakdown (mean ms per step):");
+      for (const auto& [k, v] : r["step_breakdown_ms_mean"].items()) std::printf(" %s %.2f", k.c_str(), v.get<double>());
+      std::printf("\n");
+    }
     for (const auto& n : s["notes"]) std::printf("note: %s\n", n.get<std::string>().c_str());
     return 0;
   });

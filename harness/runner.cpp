@@ -135,6 +135,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   engine->add(requests);
   int64_t step = 0, out_tokens = 0;
   std::vector<double> step_ms;
+  std::map<std::string, double> breakdown_total;
   while (!engine->done()) {
     const int64_t s0 = now_ns();
     StepResult r = engine->step();
@@ -148,6 +149,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
     }
     out_tokens += int64_t(r.tokens.size());
     const double ms = double(s1 - s0) / 1e6;
+    for (const auto& [k, v] : r.breakdown_ms) breakdown_total[k] += v;
     step_ms.push_back(ms);
     json phases = json::object();
     for (const auto& sp : r.spans) {
@@ -209,12 +211,20 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
                   {"tpot_ms", distribution(tpot)},
                   {"itl_ms", distribution(itl)},
                   {"e2e_latency_ms", distribution(e2e)}};
+  // Mean per step of the engine's breakdown (e.g. S-Part compute, wait for R-workers, slowest R-worker).
+  json bd = json::object();
+  for (const auto& [k, v] : breakdown_total) bd[k] = step > 0 ? v / double(step) : 0.0;
+  results["step_breakdown_ms_mean"] = bd;
   json model = {{"name", e.model.name}, {"arch", arch_name(e.model.arch)}, {"layers", e.model.num_layers},
                 {"full_layers", e.model.full_num_layers}, {"params", e.model.num_params()},
                 {"weights", weights->describe()}};
   json notes = json::array();
-  if (e.hardware.any() && e.engine.type == "reference")
-    notes.push_back("hardware emulation fields are validated but not applied by the reference engine");
+  if (e.hardware.any())
+    notes.push_back("hardware emulation fields are validated but not applied yet by the " + e.engine.type +
+                    " engine (GPU memory cap and SM count need the CUDA S-Part)");
+  if (e.engine.type == "fastdecode")
+    notes.push_back("rworker tracks in trace.json: each span's duration is the R-worker's own compute time; its "
+                    "placement (ending when the reply was in hand) is approximate");
   json summary = {{"name", e.name},   {"engine", engine->name()}, {"config_file", e.file},
                   {"config", e.resolved()}, {"provenance", prov}, {"model", model},
                   {"results", results}, {"notes", notes}};

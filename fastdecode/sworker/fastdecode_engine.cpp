@@ -1,6 +1,7 @@
 #include "fastdecode/sworker/fastdecode_engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -21,6 +22,13 @@ using proto::Header;
 using proto::MsgType;
 using proto::WireDType;
 
+// "L3 mb1 attention input": span names (snprintf: GCC 12 warns falsely on chained std::string +).
+std::string span_name(int layer, int mb, const char* what) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "L%d mb%d%s%s", layer, mb, *what ? " " : "", what);
+  return buf;
+}
+
 struct Sequence {
   Request req;
   size_t worker = 0;
@@ -32,6 +40,7 @@ struct Sequence {
 // One mini-batch in flight through the layers: its activations and, per R-worker, the staging
 // buffers of the request in flight (they must live until the reply arrives: zero-copy sends).
 struct MiniBatch {
+  int index = 0;
   std::vector<Sequence*> seqs;
   std::vector<int64_t> pos;
   std::vector<float> x, q, k, v, att;
@@ -131,7 +140,7 @@ class FastDecodeEngine : public Engine {
   }
 
   // S-Part of layer l for a mini-batch, then ATTEND to every worker owning some of its sequences.
-  void launch(MiniBatch& mb, int l) {
+  void launch(MiniBatch& mb, int l, StepResult& out) {
     const int64_t T = int64_t(mb.seqs.size()), qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
     const int64_t t0 = now_ns();
     spart_->attention_input(l, mb.x.data(), mb.pos.data(), T, mb.q.data(), mb.k.data(), mb.v.data());
@@ -143,6 +152,7 @@ class FastDecodeEngine : public Engine {
       pack(mb.v, p.rows, kvd, p.v);
     }
     s_ns_ += now_ns() - t0;
+    out.spans.push_back({"s-part", span_name(l, mb.index, "attention input"), t0, now_ns() - t0});
     for (size_t w = 0; w < mb.parts.size(); ++w) {
       auto& p = mb.parts[w];
       if (p.rows.empty()) continue;
@@ -153,7 +163,7 @@ class FastDecodeEngine : public Engine {
   }
 
   // Waits for layer l's attention of a mini-batch, then the rest of the layer on the S-Part.
-  void finish(MiniBatch& mb, int l) {
+  void finish(MiniBatch& mb, int l, StepResult& out) {
     const int64_t qd = cfg_.q_dim();
     std::vector<std::pair<size_t, uint64_t>> reqs;
     for (size_t w = 0; w < mb.parts.size(); ++w)
@@ -167,6 +177,10 @@ class FastDecodeEngine : public Engine {
       const auto& p = mb.parts[reqs[i].first];
       const RWorkerReply& r = replies[i];
       slowest = std::max(slowest, r.h.compute_ns);
+      // The worker's own compute time, drawn ending when its reply was in hand (clocks differ
+      // between processes; the duration is the worker's, the placement approximate).
+      out.spans.push_back({"rworker " + std::to_string(reqs[i].first), span_name(l, mb.index, ""),
+                           t1 - int64_t(r.h.compute_ns), int64_t(r.h.compute_ns)});
       const auto* o = static_cast<const uint8_t*>(r.frames.at(0).data());
       for (size_t j = 0; j < p.rows.size(); ++j) {
         float* dst = &mb.att[p.rows[j] * size_t(qd)];
@@ -177,6 +191,7 @@ class FastDecodeEngine : public Engine {
     r_compute_ns_ += int64_t(slowest);
     spart_->attention_output_and_mlp(l, mb.att.data(), int64_t(mb.seqs.size()), mb.x.data());
     s_ns_ += now_ns() - t1;
+    out.spans.push_back({"s-part", span_name(l, mb.index, "output+MLP"), t1, now_ns() - t1});
   }
 
   void decode(StepResult& out) {
@@ -186,6 +201,7 @@ class FastDecodeEngine : public Engine {
     std::vector<MiniBatch> mbs(size_t(std::min<int64_t>(ec_.mini_batches, int64_t(running_.size()))));
     size_t i = 0;
     for (auto& [id, s] : running_) mbs[i++ % mbs.size()].seqs.push_back(&s);
+    for (size_t m = 0; m < mbs.size(); ++m) mbs[m].index = int(m);
     const int64_t t0 = now_ns();
     for (auto& mb : mbs) {
       const int64_t T = int64_t(mb.seqs.size());
@@ -208,11 +224,11 @@ class FastDecodeEngine : public Engine {
     }
     s_ns_ += now_ns() - t0;
     // The pipeline: while the R-workers attend for one mini-batch, the S-Part runs the other.
-    for (auto& mb : mbs) launch(mb, 0);
+    for (auto& mb : mbs) launch(mb, 0, out);
     for (int l = 0; l < L; ++l)
       for (auto& mb : mbs) {
-        finish(mb, l);
-        if (l + 1 < L) launch(mb, l + 1);
+        finish(mb, l, out);
+        if (l + 1 < L) launch(mb, l + 1, out);
       }
     const int64_t t1 = now_ns();
     for (auto& mb : mbs) {
@@ -227,7 +243,7 @@ class FastDecodeEngine : public Engine {
     }
     s_ns_ += now_ns() - t1;
     out.decode_tokens = int64_t(running_.size());
-    out.spans.push_back({"s-worker", "decode", t_start, now_ns() - t_start});
+    out.spans.push_back({"s-worker", "decode step", t_start, now_ns() - t_start});
   }
 
   void emit(Sequence& s, const float* logits, StepResult& out) {

@@ -155,7 +155,8 @@ def test_invalid_json_and_missing_file(fd_bin, tmp_path):
 def test_check_prints_resolved_config(fd_bin, repo_root):
     p = bench(fd_bin, "run", repo_root / "experiments" / "quickstart.json", "--check")
     cfg = json.loads(p.stdout)
-    assert cfg["engine"]["type"] == "reference" and cfg["model"]["layers"] >= 1
+    assert cfg["engine"]["type"] == "fastdecode" and cfg["engine"]["rworkers"]["spawn"] >= 2
+    assert cfg["model"]["layers"] >= 1
 
 
 @pytest.mark.parametrize("prog", ["fd-bench", "fd-weights", "fd-generate"])
@@ -198,3 +199,38 @@ def test_progress_line_on_a_terminal(fd_bin, models_dir, tmp_path):
     p = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout
     assert "tok/s" in p.stdout and "ETA" in p.stdout and "step" in p.stdout
+
+
+def test_fastdecode_engine_run_folder(fd_bin, models_dir, tmp_path):
+    """fd-bench with the FastDecode engine (CPU S-Part, 2 spawned R-workers): the reference's tokens,
+    a per-step breakdown, and R-worker tracks in the trace."""
+    cfg = json.loads(json.dumps(TINY))
+    cfg["engine"] = {"type": "fastdecode", "backend": "cpu", "threads": 1,
+                     "rworkers": {"spawn": 2, "threads": 1, "kv_dtype": "fp16", "memory_gb": 0.1}}
+    bench(fd_bin, "run", write_config(tmp_path / "fd.json", models_dir, cfg), "--out", tmp_path / "fd", "--quiet")
+    ref = json.loads(json.dumps(TINY))
+    ref["engine"] = {"type": "reference", "threads": 1, "kv_dtype": "fp16"}
+    bench(fd_bin, "run", write_config(tmp_path / "ref.json", models_dir, ref), "--out", tmp_path / "ref", "--quiet")
+    a = [r["tokens"] for r in read_jsonl(tmp_path / "fd" / "requests.jsonl")]
+    b = [r["tokens"] for r in read_jsonl(tmp_path / "ref" / "requests.jsonl")]
+    assert a == b
+    steps = read_jsonl(tmp_path / "fd" / "steps.jsonl")
+    assert all({"s_compute", "r_wait", "r_compute_max"} <= set(s["breakdown_ms"]) for s in steps)
+    summary = json.loads((tmp_path / "fd" / "summary.json").read_text())
+    assert summary["engine"] == "fastdecode"
+    assert summary["config"]["engine"]["rworkers"]["spawn"] == 2
+    mean = summary["results"]["step_breakdown_ms_mean"]
+    assert mean["s_compute"] == pytest.approx(sum(s["breakdown_ms"]["s_compute"] for s in steps) / len(steps))
+    trace = json.loads((tmp_path / "fd" / "trace.json").read_text())
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"s-part", "rworker 0", "rworker 1"} <= tracks
+
+
+def test_fastdecode_rworker_options_are_strict(fd_bin, models_dir, tmp_path):
+    cfg = json.loads(json.dumps(TINY))
+    cfg["engine"] = {"type": "fastdecode", "rworkers": {"endpoints": ["tcp://127.0.0.1:9"], "spawn": 2}}
+    p = bench(fd_bin, "run", write_config(tmp_path / "bad.json", models_dir, cfg), check=False)
+    assert p.returncode == 2 and "engine.rworkers.spawn" in p.stderr
+    cfg["engine"] = {"type": "fastdecode", "rworkers": {"kv_dtype": "int3"}}
+    p = bench(fd_bin, "run", write_config(tmp_path / "bad2.json", models_dir, cfg), check=False)
+    assert p.returncode == 2 and "engine.rworkers.kv_dtype" in p.stderr

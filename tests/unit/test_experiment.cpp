@@ -31,7 +31,9 @@ std::string config_error(const json& j) {
 TEST(Experiment, ParsesQuickstart) {
   const ExperimentConfig e = load_experiment(repo_path("experiments/quickstart.json"));
   EXPECT_EQ(e.name, "quickstart");
-  EXPECT_EQ(e.engine.type, "reference");
+  EXPECT_EQ(e.engine.type, "fastdecode");
+  EXPECT_EQ(e.engine.rworkers.spawn, 2);
+  EXPECT_TRUE(e.engine.rworkers.endpoints.empty());
   EXPECT_EQ(e.model.name, "small-llama");
   EXPECT_GT(e.workload.requests, 0);
   EXPECT_FALSE(e.workload.prompt_len.fixed());
