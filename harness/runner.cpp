@@ -176,6 +176,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   const int64_t t_end = now_ns();
   progress.update(step, out_tokens, 0, true);
   progress.done();
+  const json engine_info = engine->info();
   engine->shutdown();
   steps_out.close();
 
@@ -225,7 +226,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   if (e.engine.type == "fastdecode")
     notes.push_back("rworker tracks in trace.json: each span's duration is the R-worker's own compute time; its "
                     "placement (ending when the reply was in hand) is approximate");
-  json summary = {{"name", e.name},   {"engine", engine->name()}, {"config_file", e.file},
+  json summary = {{"name", e.name},   {"engine", engine->name()}, {"engine_info", engine_info}, {"config_file", e.file},
                   {"config", e.resolved()}, {"provenance", prov}, {"model", model},
                   {"results", results}, {"notes", notes}};
   write_json_file((dir / "trace.json").string(), trace.finish(prov, "fd-bench " + e.name), -1);

@@ -5,9 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
-      libzmq5 libzmq3-dev cppzmq-dev libsodium23 libpgm-5.3-0 libnorm1)
+      libzmq5 libzmq3-dev cppzmq-dev libsodium23 libpgm-5.3-0 libnorm1
+      libopenblas0-pthread libopenblas-pthread-dev libgfortran5)
 mkdir -p .deps/debs
 (cd .deps/debs && apt-get download "${PKGS[@]}" >/dev/null)
 for deb in .deps/debs/*.deb; do dpkg -x "$deb" .deps/root; done
 rm -rf .deps/debs
+# Static OpenBLAS archives are large and unused (the build links the shared library): keep the carry small.
+find .deps/root -path "*openblas*" \( -name "*.a" -o -name "liblapack*" \) -delete
 echo "device-deps: unpacked ${#PKGS[@]} packages into .deps/root"

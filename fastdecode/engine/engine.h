@@ -50,6 +50,8 @@ class Engine {
  public:
   virtual ~Engine() = default;
   virtual std::string name() const = 0;
+  // What the engine runs on (backend, devices, workers), for summary.json.
+  virtual json info() const { return json::object(); }
   // Queues requests; they start on a following step(). Throws fd::Error for a request the engine cannot
   // run (token outside the vocabulary, longer than the model's positions); nothing is queued then.
   virtual void add(const std::vector<Request>& requests) = 0;

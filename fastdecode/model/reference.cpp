@@ -120,13 +120,13 @@ static void layer_norm_of(const ModelConfig& c, const std::vector<float>& wt, co
 static const float* bias_of(const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); }
 
 void ref_attention_input(const ModelConfig& c, const LayerWeights& L, const float* x, const int64_t* pos, int64_t T,
-                         float* q, float* k, float* v) {
+                         float* q, float* k, float* v, LinearFn linear) {
   const int64_t H = c.hidden_size, D = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim();
   std::vector<float> h(size_t(T * H));
   layer_norm_of(c, L.attn_norm_w, L.attn_norm_b, x, T, h.data());
-  ref_linear(h.data(), T, H, L.wq.data(), bias_of(L.bq), qd, q);
-  ref_linear(h.data(), T, H, L.wk.data(), bias_of(L.bk), kvd, k);
-  ref_linear(h.data(), T, H, L.wv.data(), bias_of(L.bv), kvd, v);
+  linear(h.data(), T, H, L.wq.data(), bias_of(L.bq), qd, q);
+  linear(h.data(), T, H, L.wk.data(), bias_of(L.bk), kvd, k);
+  linear(h.data(), T, H, L.wv.data(), bias_of(L.bv), kvd, v);
   if (c.arch != Arch::Llama) return;
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t hh = 0; hh < c.num_heads; ++hh) ref_rope(q + t * qd + hh * D, D, pos[t], c.rope_theta);
@@ -134,18 +134,19 @@ void ref_attention_input(const ModelConfig& c, const LayerWeights& L, const floa
   }
 }
 
-void ref_attention_output_and_mlp(const ModelConfig& c, const LayerWeights& L, const float* att, int64_t T, float* x) {
+void ref_attention_output_and_mlp(const ModelConfig& c, const LayerWeights& L, const float* att, int64_t T, float* x,
+                                  LinearFn linear) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   std::vector<float> proj(size_t(T * H)), h(size_t(T * H)), up(size_t(T * I)), gate;
   // x += o W_o^T
-  ref_linear(att, T, c.q_dim(), L.wo.data(), bias_of(L.bo), H, proj.data());
+  linear(att, T, c.q_dim(), L.wo.data(), bias_of(L.bo), H, proj.data());
   for (int64_t i = 0; i < T * H; ++i) x[i] += proj[size_t(i)];
   // Llama: x += down(silu(gate(h)) * up(h)); OPT: x += fc2(relu(fc1(h)))
   layer_norm_of(c, L.mlp_norm_w, L.mlp_norm_b, x, T, h.data());
-  ref_linear(h.data(), T, H, L.w_up.data(), bias_of(L.b_up), I, up.data());
+  linear(h.data(), T, H, L.w_up.data(), bias_of(L.b_up), I, up.data());
   if (c.arch == Arch::Llama) {
     gate.resize(size_t(T * I));
-    ref_linear(h.data(), T, H, L.w_gate.data(), nullptr, I, gate.data());
+    linear(h.data(), T, H, L.w_gate.data(), nullptr, I, gate.data());
     for (int64_t i = 0; i < T * I; ++i) {
       const float g = gate[size_t(i)];
       up[size_t(i)] *= g / (1.0f + std::exp(-g));
@@ -153,16 +154,16 @@ void ref_attention_output_and_mlp(const ModelConfig& c, const LayerWeights& L, c
   } else {
     for (auto& u : up) u = std::max(u, 0.0f);
   }
-  ref_linear(up.data(), T, I, L.w_down.data(), bias_of(L.b_down), H, proj.data());
+  linear(up.data(), T, I, L.w_down.data(), bias_of(L.b_down), H, proj.data());
   for (int64_t i = 0; i < T * H; ++i) x[i] += proj[size_t(i)];
 }
 
-void ref_lm_head(const ModelWeights& w, const float* x, int64_t n, float* logits) {
+void ref_lm_head(const ModelWeights& w, const float* x, int64_t n, float* logits, LinearFn linear) {
   const ModelConfig& c = w.cfg;
   std::vector<float> hn(size_t(n * c.hidden_size));
   if (c.arch == Arch::Llama) ref_rmsnorm(x, n, c.hidden_size, w.final_norm_w.data(), c.norm_eps, hn.data());
   else ref_layernorm(x, n, c.hidden_size, w.final_norm_w.data(), w.final_norm_b.data(), c.norm_eps, hn.data());
-  ref_linear(hn.data(), n, c.hidden_size, w.lm_head_matrix().data(), nullptr, c.vocab_size, logits);
+  linear(hn.data(), n, c.hidden_size, w.lm_head_matrix().data(), nullptr, c.vocab_size, logits);
 }
 
 void ref_decode_attention(const float* q, const float* kc, const float* vc, int64_t n, const ModelConfig& c, float* out) {

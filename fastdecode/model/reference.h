@@ -54,21 +54,27 @@ class ReferenceModel {
   std::vector<Sequence> seqs_;
 };
 
+// y[T, out] = x[T, in] · W[out, in]^T + bias[out] (bias may be null). The stages below take the GEMM to
+// use, so the FastDecode CPU S-Part runs them with OpenBLAS and the reference with ref_linear.
+using LinearFn = void (*)(const float* x, int64_t T, int64_t in, const float* W, const float* bias, int64_t out,
+                          float* y);
+void ref_linear(const float* x, int64_t T, int64_t in, const float* W, const float* bias, int64_t out, float* y);
+
 // The stages of the forward pass, named after the model; the FastDecode S-Part runs the same stages
 // with attention done elsewhere (on R-workers). x: residual stream [T, H]; pos: [T] positions.
 void ref_embed(const ModelWeights& w, const int32_t* tokens, const int64_t* pos, int64_t T, float* x);
 // norm -> q, k, v projections (+ biases) -> RoPE (Llama). q: [T, q_dim], k, v: [T, kv_dim].
 void ref_attention_input(const ModelConfig& c, const LayerWeights& L, const float* x, const int64_t* pos, int64_t T,
-                         float* q, float* k, float* v);
+                         float* q, float* k, float* v, LinearFn linear = ref_linear);
 // x += att W_o^T (+ b); x += MLP(norm(x)). att: [T, q_dim].
-void ref_attention_output_and_mlp(const ModelConfig& c, const LayerWeights& L, const float* att, int64_t T, float* x);
+void ref_attention_output_and_mlp(const ModelConfig& c, const LayerWeights& L, const float* att, int64_t T, float* x,
+                                  LinearFn linear = ref_linear);
 // final norm -> LM head: logits [n, vocab].
-void ref_lm_head(const ModelWeights& w, const float* x, int64_t n, float* logits);
+void ref_lm_head(const ModelWeights& w, const float* x, int64_t n, float* logits, LinearFn linear = ref_linear);
 // One query token over n cached tokens (k, v: [n, kv_dim]); out: [q_dim]. GQA by head groups.
 void ref_decode_attention(const float* q, const float* k, const float* v, int64_t n, const ModelConfig& c, float* out);
 
-// Building blocks, exposed for tests. x, out: [T, n]; W: [out_features, in_features] row-major.
-void ref_linear(const float* x, int64_t T, int64_t in, const float* W, const float* bias, int64_t out, float* y);
+// Building blocks, exposed for tests. x, out: [T, n].
 void ref_rmsnorm(const float* x, int64_t T, int64_t n, const float* w, double eps, float* out);
 void ref_layernorm(const float* x, int64_t T, int64_t n, const float* w, const float* b, double eps, float* out);
 // HF "rotate_half" RoPE on one head vector of size d at position pos: pairs (i, i + d/2).

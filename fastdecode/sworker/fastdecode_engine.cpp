@@ -70,8 +70,10 @@ class FastDecodeEngine : public Engine {
       }
     }
     client_ = std::make_unique<RWorkerClient>(endpoints, int(ec.rworkers.timeout_ms), int(endpoints.size()) + 1);
+    endpoints_ = endpoints;
     for (size_t w = 0; w < client_->size(); ++w)
-      client_->hello(w, int(cfg_.num_layers), int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), wire_);
+      hello_.push_back(
+          client_->hello(w, int(cfg_.num_layers), int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), wire_));
     load_.assign(client_->size(), 0);
   }
 
@@ -83,6 +85,12 @@ class FastDecodeEngine : public Engine {
   }
 
   std::string name() const override { return "fastdecode"; }
+  json info() const override {
+    json w = json::array();
+    for (size_t i = 0; i < endpoints_.size(); ++i) w.push_back({{"endpoint", endpoints_[i]}, {"hello", hello_[i]}});
+    return {{"s_part", spart_->describe()}, {"mini_batches", ec_.mini_batches}, {"wire_dtype", ec_.wire_dtype},
+            {"rworkers_spawned", !spawned_.empty()}, {"rworkers", w}};
+  }
 
   void add(const std::vector<Request>& requests) override {
     for (const auto& r : requests) {
@@ -364,6 +372,8 @@ class FastDecodeEngine : public Engine {
   WireDType wire_;
   std::vector<std::unique_ptr<SpawnedRWorker>> spawned_;
   std::unique_ptr<RWorkerClient> client_;
+  std::vector<std::string> endpoints_;
+  std::vector<json> hello_;  // each worker's HELLO reply (kv dtype, ISA, threads, memory)
   std::vector<int64_t> load_;  // projected tokens per worker (prompt + max new of its sequences)
   std::deque<Request> queued_;
   std::map<uint64_t, Sequence> running_;

@@ -2,6 +2,7 @@
 // Attention over the KV-cache is not here: the R-workers do it. Stages are named after the model.
 #pragma once
 #include <memory>
+#include <string>
 
 #include "fastdecode/model/weights.h"
 
@@ -11,6 +12,7 @@ class SPart {
  public:
   virtual ~SPart() = default;
   virtual const ModelConfig& config() const = 0;
+  virtual std::string describe() const = 0;  // backend and GEMM, for summary.json
   // x [T, H] = embeddings of tokens at positions pos.
   virtual void embed(const int32_t* tokens, const int64_t* pos, int64_t T, float* x) = 0;
   // q [T, q_dim], k, v [T, kv_dim] = projections of norm(x) (+ RoPE).
