@@ -58,6 +58,9 @@ class FastDecodeEngine : public Engine {
   FastDecodeEngine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights, const SamplingParams& sp)
       : ec_(ec), cfg_(model), sampling_(sp), spart_(make_cpu_spart(load_model_weights(model, weights))),
         wire_(ec.wire_dtype == "fp16" ? WireDType::F16 : WireDType::F32) {
+    if (cfg_.head_dim % 32 != 0 || cfg_.head_dim > 256)
+      FD_THROW("fastdecode engine: model " << cfg_.name << " has head_dim " << cfg_.head_dim
+                                           << "; the R-worker kernels need a multiple of 32, at most 256");
     std::vector<std::string> endpoints = ec.rworkers.endpoints;
     if (endpoints.empty()) {
       const std::string bin = ec.rworkers.binary.empty() ? default_rworker_binary() : ec.rworkers.binary;

@@ -2,7 +2,10 @@
 // reference engine: same greedy tokens for the tiny Llama, OPT and GQA models over >= 64 steps.
 #include <map>
 
+#include <signal.h>
+
 #include "fastdecode/engine/reference_engine.h"
+#include "fastdecode/sworker/rworker_spawn.h"
 #include "tests/unit/test_helpers.h"
 
 using namespace fd;
@@ -111,4 +114,21 @@ TEST(FastDecodeEngine, DeadRWorkerFailsTheStepNamingIt) {
   auto w = make_random_source(3, DType::F16);
   const std::string msg = fd::test::error_message([&] { make_engine(ec, c, *w, SamplingParams{}); });
   EXPECT_THAT(msg, ::testing::HasSubstr("R-worker 0 (tcp://127.0.0.1:1) missed its deadline of 300 ms"));
+}
+
+TEST(FastDecodeEngine, WorkerKilledMidRunFailsTheStepNamingIt) {
+  const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama.json"));
+  SpawnedRWorker a(std::string(FD_BIN_DIR) + "/fd-rworker", {"--threads", "1", "--memory-gb", "0.1", "--name", "a"});
+  SpawnedRWorker b(std::string(FD_BIN_DIR) + "/fd-rworker", {"--threads", "1", "--memory-gb", "0.1", "--name", "b"});
+  EngineConfig ec = fastdecode_config(2);
+  ec.rworkers.endpoints = {a.endpoint(), b.endpoint()};
+  ec.rworkers.timeout_ms = 500;
+  auto w = make_random_source(3, DType::F16);
+  auto e = make_engine(ec, c, *w, SamplingParams{});
+  e->add(requests(c));
+  e->step();  // prefill: sequences placed on both workers
+  e->step();
+  kill(b.pid(), SIGKILL);
+  const std::string msg = fd::test::error_message([&] { e->step(); });
+  EXPECT_THAT(msg, ::testing::HasSubstr("R-worker 1 (" + b.endpoint() + ") missed its deadline of 500 ms"));
 }
