@@ -29,7 +29,7 @@ EngineConfig parse_engine_config(StrictObject o) {
           if (!e.is_string() || e.get<std::string>().empty()) r.fail("endpoints", "every endpoint must be a string");
           rw.endpoints.push_back(e.get<std::string>());
         }
-        for (const char* k : {"spawn", "threads", "kv_dtype", "memory_gb", "binary"})
+        for (const char* k : {"spawn", "threads", "kv_dtype", "memory_gb", "binary", "pin"})
           if (r.has(k)) r.fail(k, "applies to spawned R-workers; not allowed with endpoints");
       }
       rw.spawn = r.get_int("spawn", 1, 256, 2);
@@ -38,6 +38,7 @@ EngineConfig parse_engine_config(StrictObject o) {
       rw.memory_gb = r.get_number("memory_gb", 0.001, 1e6, 1.0);
       rw.timeout_ms = r.get_int("timeout_ms", 10, 3600000, 60000);
       rw.binary = r.get_string("binary", "");
+      rw.pin = r.get_bool("pin", false);
       r.finish();
     } else {
       o.get_raw("rworkers");
@@ -57,7 +58,7 @@ json engine_config_to_json(const EngineConfig& ec) {
     const RWorkersConfig& r = ec.rworkers;
     j["rworkers"] = r.endpoints.empty()
                         ? json{{"spawn", r.spawn}, {"threads", r.threads}, {"kv_dtype", r.kv_dtype},
-                               {"memory_gb", r.memory_gb}, {"timeout_ms", r.timeout_ms}, {"binary", r.binary}}
+                               {"memory_gb", r.memory_gb}, {"timeout_ms", r.timeout_ms}, {"binary", r.binary}, {"pin", r.pin}}
                         : json{{"endpoints", r.endpoints}, {"timeout_ms", r.timeout_ms}};
   }
   return j;

@@ -70,6 +70,7 @@ struct RWorkersConfig {
   int64_t threads = 1;                 // compute threads per spawned worker
   std::string kv_dtype = "fp16";       // fp16 | int8 | int4 (spawned workers)
   double memory_gb = 1.0;              // KV memory per spawned worker
+  bool pin = false;                    // pin spawned worker i to CPUs [i*threads, (i+1)*threads)
   int64_t timeout_ms = 60000;          // per-step deadline of every R-worker reply
   std::string binary;                  // fd-rworker to spawn; default: next to the running program
 };

@@ -65,10 +65,16 @@ class FastDecodeEngine : public Engine {
     if (endpoints.empty()) {
       const std::string bin = ec.rworkers.binary.empty() ? default_rworker_binary() : ec.rworkers.binary;
       for (int64_t i = 0; i < ec.rworkers.spawn; ++i) {
-        spawned_.push_back(std::make_unique<SpawnedRWorker>(
-            bin, std::vector<std::string>{"--threads", std::to_string(ec.rworkers.threads), "--kv-dtype",
+        std::vector<std::string> args = {"--threads", std::to_string(ec.rworkers.threads), "--kv-dtype",
                                           ec.rworkers.kv_dtype, "--memory-gb", std::to_string(ec.rworkers.memory_gb),
-                                          "--name", "rworker" + std::to_string(i)}));
+                                          "--name", "rworker" + std::to_string(i)};
+        if (ec.rworkers.pin) {  // disjoint cores per worker: the emulated CPU count is exact
+          const int64_t first = i * ec.rworkers.threads, last = first + ec.rworkers.threads - 1;
+          char cpus[48];
+          std::snprintf(cpus, sizeof cpus, "%lld-%lld", (long long)first, (long long)last);
+          args.insert(args.end(), {"--cpus", cpus});
+        }
+        spawned_.push_back(std::make_unique<SpawnedRWorker>(bin, args));
         endpoints.push_back(spawned_.back()->endpoint());
       }
     }
