@@ -41,7 +41,14 @@
 //                   admitted at s. Several micro-batches may start at the same step. Called at every
 //                   step, this admits each micro-batch at the earliest feasible step at or after the step
 //                   it reached the head of the queue (no off-by-one: the check is the definition itself,
-//                   evaluated over the whole future, not the paper's closed form). Optional cap on the
+//                   evaluated over the whole future, not the paper's closed form). When nothing is
+//                   running and a whole micro-batch still exceeds W_lim, its longest FIFO prefix that
+//                   fits starts instead (progress guarantee). Optional pacing min_gap: at most one
+//                   micro-batch per step and >= min_gap steps between them (then the earliest step is
+//                   max(previous + min_gap, earliest feasible)). Without pacing, the greedy rule started
+//                   with a full queue admits W_lim/(m·S) micro-batches in phase at step 0 and keeps
+//                   that clumped pattern (see docs/SCHEDULING.md); min_gap = F with W_lim = B(S+F)/2
+//                   reproduces fixed-interval exactly. Optional cap on the
 //                   number of running sequences (max_running, e.g. the B the GPU batch is sized for).
 //   Memory (all modes, optional): kv_capacity_tokens C. Nothing is admitted whose projected load would
 //   make W_proj(t) > C at any future step t — as the projection is an upper bound of the actual KV, an
@@ -94,6 +101,7 @@ struct SchedulerConfig {
   int64_t micro_batch = 0;         // load-control m; 0 = ceil(B·F/S)
   int64_t w_lim = 0;               // load-control limit on W_proj(t), tokens (required, > 0)
   int64_t max_running = 0;         // load-control: at most this many running; 0 = no cap
+  int64_t min_gap = 0;             // load-control: >= this many steps between micro-batches; 0 = none
   int64_t kv_capacity_tokens = 0;  // memory cap on W_proj(t), tokens; 0 = unlimited
 };
 // Throws ConfigError naming the field for out-of-range values.
@@ -149,6 +157,8 @@ class Scheduler {
   double last_arrival_ = 0.0;
   // fixed-interval state
   int64_t slot_ = 0, next_slot_ = 0;
+  // load-control pacing
+  int64_t last_lc_admit_ = -1;
 };
 
 // ---- workloads for the scheduler: online arrivals -------------------------------------------------

@@ -206,7 +206,7 @@ def test_fastdecode_engine_run_folder(fd_bin, models_dir, tmp_path):
     a per-step breakdown, and R-worker tracks in the trace."""
     cfg = json.loads(json.dumps(TINY))
     cfg["engine"] = {"type": "fastdecode", "backend": "cpu", "threads": 1,
-                     "rworkers": {"spawn": 2, "threads": 1, "kv_dtype": "fp16", "memory_gb": 0.1}}
+                     "rworkers": {"spawn": 2, "threads": 1, "kv_dtype": "fp16", "memory_gb": 0.1, "pin": True}}
     bench(fd_bin, "run", write_config(tmp_path / "fd.json", models_dir, cfg), "--out", tmp_path / "fd", "--quiet")
     ref = json.loads(json.dumps(TINY))
     ref["engine"] = {"type": "reference", "threads": 1, "kv_dtype": "fp16"}

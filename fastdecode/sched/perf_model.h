@@ -1,0 +1,100 @@
+// The paper's performance model (§"负载均衡的硬件选择"): choose the batch B and the CPU (R-worker) count
+// P from two micro-benchmarks, and predict throughput and which side binds.
+//
+// Symbols and units (as this code reads the paper)
+//   N      layers of the model (full depth for a real deployment).
+//   S      generated sequence length, steps (the paper's S; short prompts).
+//   B      batch: sequences running together on the S-worker.
+//   T(B)   seconds: S-Part time of ONE layer for the whole batch of B sequences on the GPU (both
+//          mini-batches together). Measured at a few B; between points linear interpolation; below the
+//          first point the first value (the weight-read floor); above the last, linear extrapolation of
+//          the last two points (for the simulator; the planner never picks B outside the table).
+//   R      seconds: R-Part time per context token per layer on ONE R-worker (CPU), for a KV dtype.
+//   W      total context of a step, tokens (see schedule.h); with SLS its mean is ≈ B·S/2.
+//   P      R-workers (CPUs); the R-Part of a layer takes W·R/P (work split evenly).
+//   L      seconds: the latency the user accepts for generating a whole sequence.
+//
+// Formulas
+//   E(B)            = B / T(B)                        sequences·layer steps per second of the GPU
+//   latency bound:    2·N·S·T(B) <= L                 per token each of N layers costs its S-Part plus
+//                                                     its R-Part, equal (≈ T(B)) at the balance point
+//   B (with L)      = the largest integer B in [B_first, B_last] of the table meeting the bound
+//   B (without L)   = the knee of E: the smallest integer B in [B_first, B_last] with
+//                     E(B) >= knee_fraction · max E (default 0.9) — where extra batch stops paying
+//   P               ≈ B·S·R / (2·T(B))                from (B·S/2)·R / P = T(B)
+//   step time       = N · max(T(B), W·R/P)            two mini-batch pipeline, S and R overlapped
+//   tokens/s S-bound = B / (N·T(B))
+//   tokens/s R-bound = B / (N·(B·S/2)·R/P) = 2·P / (N·S·R)
+//   predicted tokens/s = min of the two; "binds" names the smaller ("S" on a tie).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fastdecode/core/json_util.h"
+
+namespace fd {
+
+// T(B): points (B, seconds per layer), B strictly increasing, seconds > 0.
+class TTable {
+ public:
+  TTable() = default;
+  explicit TTable(std::vector<std::pair<double, double>> points);  // ConfigError when malformed
+  double at(double b) const;  // seconds per layer for batch b (interpolated, see above)
+  double b_first() const { return pts_.front().first; }
+  double b_last() const { return pts_.back().first; }
+  bool empty() const { return pts_.empty(); }
+  const std::vector<std::pair<double, double>>& points() const { return pts_; }
+
+ private:
+  std::vector<std::pair<double, double>> pts_;
+};
+
+// profile.json: {"t_b": [[B, seconds_per_layer], ...], "r_s_per_token_layer": {"fp16": x, ...},
+//                "layers": n}   (layers optional; strict: unknown keys are errors)
+struct Profile {
+  TTable t;
+  std::map<std::string, double> r_s_per_token_layer;
+  int64_t layers = 0;  // 0 = not given
+};
+Profile parse_profile(const json& j, const std::string& file);
+Profile load_profile(const std::string& path);
+
+struct PlanInput {
+  TTable t;
+  double r_s_per_token_layer = 0;  // R
+  int64_t layers = 1;              // N
+  int64_t seq = 1;                 // S
+  std::optional<double> latency_s;     // L
+  std::optional<double> cpus_available;  // P available; default: the P the plan asks for, rounded up
+  double knee_fraction = 0.9;
+};
+
+struct Plan {
+  int64_t batch = 0;              // B (0: no B in the table meets the latency bound)
+  std::string batch_rule;         // "latency" or "knee"
+  double t_b_s = 0;               // T(B), s per layer
+  double e_b = 0;                 // E(B) = B/T(B)
+  double e_max = 0;               // max E over the table range
+  double seq_latency_s = 0;       // 2·N·S·T(B)
+  double cpus_needed = 0;         // P = B·S·R/(2·T(B))
+  double cpus_used = 0;           // cpus_available or ceil(cpus_needed)
+  double tokens_per_s_s_bound = 0;
+  double tokens_per_s_r_bound = 0;
+  double tokens_per_s = 0;        // min of the two
+  std::string binds;              // "S" or "R"
+};
+
+double e_of_b(const TTable& t, double b);                        // B / T(B)
+int64_t knee_batch(const TTable& t, double fraction);            // smallest B reaching fraction·max E
+int64_t latency_batch(const TTable& t, int64_t layers, int64_t seq, double latency_s);  // 0 if none
+double cpus_needed(double batch, double seq, double r, double t_b);                     // B·S·R/(2T)
+double tokens_per_s_s_bound(double batch, int64_t layers, double t_b);                  // B/(N·T)
+double tokens_per_s_r_bound(double cpus, int64_t layers, double seq, double r);         // 2P/(N·S·R)
+Plan make_plan(const PlanInput& in);
+json to_json(const Plan& p);
+
+}  // namespace fd

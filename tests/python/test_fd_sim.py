@@ -1,0 +1,207 @@
+"""fd-sim from outside: the schedule properties on its outputs, summary.json consistent with
+steps.jsonl, the step-time formula, online arrivals, and exit code 2 for bad flags.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+B, S, F = 256, 256, 32
+LAYERS, T_MS, R_NS, P = 32, 40.0, 2.0, 4
+COST = ["--t-ms-per-step-s-part", T_MS, "--r-ns-per-token-layer", R_NS, "--layers", LAYERS, "--rworkers", P]
+
+
+def sim(fd_bin, out: Path, *args, check=True):
+    proc = subprocess.run([fd_bin("fd-sim"), *map(str, args), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        pytest.fail(f"fd-sim {' '.join(map(str, args))} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def load(out: Path):
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    return steps, json.loads((out / "summary.json").read_text())
+
+
+def check_consistent(steps, summary, timed=True):
+    """summary.json's numbers recomputed from steps.jsonl."""
+    r = summary["results"]
+    ctx = np.array([s["total_context"] for s in steps], dtype=np.float64)
+    assert r["steps"] == len(steps)
+    assert r["max_total_context"] == ctx.max()
+    assert r["output_tokens"] == sum(s["running"] for s in steps)
+    assert r["max_running"] == max(s["running"] for s in steps)
+    w = r["steady_window"]
+    in_win = np.array([w["first_step"] <= s["step"] <= w["last_step"] for s in steps])
+    assert w["steps"] == in_win.sum()
+    assert r["mean_total_context"] == pytest.approx(ctx[in_win].mean(), rel=1e-12)
+    assert r["max_total_context_steady"] == ctx[in_win].max()
+    assert r["mean_total_context_all"] == pytest.approx(ctx.mean(), rel=1e-12)
+    assert sum(s["finished"] for s in steps) == r["finished_requests"]
+    assert sum(s["admitted"] for s in steps) == r["num_requests"]
+    if timed:
+        for s in steps:
+            assert s["step_ms"] == pytest.approx(max(s["s_ms"], s["r_ms"]), rel=1e-12)
+            assert s["binds"] == ("S" if s["s_ms"] >= s["r_ms"] else "R")
+        duration = steps[-1]["start_s"] + steps[-1]["step_ms"] / 1e3 - steps[0]["start_s"]
+        assert r["duration_s"] == pytest.approx(duration, rel=1e-9)
+        assert r["tokens_per_s"] == pytest.approx(r["output_tokens"] / duration, rel=1e-9)
+        assert r["peak_step_ms"] == pytest.approx(max(s["step_ms"] for s in steps), rel=1e-12)
+        assert r["s_bound_steps"] == sum(s["binds"] == "S" for s in steps)
+        # consecutive steps are back to back while something runs (offline: no idle gaps)
+    prov = summary["provenance"]
+    for k in ("git_commit", "host", "date_utc", "command"):
+        assert k in prov
+
+
+@pytest.fixture(scope="module")
+def runs(fd_bin, tmp_path_factory):
+    base = tmp_path_factory.mktemp("fd_sim")
+    w_lim = B * (S + F) // 2
+    modes = {
+        "all-at-once": ["--mode", "all-at-once"],
+        "fixed-interval": ["--mode", "fixed-interval", "--interval", F],
+        "load-control": ["--mode", "load-control", "--interval", F, "--w-lim", w_lim],
+        "load-control-paced": ["--mode", "load-control", "--interval", F, "--w-lim", w_lim, "--min-gap", F],
+    }
+    out = {}
+    for name, args in modes.items():
+        d = base / name
+        sim(fd_bin, d, *args, "--batch", B, "--seq", S, *COST)
+        out[name] = load(d)
+    return out
+
+
+def test_all_at_once_peaks_at_BS(runs):
+    steps, summary = runs["all-at-once"]
+    check_consistent(steps, summary)
+    assert summary["results"]["max_total_context"] == B * S
+    assert summary["results"]["predictions"]["all_at_once_peak"] == B * S
+
+
+def test_fixed_interval_settles_at_half(runs):
+    steps, summary = runs["fixed-interval"]
+    check_consistent(steps, summary)
+    r = summary["results"]
+    assert r["steady_window"]["steps"] >= 2 * S
+    assert r["max_total_context_steady"] == pytest.approx(B * (S + F) / 2, rel=0.01)
+    assert r["mean_total_context"] == pytest.approx(B * (S + 1) / 2, rel=0.01)
+    assert r["mean_running_steady"] == B
+    # S is constant: half of all-at-once's peak plus B·F/2
+    assert r["max_total_context"] < 0.6 * B * S
+
+
+def test_load_control_never_exceeds_w_lim(runs):
+    w_lim = B * (S + F) // 2
+    for name in ("load-control", "load-control-paced"):
+        steps, summary = runs[name]
+        check_consistent(steps, summary)
+        assert max(s["total_context"] for s in steps) <= w_lim
+    # paced by F it is fixed-interval exactly
+    assert [s["total_context"] for s in runs["load-control-paced"][0]] == [s["total_context"] for s in runs["fixed-interval"][0]]
+
+
+def test_step_time_formula(runs):
+    steps, summary = runs["fixed-interval"]
+    for s in steps:
+        assert s["s_ms"] == pytest.approx(T_MS)
+        assert s["r_ms"] == pytest.approx(LAYERS * s["total_context"] * R_NS * 1e-9 / P * 1e3, rel=1e-12)
+    pm = summary["results"]["perf_model"]
+    t_b = T_MS / 1e3 / LAYERS
+    assert pm["cpus_needed"] == pytest.approx(B * S * R_NS * 1e-9 / (2 * t_b))
+    assert pm["tokens_per_s_s_bound"] == pytest.approx(B / (LAYERS * t_b))
+    assert pm["tokens_per_s_r_bound"] == pytest.approx(2 * P / (LAYERS * S * R_NS * 1e-9))
+
+
+def test_poisson_online_reproducible_with_latencies(fd_bin, tmp_path):
+    args = ["--mode", "fixed-interval", "--batch", 64, "--seq", 64, "--interval", 8, "--requests", 300,
+            "--gen-len", "uniform:16:64", "--prompt-len", "uniform:0:32", "--arrival", "poisson:40", "--seed", 5, *COST]
+    sim(fd_bin, tmp_path / "a", *args)
+    sim(fd_bin, tmp_path / "b", *args)
+    assert (tmp_path / "a" / "steps.jsonl").read_text() == (tmp_path / "b" / "steps.jsonl").read_text()
+    steps, summary = load(tmp_path / "a")
+    check_consistent(steps, summary)
+    r = summary["results"]
+    assert r["finished_requests"] == 300
+    for k in ("ttft_ms", "tpot_ms", "itl_ms", "queue_delay_ms", "e2e_latency_ms"):
+        for q in ("p50", "p90", "p99"):
+            assert r[k][q] >= 0
+    assert r["ttft_ms"]["p50"] >= r["queue_delay_ms"]["p50"]
+    assert r["ttft_ms"]["count"] == 300
+
+
+def test_trace_and_profile(fd_bin, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(json.dumps({"arrival_s": 0.1 * i, "prompt_len": 8, "gen_len": 20, "max_gen_len": 32})
+                               for i in range(40)) + "\n")
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"t_b": [[1, 0.0005], [64, 0.0006], [256, 0.001]],
+                                "r_s_per_token_layer": {"fp16": 2e-9, "int8": 1e-9}, "layers": 8}))
+    sim(fd_bin, tmp_path / "o", "--mode", "load-control", "--batch", 16, "--seq", 32, "--interval", 4,
+        "--w-lim", 400, "--trace", trace, "--profile", prof, "--kv-dtype", "int8")
+    steps, summary = load(tmp_path / "o")
+    check_consistent(steps, summary)
+    assert max(s["total_context"] for s in steps) <= 400
+    assert summary["results"]["finished_requests"] == 40
+    for s in steps:  # N·T(n) from the table, N·W·R/P with the int8 R
+        assert s["r_ms"] == pytest.approx(8 * s["total_context"] * 1e-9 * 1e3)
+        n = s["running"]
+        t = 0.0005 + (0.0001 * (n - 1) / 63 if n <= 64 else 0.0001 + 0.0004 * (n - 64) / 192)
+        assert s["s_ms"] == pytest.approx(8 * t * 1e3)
+
+
+def test_kv_capacity_respected(fd_bin, tmp_path):
+    sim(fd_bin, tmp_path / "o", "--mode", "all-at-once", "--batch", 128, "--seq", 64,
+        "--gen-len", "uniform:8:64", "--kv-capacity-tokens", 3000, *COST)
+    steps, summary = load(tmp_path / "o")
+    check_consistent(steps, summary)
+    assert max(s["total_context"] for s in steps) <= 3000
+
+
+def test_no_cost_model_gives_null_times(fd_bin, tmp_path):
+    sim(fd_bin, tmp_path / "o", "--mode", "fixed-interval", "--batch", 64, "--seq", 64, "--interval", 8)
+    steps, summary = load(tmp_path / "o")
+    check_consistent(steps, summary, timed=False)
+    assert summary["results"]["tokens_per_s"] is None
+    assert summary["notes"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mode", "load-control", "--batch", 8, "--seq", 8], "--w-lim"),
+    (["--mode", "sls", "--batch", 8, "--seq", 8], "--mode"),
+    (["--mode", "all-at-once", "--batch", 0, "--seq", 8], "--batch"),
+    (["--mode", "all-at-once", "--batch", 8, "--seq", 8, "--gen-len", "uniform:5"], "--gen-len"),
+    (["--mode", "all-at-once", "--batch", 8, "--seq", 8, "--gen-len", "uniform:9:5"], "--gen-len"),
+    (["--mode", "all-at-once", "--batch", 8, "--seq", 8, "--arrival", "poisson:3"], "cost model"),
+    (["--mode", "all-at-once", "--batch", 8, "--seq", 8, "--arrival", "bursty"], "--arrival"),
+    (["--mode", "all-at-once", "--batch", 8, "--seq", 8, "--r-ns-per-token-layer", 3], "--layers"),
+    (["--mode", "all-at-once", "--batch", 8, "--seq", 8, "--w-lim", 100], "load-control only"),
+    (["--mode", "load-control", "--batch", 8, "--seq", 8, "--w-lim", 5], "could never start"),
+    (["--mode", "all-at-once", "--batch", 8, "--seq", 8, "--t-b-ms", "64:1,32:2", "--layers", 2], "strictly increasing"),
+])
+def test_bad_flags_exit_2(fd_bin, tmp_path, args, message):
+    proc = sim(fd_bin, tmp_path / "o", *args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_bad_trace_names_file_and_line(fd_bin, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "prompt_len": 1, "gen_len": 2}\n{"arrival_s": 1, "prompt_len": 1}\n')
+    proc = sim(fd_bin, tmp_path / "o", "--mode", "all-at-once", "--batch", 4, "--seq", 4, "--trace", trace,
+               "--t-ms-per-step-s-part", 1, check=False)
+    assert proc.returncode == 2
+    assert f"{trace}:2: missing key 'gen_len'" in proc.stderr
+
+
+def test_help(fd_bin):
+    proc = subprocess.run([fd_bin("fd-sim"), "--help"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0
+    for flag in ("--mode", "--w-lim", "--profile", "--trace", "--kv-capacity-tokens"):
+        assert flag in proc.stdout

@@ -1,0 +1,118 @@
+// The performance model (fastdecode/sched/perf_model.h) against hand-computed cases.
+//
+// Table used throughout: T(B) per layer = 1 ms for B <= 64, then linear to 1.6 ms at 128 and 3.2 ms at
+// 256. On [128, 256] T(B) = B/80 ms, so E(B) = B/T(B) = 80 per ms (80000/s) is the maximum.
+#include "fastdecode/sched/perf_model.h"
+
+#include "test_helpers.h"
+
+using namespace fd;
+using fd::test::error_message;
+using ::testing::HasSubstr;
+
+namespace {
+TTable table() { return TTable({{1, 1e-3}, {64, 1e-3}, {128, 1.6e-3}, {256, 3.2e-3}}); }
+}  // namespace
+
+TEST(PerfModel, TableInterpolation) {
+  const TTable t = table();
+  EXPECT_DOUBLE_EQ(t.at(0.5), 1e-3);     // below the first point: its value (weight-read floor)
+  EXPECT_DOUBLE_EQ(t.at(64), 1e-3);
+  EXPECT_DOUBLE_EQ(t.at(96), 1.3e-3);    // 1 + 0.6·32/64 ms
+  EXPECT_DOUBLE_EQ(t.at(160), 2.0e-3);   // 160/80 ms
+  EXPECT_DOUBLE_EQ(t.at(512), 6.4e-3);   // extrapolated along the last segment: 512/80 ms
+  EXPECT_DOUBLE_EQ(TTable({{10, 2.0}}).at(20), 4.0);  // one point: proportional above it
+  EXPECT_THAT(error_message<ConfigError>([] { TTable({{64, 1.0}, {64, 2.0}}); }), HasSubstr("strictly increasing"));
+  EXPECT_THAT(error_message<ConfigError>([] { TTable({{64, 0.0}}); }), HasSubstr("> 0"));
+  EXPECT_THROW(TTable(std::vector<std::pair<double, double>>{}), ConfigError);
+}
+
+// Knee: smallest B with E(B) >= 0.9·max E = 72/ms. On [64, 128] T = 1 + 0.6(B-64)/64 ms, so
+// B/T >= 72 <=> 0.325·B >= 28.8 <=> B >= 88.6: B = 89 (E(89) = 72.10, E(88) = 71.84).
+TEST(PerfModel, KneeOfThroughput) {
+  const TTable t = table();
+  EXPECT_NEAR(e_of_b(t, 89), 89 / 1.234375e-3, 1e-6);
+  EXPECT_EQ(knee_batch(t, 0.9), 89);
+  EXPECT_EQ(knee_batch(t, 1.0), 128);  // first B at the maximum
+  EXPECT_EQ(knee_batch(t, 0.5), 40);   // E = B/1ms >= 40/ms
+}
+
+// Latency: 2·N·S·T(B) <= L with N = 32, S = 1024: T(B) <= L/65536. L = 65536 · 2.01 ms -> T <= 2.01 ms
+// -> B/80 <= 2.01 -> B = 160. Then P = B·S·R/(2T) = 160·1024·1e-7/(2·0.002) = 4.096; S-bound
+// B/(N·T) = 160/(32·0.002) = 2500 tokens/s; R-bound with P CPUs 2P/(N·S·R) = 2P/0.0032768.
+TEST(PerfModel, PlanUnderLatencyBound) {
+  PlanInput in;
+  in.t = table();
+  in.r_s_per_token_layer = 1e-7;
+  in.layers = 32;
+  in.seq = 1024;
+  in.latency_s = 65536 * 2.01e-3;
+  EXPECT_EQ(latency_batch(in.t, 32, 1024, *in.latency_s), 160);
+  EXPECT_EQ(latency_batch(in.t, 32, 1024, 65536 * 2.0e-3), 160);  // met exactly
+  EXPECT_EQ(latency_batch(in.t, 32, 1024, 65536 * 0.9e-3), 0);    // nothing meets it
+  EXPECT_DOUBLE_EQ(cpus_needed(160, 1024, 1e-7, 2e-3), 4.096);
+  EXPECT_DOUBLE_EQ(tokens_per_s_s_bound(160, 32, 2e-3), 2500);
+  EXPECT_DOUBLE_EQ(tokens_per_s_r_bound(4, 32, 1024, 1e-7), 2441.40625);
+
+  in.cpus_available = 4;  // fewer than needed: R binds
+  Plan p = make_plan(in);
+  EXPECT_EQ(p.batch, 160);
+  EXPECT_EQ(p.batch_rule, "latency");
+  EXPECT_DOUBLE_EQ(p.t_b_s, 2e-3);
+  EXPECT_DOUBLE_EQ(p.seq_latency_s, 65536 * 2e-3);
+  EXPECT_DOUBLE_EQ(p.cpus_needed, 4.096);
+  EXPECT_DOUBLE_EQ(p.tokens_per_s_s_bound, 2500);
+  EXPECT_DOUBLE_EQ(p.tokens_per_s_r_bound, 2441.40625);
+  EXPECT_DOUBLE_EQ(p.tokens_per_s, 2441.40625);
+  EXPECT_EQ(p.binds, "R");
+  in.cpus_available = 8;  // more than needed: S binds
+  p = make_plan(in);
+  EXPECT_DOUBLE_EQ(p.tokens_per_s_r_bound, 4882.8125);
+  EXPECT_EQ(p.binds, "S");
+  in.cpus_available.reset();  // default: ceil(4.096) = 5 CPUs -> R-bound 10/0.0032768 = 3051.7578125
+  p = make_plan(in);
+  EXPECT_DOUBLE_EQ(p.cpus_used, 5);
+  EXPECT_DOUBLE_EQ(p.tokens_per_s_r_bound, 3051.7578125);
+  EXPECT_EQ(p.binds, "S");
+  // At exactly P = cpus_needed the two bounds meet (the balance the formula is built on).
+  EXPECT_NEAR(tokens_per_s_r_bound(4.096, 32, 1024, 1e-7), 2500, 1e-9);
+  in.latency_s = 1.0;
+  EXPECT_EQ(make_plan(in).batch, 0);
+}
+
+TEST(PerfModel, PlanAtKneeWithoutLatency) {
+  PlanInput in;
+  in.t = table();
+  in.r_s_per_token_layer = 1e-7;
+  in.layers = 32;
+  in.seq = 1024;
+  const Plan p = make_plan(in);
+  EXPECT_EQ(p.batch, 89);
+  EXPECT_EQ(p.batch_rule, "knee");
+  EXPECT_DOUBLE_EQ(p.e_max, 80000);
+  EXPECT_DOUBLE_EQ(p.t_b_s, 1.234375e-3);
+  // P = 89·1024·1e-7/(2·1.234375e-3) = 0.0091136/0.00246875 = 3.6916...
+  EXPECT_NEAR(p.cpus_needed, 0.0091136 / 0.00246875, 1e-12);
+  EXPECT_EQ(to_json(p)["batch"], 89);
+}
+
+TEST(PerfModel, ProfileJson) {
+  const Profile p = parse_profile(json::parse(R"({"t_b": [[1, 0.001], [64, 0.001], [128, 0.0016]],
+                                                  "r_s_per_token_layer": {"fp16": 1e-7, "int8": 5e-8}, "layers": 32})"),
+                                  "p.json");
+  EXPECT_EQ(p.layers, 32);
+  EXPECT_DOUBLE_EQ(p.t.at(96), 1.3e-3);
+  EXPECT_DOUBLE_EQ(p.r_s_per_token_layer.at("int8"), 5e-8);
+  EXPECT_THAT(error_message<ConfigError>([] {
+                parse_profile(json::parse(R"({"t_b": [[1, 0.001]], "r_s_per_token_layer": {"fp16": 1e-7}, "x": 1})"), "p.json");
+              }),
+              HasSubstr("p.json: x"));
+  EXPECT_THAT(error_message<ConfigError>([] {
+                parse_profile(json::parse(R"({"t_b": [[2, 0.001], [1, 0.002]], "r_s_per_token_layer": {"fp16": 1e-7}})"), "p.json");
+              }),
+              HasSubstr("p.json: t_b"));
+  EXPECT_THAT(error_message<ConfigError>([] {
+                parse_profile(json::parse(R"({"t_b": [[1, 0.001]], "r_s_per_token_layer": {"fp16": -1}})"), "p.json");
+              }),
+              HasSubstr("r_s_per_token_layer"));
+}
