@@ -73,7 +73,9 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
     e.workload.prompt_len = parse_length(w, "prompt_len", 1, e.model.max_position_embeddings);
     e.workload.gen_len = parse_length(w, "gen_len", 1, e.model.max_position_embeddings);
     e.workload.seed = uint64_t(w.get_int("seed", 0, int64_t(1) << 53, 0));
-    e.workload.arrival = w.get_enum("arrival", {"offline"}, std::string("offline"));
+    e.workload.arrival = w.get_enum("arrival", {"offline", "poisson"}, std::string("offline"));
+    if (e.workload.arrival == "poisson") e.workload.rate = w.get_number("rate", 1e-6, 1e9);
+    else if (w.has("rate")) w.fail("rate", "only with \"arrival\": \"poisson\"");
     e.workload.stop_at_eos = w.get_bool("stop_at_eos", false);
     w.finish();
     const int64_t need = e.workload.prompt_len.max + e.workload.gen_len.max - 1;
@@ -92,6 +94,32 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
     s.finish();
   } else {
     top.get_raw("sampling");
+  }
+
+  // schedule: SLS admission (docs/SCHEDULING.md). Default all-at-once with every request in one batch.
+  e.schedule.mode = AdmitMode::AllAtOnce;
+  e.schedule.batch = e.workload.requests;
+  e.schedule.seq = e.workload.gen_len.max;
+  if (top.has("schedule")) {
+    StrictObject sc = top.get_object("schedule");
+    e.schedule.mode = parse_admit_mode(sc.get_enum("mode", {"all-at-once", "fixed-interval", "load-control"}));
+    e.schedule.batch = sc.get_int("batch", 1, 1 << 24, e.workload.requests);
+    e.schedule.seq = sc.get_int("seq", 1, 1 << 24, e.workload.gen_len.max);
+    e.schedule.interval = sc.get_int("interval", 1, 1 << 24, 1);
+    e.schedule.micro_batch = sc.get_int("micro_batch", 0, 1 << 24, 0);
+    e.schedule.w_lim = sc.get_int("w_lim", 0, int64_t(1) << 50, 0);
+    e.schedule.max_running = sc.get_int("max_running", 0, 1 << 24, 0);
+    e.schedule.min_gap = sc.get_int("min_gap", 0, 1 << 24, 0);
+    e.schedule.kv_capacity_tokens = sc.get_int("kv_capacity_tokens", 0, int64_t(1) << 50, 0);
+    if (e.schedule.mode == AdmitMode::LoadControl && e.schedule.w_lim <= 0) sc.fail("w_lim", "required (> 0) for load-control");
+    try {
+      validate(e.schedule);
+    } catch (const ConfigError& err) {
+      throw ConfigError(path + ": schedule: " + err.what());
+    }
+    sc.finish();
+  } else {
+    top.get_raw("schedule");
   }
 
   e.engine = parse_engine_config(top.get_object("engine"));
@@ -150,9 +178,15 @@ json ExperimentConfig::resolved() const {
         {"gen_len", len(workload.gen_len)},
         {"seed", workload.seed},
         {"arrival", workload.arrival},
+        {"rate", workload.rate},
         {"stop_at_eos", workload.stop_at_eos}}},
       {"sampling",
        {{"temperature", sampling.temperature}, {"top_k", sampling.top_k}, {"top_p", sampling.top_p}, {"seed", sampling.seed}}},
+      {"schedule",
+       {{"mode", to_string(schedule.mode)}, {"batch", schedule.batch}, {"seq", schedule.seq},
+        {"interval", schedule.interval}, {"micro_batch", schedule.micro_batch}, {"w_lim", schedule.w_lim},
+        {"max_running", schedule.max_running}, {"min_gap", schedule.min_gap},
+        {"kv_capacity_tokens", schedule.kv_capacity_tokens}}},
       {"engine", engine_config_to_json(engine)},
       {"hardware",
        {{"gpu", {{"memory_gb", hardware.gpu_memory_gb}, {"sm_count", hardware.gpu_sm_count}}},
@@ -181,6 +215,11 @@ std::vector<Request> make_requests(const WorkloadConfig& w, const ModelConfig& m
     out.push_back(std::move(r));
   }
   return out;
+}
+
+std::vector<double> arrival_times(const WorkloadConfig& w) {
+  if (w.arrival == "poisson") return poisson_arrivals(w.requests, w.rate, w.seed);
+  return std::vector<double>(size_t(w.requests), 0.0);
 }
 
 std::unique_ptr<TensorSource> open_weights(const ExperimentConfig& e) {

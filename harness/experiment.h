@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "fastdecode/engine/engine.h"
+#include "fastdecode/sched/schedule.h"
 
 namespace fd {
 
@@ -25,7 +26,8 @@ struct WorkloadConfig {
   LengthDist prompt_len{16, 16};
   LengthDist gen_len{16, 16};
   uint64_t seed = 0;
-  std::string arrival = "offline";  // all requests present at t = 0 (online arrivals come later)
+  std::string arrival = "offline";  // offline: all at t = 0; poisson: at `rate` requests/s (seeded)
+  double rate = 0;                  // poisson arrivals per second
   bool stop_at_eos = false;
 };
 
@@ -47,6 +49,7 @@ struct ExperimentConfig {
   ModelConfig model;              // with the layers override applied
   WeightsConfig weights;
   WorkloadConfig workload;
+  SchedulerConfig schedule;
   SamplingParams sampling;
   EngineConfig engine;
   HardwareConfig hardware;
@@ -60,7 +63,10 @@ struct ExperimentConfig {
 ExperimentConfig load_experiment(const std::string& path);
 ExperimentConfig parse_experiment(const json& j, const std::string& path);
 
-// The requests of an offline workload: seeded prompt tokens and lengths. Token ids avoid the model's
+// Arrival time of each request (seconds from the run's start): 0 offline; seeded Poisson otherwise.
+std::vector<double> arrival_times(const WorkloadConfig& w);
+
+// The requests of a workload: seeded prompt tokens and lengths. Token ids avoid the model's
 // special ids (bos/eos and below) so no prompt is cut short by a stop token.
 std::vector<Request> make_requests(const WorkloadConfig& w, const ModelConfig& m);
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <numeric>
+#include <thread>
 
 #include "fastdecode/core/clock.h"
 #include "harness/provenance.h"
@@ -97,6 +98,7 @@ class Progress {
 
 struct RequestTrack {
   int64_t prompt_len = 0;
+  int64_t arrival_ns = 0, admit_ns = 0;  // from the run's start
   std::vector<int32_t> tokens;
   std::vector<int64_t> token_ns;  // time each token was produced (end of its step), from run start
 };
@@ -111,14 +113,23 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   const json prov = collect_provenance(opt.command_line);
 
   std::vector<Request> requests = make_requests(e.workload, e.model);
+  const std::vector<double> arrivals = arrival_times(e.workload);
   int64_t total_gen = 0, prompt_tokens = 0;
   std::map<uint64_t, RequestTrack> track;
-  for (const auto& r : requests) {
+  // The admission schedule decides at which step each request starts (all at the first step unless
+  // the config asks for SLS / load control); every request is checked before any work.
+  Scheduler sched(e.schedule);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Request& r = requests[i];
     validate_request(r, e.model);
     total_gen += r.max_new_tokens;
     prompt_tokens += int64_t(r.prompt.size());
     track[r.id].prompt_len = int64_t(r.prompt.size());
+    track[r.id].arrival_ns = int64_t(arrivals[i] * 1e9);
+    sched.submit({r.id, arrivals[i], int64_t(r.prompt.size()), r.max_new_tokens});
   }
+  std::map<uint64_t, const Request*> by_id;
+  for (const auto& r : requests) by_id[r.id] = &r;
 
   auto weights = open_weights(e);
   const int64_t load0 = now_ns();
@@ -128,16 +139,32 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   std::ofstream steps_out(dir / "steps.jsonl", std::ios::trunc);
   if (!steps_out) FD_THROW((dir / "steps.jsonl").string() << ": cannot open for writing");
 
-  // Offline workload: every request arrives at t = 0, the start of the first step.
+  // Time 0 is the start of the first step; request i arrives at arrivals[i] seconds.
   const int64_t t0 = now_ns();
   TraceWriter trace(t0);
   Progress progress(opt.progress, total_gen);
-  engine->add(requests);
-  int64_t step = 0, out_tokens = 0;
+  int64_t step = 0, engine_steps = 0, out_tokens = 0;
   std::vector<double> step_ms;
   std::map<std::string, double> breakdown_total;
-  while (!engine->done()) {
+  while (!sched.done()) {
+    // Nothing running and nothing arrived yet: wait (wall clock) for the next arrival.
+    if (sched.running() == 0 && sched.arrived(double(now_ns() - t0) / 1e9) == 0) {
+      if (auto next = sched.next_arrival_s()) {
+        const double wait_s = *next - double(now_ns() - t0) / 1e9;
+        if (wait_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
+      }
+    }
     const int64_t s0 = now_ns();
+    std::vector<Request> start;
+    for (uint64_t id : sched.admit(step, double(s0 - t0) / 1e9)) {
+      start.push_back(*by_id.at(id));
+      track.at(id).admit_ns = s0 - t0;
+    }
+    if (!start.empty()) engine->add(start);
+    if (engine->done()) {  // nothing admitted and nothing running (waiting for a slot or an arrival)
+      ++step;
+      continue;
+    }
     StepResult r = engine->step();
     const int64_t s1 = now_ns();
     int64_t finished = 0;
@@ -145,7 +172,10 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
       RequestTrack& rt = track.at(t.request_id);
       rt.tokens.push_back(t.token);
       rt.token_ns.push_back(s1 - t0);
-      finished += t.finished ? 1 : 0;
+      if (t.finished) {
+        ++finished;
+        sched.on_finished(t.request_id, step);
+      }
     }
     out_tokens += int64_t(r.tokens.size());
     const double ms = double(s1 - s0) / 1e6;
@@ -156,44 +186,53 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
       trace.event(sp.track, sp.name, sp.start_ns, sp.dur_ns);
       phases[sp.name] = phases.value(sp.name, 0.0) + double(sp.dur_ns) / 1e6;
     }
-    const json rec = {{"step", step},
+    // "step" counts engine steps (one line each); "sched_step" is the scheduler's step index, which
+    // also advances over idle steps (nothing running, waiting for a slot or an arrival).
+    const json rec = {{"step", engine_steps},
+                      {"sched_step", step},
                       {"start_ms", double(s0 - t0) / 1e6},
                       {"step_ms", ms},
                       {"running", r.tokens.size()},
                       {"new_tokens", r.tokens.size()},
                       {"finished", finished},
+                      {"admitted", start.size()},
+                      {"queued", sched.queued()},
                       {"prefill_tokens", r.prefill_tokens},
                       {"decode_tokens", r.decode_tokens},
                       {"total_context", r.total_context},
                       {"phases_ms", phases},
                       {"breakdown_ms", r.breakdown_ms}};
-    trace.event("harness", "step " + std::to_string(step), s0, s1 - s0,
+    trace.event("harness", "step " + std::to_string(engine_steps), s0, s1 - s0,
                 {{"tokens", r.tokens.size()}, {"total_context", r.total_context}});
     steps_out << rec.dump() << "\n";
     ++step;
-    progress.update(step, out_tokens, int64_t(r.tokens.size()) - finished);
+    ++engine_steps;
+    progress.update(engine_steps, out_tokens, int64_t(r.tokens.size()) - finished);
   }
   const int64_t t_end = now_ns();
-  progress.update(step, out_tokens, 0, true);
+  progress.update(engine_steps, out_tokens, 0, true);
   progress.done();
   const json engine_info = engine->info();
   engine->shutdown();
   steps_out.close();
 
-  // Per-request latency metrics (vLLM's names): TTFT from arrival (t = 0) to the first token; TPOT =
-  // (last - first) / (n - 1); ITL = every gap between consecutive tokens.
-  std::vector<double> ttft, tpot, itl, e2e;
+  // Per-request latency metrics (vLLM's names): TTFT from arrival to the first token; TPOT =
+  // (last - first) / (n - 1); ITL = every gap between consecutive tokens; queueing = arrival to the
+  // step that admitted it; e2e = arrival to the last token.
+  std::vector<double> ttft, tpot, itl, e2e, queue;
   std::ofstream req_out(dir / "requests.jsonl", std::ios::trunc);
   for (const auto& [id, rt] : track) {
     FD_CHECK(!rt.tokens.empty(), "request " << id << " produced no token");
-    const double first = double(rt.token_ns.front()) / 1e6, last = double(rt.token_ns.back()) / 1e6;
+    const double arrive = double(rt.arrival_ns) / 1e6;
+    const double first = double(rt.token_ns.front()) / 1e6 - arrive, last = double(rt.token_ns.back()) / 1e6 - arrive;
     ttft.push_back(first);
     e2e.push_back(last);
+    queue.push_back(std::max(0.0, double(rt.admit_ns) / 1e6 - arrive));
     const size_t n = rt.tokens.size();
     if (n > 1) tpot.push_back((last - first) / double(n - 1));
     for (size_t i = 1; i < n; ++i) itl.push_back(double(rt.token_ns[i] - rt.token_ns[i - 1]) / 1e6);
-    req_out << json{{"id", id}, {"prompt_len", rt.prompt_len}, {"output_len", n}, {"ttft_ms", first},
-                    {"e2e_ms", last}, {"tokens", rt.tokens}}.dump()
+    req_out << json{{"id", id}, {"prompt_len", rt.prompt_len}, {"output_len", n}, {"arrival_ms", arrive},
+                    {"queue_ms", queue.back()}, {"ttft_ms", first}, {"e2e_ms", last}, {"tokens", rt.tokens}}.dump()
             << "\n";
   }
 
@@ -201,7 +240,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   json results = {{"num_requests", requests.size()},
                   {"prompt_tokens", prompt_tokens},
                   {"output_tokens", out_tokens},
-                  {"steps", step},
+                  {"steps", engine_steps},
                   {"duration_s", dur_s},
                   {"weights_load_s", load_s},
                   {"output_throughput", double(out_tokens) / dur_s},
@@ -211,10 +250,11 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
                   {"ttft_ms", distribution(ttft)},
                   {"tpot_ms", distribution(tpot)},
                   {"itl_ms", distribution(itl)},
-                  {"e2e_latency_ms", distribution(e2e)}};
+                  {"e2e_latency_ms", distribution(e2e)},
+                  {"queue_ms", distribution(queue)}};
   // Mean per step of the engine's breakdown (e.g. S-Part compute, wait for R-workers, slowest R-worker).
   json bd = json::object();
-  for (const auto& [k, v] : breakdown_total) bd[k] = step > 0 ? v / double(step) : 0.0;
+  for (const auto& [k, v] : breakdown_total) bd[k] = engine_steps > 0 ? v / double(engine_steps) : 0.0;
   results["step_breakdown_ms_mean"] = bd;
   json model = {{"name", e.model.name}, {"arch", arch_name(e.model.arch)}, {"layers", e.model.num_layers},
                 {"full_layers", e.model.full_num_layers}, {"params", e.model.num_params()},

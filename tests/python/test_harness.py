@@ -234,3 +234,31 @@ def test_fastdecode_rworker_options_are_strict(fd_bin, models_dir, tmp_path):
     cfg["engine"] = {"type": "fastdecode", "rworkers": {"kv_dtype": "int3"}}
     p = bench(fd_bin, "run", write_config(tmp_path / "bad2.json", models_dir, cfg), check=False)
     assert p.returncode == 2 and "engine.rworkers.kv_dtype" in p.stderr
+
+
+def test_schedule_changes_timing_not_tokens(run_dir, fd_bin, models_dir, tmp_path):
+    """Fixed-interval SLS admission and Poisson arrivals change when requests start, never their
+    greedy tokens; steps.jsonl says what was admitted when, requests.jsonl the queueing delay."""
+    cfg = json.loads(json.dumps(TINY))
+    cfg["workload"]["requests"] = 5
+    cfg["schedule"] = {"mode": "fixed-interval", "batch": 4, "interval": 2, "seq": 8}
+    bench(fd_bin, "run", write_config(tmp_path / "fi.json", models_dir, cfg), "--out", tmp_path / "fi", "--quiet")
+    steps = read_jsonl(tmp_path / "fi" / "steps.jsonl")
+    admitted = [(s["sched_step"], s["admitted"]) for s in steps if s["admitted"]]
+    assert admitted[0][0] == 0 and all(st % 2 == 0 for st, _ in admitted), admitted
+    assert sum(n for _, n in admitted) == 5 and len(admitted) >= 2
+    assert all(n <= 1 for _, n in admitted)  # M = B·F/S = 4·2/8 = 1 per slot
+    a = [r["tokens"] for r in read_jsonl(run_dir / "requests.jsonl")]
+    b = [r["tokens"] for r in read_jsonl(tmp_path / "fi" / "requests.jsonl")]
+    assert a == b
+    reqs = read_jsonl(tmp_path / "fi" / "requests.jsonl")
+    assert reqs[0]["queue_ms"] < reqs[-1]["queue_ms"]  # later slots wait longer
+    cfg = json.loads(json.dumps(TINY))
+    cfg["workload"].update(arrival="poisson", rate=200.0)
+    bench(fd_bin, "run", write_config(tmp_path / "po.json", models_dir, cfg), "--out", tmp_path / "po", "--quiet")
+    reqs = read_jsonl(tmp_path / "po" / "requests.jsonl")
+    assert [r["tokens"] for r in reqs] == a
+    arrivals = [r["arrival_ms"] for r in reqs]
+    assert arrivals == sorted(arrivals) and arrivals[-1] > 0
+    summary = json.loads((tmp_path / "po" / "summary.json").read_text())
+    assert summary["results"]["ttft_ms"]["max"] >= 0 and "queue_ms" in summary["results"]

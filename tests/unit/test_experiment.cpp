@@ -1,5 +1,7 @@
 #include "harness/experiment.h"
 
+#include <algorithm>
+
 #include "harness/runner.h"
 #include "test_helpers.h"
 
@@ -75,7 +77,13 @@ TEST(Experiment, BadConfigsNameFileAndKey) {
               HasSubstr("workload.prompt_len: max < min"));
   EXPECT_THAT(with([](json& j) { j["workload"]["prompt_len"] = {{"min", 1}, {"max", 4}, {"mode", 2}}; }),
               HasSubstr("workload.prompt_len.mode: unknown key"));
-  EXPECT_THAT(with([](json& j) { j["workload"]["arrival"] = "poisson"; }), HasSubstr("workload.arrival"));
+  EXPECT_THAT(with([](json& j) { j["workload"]["arrival"] = "bursty"; }), HasSubstr("workload.arrival"));
+  EXPECT_THAT(with([](json& j) { j["workload"]["arrival"] = "poisson"; }), HasSubstr("workload.rate: required key is missing"));
+  EXPECT_THAT(with([](json& j) { j["workload"]["rate"] = 3; }), HasSubstr("workload.rate: only with"));
+  EXPECT_THAT(with([](json& j) { j["schedule"] = {{"mode", "sls"}}; }), HasSubstr("schedule.mode: 'sls' is not one of"));
+  EXPECT_THAT(with([](json& j) { j["schedule"] = {{"mode", "load-control"}}; }), HasSubstr("schedule.w_lim: required"));
+  EXPECT_THAT(with([](json& j) { j["schedule"] = {{"mode", "fixed-interval"}, {"every", 4}}; }),
+              HasSubstr("schedule.every: unknown key"));
   EXPECT_THAT(with([](json& j) { j["engine"]["type"] = "vllm"; }), HasSubstr("engine.type: 'vllm' is not one of"));
   EXPECT_THAT(with([](json& j) { j["engine"]["threads"] = -1; }), HasSubstr("engine.threads"));
   EXPECT_THAT(with([](json& j) { j["engine"]["batch"] = 4; }), HasSubstr("engine.batch: unknown key"));
@@ -89,6 +97,25 @@ TEST(Experiment, BadConfigsNameFileAndKey) {
   EXPECT_THAT(with([](json& j) { j["hardware"] = {{"cpu", 1}}; }), HasSubstr("hardware.cpu: unknown key"));
   EXPECT_THAT(with([](json& j) { j["output"] = {{"dir", ""}}; }), HasSubstr("output.dir"));
   EXPECT_THAT(config_error(json::array()), HasSubstr("must be a JSON object"));
+}
+
+TEST(Experiment, ScheduleAndArrivals) {
+  json j = base_config();
+  const ExperimentConfig d = parse_experiment(j, kFile);
+  EXPECT_EQ(d.schedule.mode, AdmitMode::AllAtOnce);  // default: every request in one batch
+  EXPECT_EQ(d.schedule.batch, 4);
+  EXPECT_EQ(arrival_times(d.workload), std::vector<double>(4, 0.0));
+  j["schedule"] = {{"mode", "fixed-interval"}, {"batch", 4}, {"interval", 2}};
+  j["workload"]["arrival"] = "poisson";
+  j["workload"]["rate"] = 50.0;
+  const ExperimentConfig e = parse_experiment(j, kFile);
+  EXPECT_EQ(e.schedule.mode, AdmitMode::FixedInterval);
+  EXPECT_EQ(e.schedule.seq, 8);  // defaults to the generation length
+  const auto t = arrival_times(e.workload);
+  ASSERT_EQ(t.size(), 4u);
+  EXPECT_GT(t[0], 0.0);
+  EXPECT_TRUE(std::is_sorted(t.begin(), t.end()));
+  EXPECT_EQ(e.resolved()["schedule"]["mode"], "fixed-interval");
 }
 
 TEST(Experiment, RequestsAreSeededAndInRange) {
