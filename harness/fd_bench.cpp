@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "fastdecode/sched/perf_model.h"
 #include "harness/cli_main.h"
 #include "harness/experiment.h"
 #include "harness/provenance.h"
@@ -18,7 +19,58 @@ int main(int argc, char** argv) {
   run->add_option("--out", out, "Run folder (default: <output.dir>/<name>/<UTC time>)");
   run->add_flag("--quiet", quiet, "No progress line");
   run->add_flag("--check", check, "Validate the config, print it with defaults filled in, and exit");
+  // plan: the paper's performance model on a measured profile (docs/SCHEDULING.md).
+  std::string profile_path, model_path, kv_dtype = "fp16", plan_json;
+  int64_t seq = 0, layers = 0;
+  double latency_ms = 0, cpus_available = 0;
+  CLI::App* plan = app.add_subcommand("plan", "Choose the batch B and the R-worker CPU count P from a profile (modelled)");
+  plan->add_option("--profile", profile_path, "profile.json: T(B) table and R per KV dtype")->required();
+  plan->add_option("--model", model_path, "Model config (HF config.json); N = its layers")->required();
+  plan->add_option("--seq", seq, "Generated sequence length S")->required()->check(CLI::PositiveNumber);
+  plan->add_option("--layers", layers, "Override N (default: the model's full depth)")->check(CLI::PositiveNumber);
+  plan->add_option("--latency-ms", latency_ms, "Latency bound L for a whole sequence: largest B with 2·N·S·T(B) <= L")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--cpus-available", cpus_available, "R-worker CPUs you have (default: as many as the plan needs)")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--kv-dtype", kv_dtype, "Which R of the profile to use")->capture_default_str();
+  plan->add_option("--json", plan_json, "Also write the plan as JSON here");
   return fd::guarded_main(app, argc, argv, [&]() {
+    if (*plan) {
+      const fd::Profile prof = fd::load_profile(profile_path);
+      const fd::ModelConfig m = fd::load_model_config(model_path);
+      auto r = prof.r_s_per_token_layer.find(kv_dtype);
+      if (r == prof.r_s_per_token_layer.end())
+        throw fd::ConfigError(profile_path + ": r_s_per_token_layer has no entry for kv dtype '" + kv_dtype + "'");
+      fd::PlanInput in;
+      in.t = prof.t;
+      in.r_s_per_token_layer = r->second;
+      in.layers = layers > 0 ? layers : m.full_num_layers;
+      in.seq = seq;
+      if (latency_ms > 0) in.latency_s = latency_ms / 1e3;
+      if (cpus_available > 0) in.cpus_available = cpus_available;
+      const fd::Plan p = fd::make_plan(in);
+      std::printf("MODELLED from %s (model %s, N = %lld layers, S = %lld, R[%s] = %.3g s/token/layer):\n",
+                  profile_path.c_str(), m.name.c_str(), (long long)in.layers, (long long)seq, kv_dtype.c_str(), in.r_s_per_token_layer);
+      if (p.batch == 0) {
+        std::printf("  no B in the profile's range [%g, %g] meets 2·N·S·T(B) <= %.1f ms\n", in.t.b_first(), in.t.b_last(), latency_ms);
+      } else {
+        std::printf("  B = %lld (%s rule); T(B) = %.3f ms per layer; E(B) = %.0f /s (max %.0f)\n", (long long)p.batch,
+                    p.batch_rule.c_str(), p.t_b_s * 1e3, p.e_b, p.e_max);
+        std::printf("  sequence latency 2·N·S·T(B) = %.1f s\n", p.seq_latency_s);
+        std::printf("  CPUs needed P = B·S·R/(2·T(B)) = %.1f; using %.0f\n", p.cpus_needed, p.cpus_used);
+        std::printf("  tokens/s: S-bound %.0f, R-bound %.0f -> %.0f (%s binds)\n", p.tokens_per_s_s_bound,
+                    p.tokens_per_s_r_bound, p.tokens_per_s, p.binds.c_str());
+      }
+      if (!plan_json.empty()) {
+        fd::json j = fd::to_json(p);
+        j["modelled"] = true;
+        j["inputs"] = {{"profile", profile_path}, {"model", m.name}, {"layers", in.layers}, {"seq", seq},
+                       {"kv_dtype", kv_dtype}, {"r_s_per_token_layer", in.r_s_per_token_layer},
+                       {"latency_ms", latency_ms}, {"cpus_available", cpus_available}};
+        fd::write_json_file(plan_json, j);
+      }
+      return 0;
+    }
     const fd::ExperimentConfig e = fd::load_experiment(config);
     if (check) {
       std::printf("%s\n", e.resolved().dump(2).c_str());

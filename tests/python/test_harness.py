@@ -262,3 +262,25 @@ def test_schedule_changes_timing_not_tokens(run_dir, fd_bin, models_dir, tmp_pat
     assert arrivals == sorted(arrivals) and arrivals[-1] > 0
     summary = json.loads((tmp_path / "po" / "summary.json").read_text())
     assert summary["results"]["ttft_ms"]["max"] >= 0 and "queue_ms" in summary["results"]
+
+
+def test_plan_follows_the_formulas(fd_bin, models_dir, tmp_path):
+    """fd-bench plan: B by the latency bound, P = B·S·R/(2·T(B)), S-bound B/(N·T), R-bound 2P/(N·S·R)."""
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"t_b": [[1, 1e-4], [256, 2e-4], [1024, 5e-4]], "r_s_per_token_layer": {"fp16": 2e-6}}))
+    out = tmp_path / "plan.json"
+    p = bench(fd_bin, "plan", "--profile", prof, "--model", models_dir / "llama-2-7b.json", "--seq", 1024,
+              "--latency-ms", 20000, "--cpus-available", 16, "--json", out)
+    assert "MODELLED" in p.stdout
+    plan = json.loads(out.read_text())
+    N, S, R = 32, 1024, 2e-6
+    B, T = plan["batch"], plan["t_b_s"]
+    assert plan["modelled"] is True and plan["batch_rule"] == "latency"
+    assert 2 * N * S * T <= 20.0 + 1e-9
+    assert plan["cpus_needed"] == pytest.approx(B * S * R / (2 * T))
+    assert plan["tokens_per_s_s_bound"] == pytest.approx(B / (N * T))
+    assert plan["tokens_per_s_r_bound"] == pytest.approx(2 * 16 / (N * S * R))
+    assert plan["tokens_per_s"] == pytest.approx(min(plan["tokens_per_s_s_bound"], plan["tokens_per_s_r_bound"]))
+    bad = bench(fd_bin, "plan", "--profile", prof, "--model", models_dir / "llama-2-7b.json", "--seq", 1024,
+                "--kv-dtype", "int4", check=False)
+    assert bad.returncode == 2 and "int4" in bad.stderr
