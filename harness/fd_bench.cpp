@@ -7,6 +7,7 @@
 #include "harness/cli_main.h"
 #include "harness/experiment.h"
 #include "harness/provenance.h"
+#include "harness/profile.h"
 #include "harness/runner.h"
 
 int main(int argc, char** argv) {
@@ -34,7 +35,26 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   plan->add_option("--kv-dtype", kv_dtype, "Which R of the profile to use")->capture_default_str();
   plan->add_option("--json", plan_json, "Also write the plan as JSON here");
+  // profile: T(B) of the S-Part backend and R of the R-worker kernel on this machine.
+  std::string prof_model, prof_out;
+  int64_t prof_context = 2048, prof_reps = 5;
+  std::vector<int64_t> prof_batches = {1, 2, 4, 8, 16, 32, 64};
+  std::vector<std::string> prof_dtypes = {"fp16", "int8", "int4"};
+  CLI::App* profile = app.add_subcommand("profile", "Measure T(B) (S-Part, CPU backend) and R (R-worker kernel, 1 thread) -> profile.json");
+  profile->add_option("--model", prof_model, "Model config (HF config.json)")->required();
+  profile->add_option("--batches", prof_batches, "Batch sizes for T(B)")->capture_default_str();
+  profile->add_option("--kv-dtypes", prof_dtypes, "KV dtypes for R")->capture_default_str();
+  profile->add_option("--context", prof_context, "Context per sequence for R")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--reps", prof_reps, "Repetitions (median)")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--out", prof_out, "profile.json to write")->required();
   return fd::guarded_main(app, argc, argv, [&]() {
+    if (*profile) {
+      const fd::json prof = fd::measure_profile(fd::load_model_config(prof_model), prof_batches, prof_dtypes,
+                                                prof_context, int(prof_reps), fd::join_args(argc, argv));
+      fd::write_json_file(prof_out, prof);
+      std::printf("%s\nwrote %s\n", prof.dump(1).c_str(), prof_out.c_str());
+      return 0;
+    }
     if (*plan) {
       const fd::Profile prof = fd::load_profile(profile_path);
       const fd::ModelConfig m = fd::load_model_config(model_path);

@@ -284,3 +284,16 @@ def test_plan_follows_the_formulas(fd_bin, models_dir, tmp_path):
     bad = bench(fd_bin, "plan", "--profile", prof, "--model", models_dir / "llama-2-7b.json", "--seq", 1024,
                 "--kv-dtype", "int4", check=False)
     assert bad.returncode == 2 and "int4" in bad.stderr
+
+
+def test_profile_then_plan(fd_bin, models_dir, tmp_path):
+    """fd-bench profile measures T(B) and R on this machine and writes a profile plan accepts."""
+    prof = tmp_path / "profile.json"
+    bench(fd_bin, "profile", "--model", models_dir / "tiny-llama.json", "--batches", 1, 4, "--kv-dtypes", "fp16", "int4",
+          "--context", 256, "--reps", 2, "--out", prof)
+    p = json.loads(prof.read_text())
+    assert [b for b, _ in p["t_b"]] == [1, 4] and all(t > 0 for _, t in p["t_b"])
+    assert set(p["r_s_per_token_layer"]) == {"fp16", "int4"} and all(r > 0 for r in p["r_s_per_token_layer"].values())
+    assert p["layers"] == 2 and "git_commit" in p["provenance"]
+    out = bench(fd_bin, "plan", "--profile", prof, "--model", models_dir / "tiny-llama.json", "--seq", 32)
+    assert "MODELLED" in out.stdout and "binds" in out.stdout

@@ -1,0 +1,18 @@
+// fd-bench profile: the two micro-benchmarks of the performance model, measured on this machine.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "fastdecode/core/json_util.h"
+#include "fastdecode/model/model_config.h"
+
+namespace fd {
+
+// T(B): seconds of one layer's S-Part (attention input + output and MLP) for B decode tokens, on the
+// CPU backend, median of reps. R: seconds per context token per layer of decode attention on ONE
+// thread (one R-worker CPU), per KV dtype, at `context` tokens per sequence over enough sequences to
+// read from DRAM. Returns profile.json's content (fastdecode/sched/perf_model.h format + provenance).
+json measure_profile(const ModelConfig& model, const std::vector<int64_t>& batches, const std::vector<std::string>& kv_dtypes,
+                     int64_t context, int reps, const std::string& command_line);
+
+}  // namespace fd
