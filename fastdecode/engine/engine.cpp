@@ -16,7 +16,7 @@ EngineConfig parse_engine_config(StrictObject o) {
   ec.threads = o.get_int("threads", 0, 4096, 0);
   if (ec.type == "reference") ec.kv_dtype = o.get_enum("kv_dtype", {"fp32", "fp16", "bf16"}, std::string("fp32"));
   if (ec.type == "fastdecode") {
-    ec.backend = o.get_enum("backend", {"cpu"}, std::string("cpu"));
+    ec.backend = o.get_enum("backend", {"cpu", "cuda"}, std::string("cpu"));
     ec.mini_batches = o.get_int("mini_batches", 1, 2, 2);
     ec.wire_dtype = o.get_enum("wire_dtype", {"fp32", "fp16"}, std::string("fp32"));
     if (o.has("rworkers")) {

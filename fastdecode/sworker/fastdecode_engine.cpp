@@ -56,7 +56,9 @@ struct MiniBatch {
 class FastDecodeEngine : public Engine {
  public:
   FastDecodeEngine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights, const SamplingParams& sp)
-      : ec_(ec), cfg_(model), sampling_(sp), spart_(make_cpu_spart(load_model_weights(model, weights))),
+      : ec_(ec), cfg_(model), sampling_(sp),
+        spart_(ec.backend == "cuda" ? make_cuda_spart(load_model_weights(model, weights))
+                                    : make_cpu_spart(load_model_weights(model, weights))),
         wire_(ec.wire_dtype == "fp16" ? WireDType::F16 : WireDType::F32) {
     if (cfg_.head_dim % 32 != 0 || cfg_.head_dim > 256)
       FD_THROW("fastdecode engine: model " << cfg_.name << " has head_dim " << cfg_.head_dim

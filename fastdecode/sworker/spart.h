@@ -26,5 +26,8 @@ class SPart {
 // fp32 on the CPU: the reference model's stages (fastdecode/model/reference.h). The embedded default
 // when no GPU answers.
 std::unique_ptr<SPart> make_cpu_spart(ModelWeights weights);
+// fp16 weights on the first CUDA device, cuBLAS GEMMs with fp32 accumulation. Throws fd::Error when no
+// device answers or the build has no CUDA.
+std::unique_ptr<SPart> make_cuda_spart(ModelWeights weights);
 
 }  // namespace fd
