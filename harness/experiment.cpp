@@ -69,11 +69,29 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
   // workload
   {
     StrictObject w = top.get_object("workload");
-    e.workload.requests = w.get_int("requests", 1, 1 << 20);
-    e.workload.prompt_len = parse_length(w, "prompt_len", 1, e.model.max_position_embeddings);
-    e.workload.gen_len = parse_length(w, "gen_len", 1, e.model.max_position_embeddings);
+    e.workload.arrival = w.get_enum("arrival", {"offline", "poisson", "trace"}, std::string("offline"));
+    if (e.workload.arrival == "trace") {
+      // Requests, arrival times and lengths all come from the trace (fastdecode/sched/schedule.h format).
+      for (const char* k : {"requests", "prompt_len", "gen_len", "rate"})
+        if (w.has(k)) w.fail(k, "not allowed with \"arrival\": \"trace\" (the trace gives it)");
+      e.workload.trace_file = resolve(path, w.get_string("trace"));
+      e.workload.trace = load_trace_jsonl(e.workload.trace_file);
+      if (e.workload.trace.empty()) w.fail("trace", e.workload.trace_file + " holds no request");
+      e.workload.requests = int64_t(e.workload.trace.size());
+      e.workload.prompt_len = {INT64_MAX, 0};
+      e.workload.gen_len = {INT64_MAX, 0};
+      for (const auto& t : e.workload.trace) {
+        if (t.prompt_len < 1) w.fail("trace", e.workload.trace_file + ": every prompt needs >= 1 token");
+        e.workload.prompt_len = {std::min(e.workload.prompt_len.min, t.prompt_len), std::max(e.workload.prompt_len.max, t.prompt_len)};
+        e.workload.gen_len = {std::min(e.workload.gen_len.min, t.gen_len), std::max(e.workload.gen_len.max, t.max_gen_len)};
+      }
+    } else {
+      e.workload.requests = w.get_int("requests", 1, 1 << 20);
+      e.workload.prompt_len = parse_length(w, "prompt_len", 1, e.model.max_position_embeddings);
+      e.workload.gen_len = parse_length(w, "gen_len", 1, e.model.max_position_embeddings);
+      if (w.has("trace")) w.fail("trace", "only with \"arrival\": \"trace\"");
+    }
     e.workload.seed = uint64_t(w.get_int("seed", 0, int64_t(1) << 53, 0));
-    e.workload.arrival = w.get_enum("arrival", {"offline", "poisson"}, std::string("offline"));
     if (e.workload.arrival == "poisson") e.workload.rate = w.get_number("rate", 1e-6, 1e9);
     else if (w.has("rate")) w.fail("rate", "only with \"arrival\": \"poisson\"");
     e.workload.stop_at_eos = w.get_bool("stop_at_eos", false);
@@ -179,6 +197,7 @@ json ExperimentConfig::resolved() const {
         {"seed", workload.seed},
         {"arrival", workload.arrival},
         {"rate", workload.rate},
+        {"trace", workload.trace_file},
         {"stop_at_eos", workload.stop_at_eos}}},
       {"sampling",
        {{"temperature", sampling.temperature}, {"top_k", sampling.top_k}, {"top_p", sampling.top_p}, {"seed", sampling.seed}}},
@@ -208,8 +227,9 @@ std::vector<Request> make_requests(const WorkloadConfig& w, const ModelConfig& m
     };
     Request r;
     r.id = uint64_t(i);
-    const int64_t plen = length(w.prompt_len, 1);
-    r.max_new_tokens = length(w.gen_len, 2);
+    const bool traced = !w.trace.empty();
+    const int64_t plen = traced ? w.trace[size_t(i)].prompt_len : length(w.prompt_len, 1);
+    r.max_new_tokens = traced ? w.trace[size_t(i)].gen_len : length(w.gen_len, 2);
     r.stop_at_eos = w.stop_at_eos;
     for (int64_t t = 0; t < plen; ++t) r.prompt.push_back(int32_t(lo_tok + int64_t(draw(3, uint64_t(t)) % uint64_t(span))));
     out.push_back(std::move(r));
@@ -219,6 +239,11 @@ std::vector<Request> make_requests(const WorkloadConfig& w, const ModelConfig& m
 
 std::vector<double> arrival_times(const WorkloadConfig& w) {
   if (w.arrival == "poisson") return poisson_arrivals(w.requests, w.rate, w.seed);
+  if (w.arrival == "trace") {
+    std::vector<double> t;
+    for (const auto& r : w.trace) t.push_back(r.arrival_s);
+    return t;
+  }
   return std::vector<double>(size_t(w.requests), 0.0);
 }
 

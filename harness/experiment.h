@@ -28,6 +28,9 @@ struct WorkloadConfig {
   uint64_t seed = 0;
   std::string arrival = "offline";  // offline: all at t = 0; poisson: at `rate` requests/s (seeded)
   double rate = 0;                  // poisson arrivals per second
+  std::string trace_file;           // arrival "trace": JSONL of arrival_s, prompt_len, gen_len[, max_gen_len]
+  std::vector<TraceRequest> trace;  // its requests (gen_len = tokens generated; max_gen_len = what the
+                                    // scheduler is told, so a request can finish before its projection)
   bool stop_at_eos = false;
 };
 

@@ -126,7 +126,9 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
     prompt_tokens += int64_t(r.prompt.size());
     track[r.id].prompt_len = int64_t(r.prompt.size());
     track[r.id].arrival_ns = int64_t(arrivals[i] * 1e9);
-    sched.submit({r.id, arrivals[i], int64_t(r.prompt.size()), r.max_new_tokens});
+    // The scheduler projects with the trace's max_gen_len when there is one (early finish otherwise).
+    const int64_t projected = e.workload.trace.empty() ? r.max_new_tokens : e.workload.trace[i].max_gen_len;
+    sched.submit({r.id, arrivals[i], int64_t(r.prompt.size()), projected});
   }
   std::map<uint64_t, const Request*> by_id;
   for (const auto& r : requests) by_id[r.id] = &r;

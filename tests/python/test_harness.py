@@ -297,3 +297,24 @@ def test_profile_then_plan(fd_bin, models_dir, tmp_path):
     assert p["layers"] == 2 and "git_commit" in p["provenance"]
     out = bench(fd_bin, "plan", "--profile", prof, "--model", models_dir / "tiny-llama.json", "--seq", 32)
     assert "MODELLED" in out.stdout and "binds" in out.stdout
+
+
+def test_trace_arrivals(fd_bin, models_dir, tmp_path):
+    """workload.arrival "trace": requests, arrival times and lengths from a JSONL trace; bad lines are
+    config errors naming the trace file and line."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"arrival_s": 0.0, "prompt_len": 5, "gen_len": 6}\n'
+                     '{"arrival_s": 0.01, "prompt_len": 3, "gen_len": 4, "max_gen_len": 9}\n'
+                     '{"arrival_s": 0.02, "prompt_len": 8, "gen_len": 7}\n')
+    cfg = json.loads(json.dumps(TINY))
+    cfg["workload"] = {"arrival": "trace", "trace": str(trace), "seed": 4}
+    bench(fd_bin, "run", write_config(tmp_path / "t.json", models_dir, cfg), "--out", tmp_path / "run", "--quiet")
+    reqs = read_jsonl(tmp_path / "run" / "requests.jsonl")
+    assert [(r["prompt_len"], r["output_len"]) for r in reqs] == [(5, 6), (3, 4), (8, 7)]
+    assert [r["arrival_ms"] for r in reqs] == pytest.approx([0.0, 10.0, 20.0])
+    trace.write_text('{"arrival_s": 0.0, "prompt_len": 5, "gen_len": 6}\n{"arrival_s": 0.1, "prompt_len": 5}\n')
+    p = bench(fd_bin, "run", tmp_path / "t.json", "--out", tmp_path / "bad", check=False)
+    assert p.returncode == 2 and f"{trace}:2" in p.stderr, p.stderr
+    cfg["workload"]["requests"] = 3
+    p = bench(fd_bin, "run", write_config(tmp_path / "t2.json", models_dir, cfg), check=False)
+    assert p.returncode == 2 and "workload.requests: not allowed" in p.stderr
