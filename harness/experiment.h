@@ -34,8 +34,9 @@ struct WorkloadConfig {
   bool stop_at_eos = false;
 };
 
-// Reserved for hardware-balance emulation (DESIGN §8): validated now, applied by the engines that
-// support it. A value of 0 means "not set".
+// Hardware-balance emulation (DESIGN §8), applied by the runner to every engine of a run: GPU memory
+// budget and SM count for GPU work (gpu-only; fastdecode with backend cuda), R-worker count and threads
+// for spawned R-workers (pinned to disjoint cores). A value of 0 means "not set".
 struct HardwareConfig {
   double gpu_memory_gb = 0;
   int64_t gpu_sm_count = 0;

@@ -1,6 +1,7 @@
 #include "harness/profile.h"
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "fastdecode/core/clock.h"
@@ -17,21 +18,30 @@ static double median(std::vector<double> v) {
 }
 
 json measure_profile(const ModelConfig& model, const std::vector<int64_t>& batches, const std::vector<std::string>& kv_dtypes,
-                     int64_t context, int reps, const std::string& command_line) {
-  // T(B) on one layer of the model (random weights: the time does not depend on the values).
+                     int64_t context, int reps, const std::string& backend, const std::string& command_line) {
+  // T(B) on one layer of the model (random weights: the time does not depend on the values), as the
+  // FastDecode engine drives it: q/k/v out and the attention output in through the backend's host
+  // buffers in the wire dtype (fp16 on the GPU, fp32 on the CPU backend).
   const ModelConfig one = with_layers(model, 1);
   auto src = make_random_source(1, DType::F16);
-  std::unique_ptr<SPart> sp = make_cpu_spart(load_model_weights(one, *src));
+  std::unique_ptr<SPart> sp = backend == "cuda" ? make_cuda_spart(load_model_weights(one, *src))
+                                                : make_cpu_spart(load_model_weights(one, *src));
+  const DType wire = backend == "cuda" ? DType::F16 : DType::F32;
+  const size_t es = dtype_size(wire);
   json t_b = json::array();
   for (int64_t B : batches) {
-    std::vector<float> x(size_t(B * one.hidden_size), 0.5f), q(size_t(B * one.q_dim())), k(size_t(B * one.kv_dim())),
-        v(k.size()), att(q.size(), 0.01f);
+    HostBuffer q = sp->alloc_host(size_t(B * one.q_dim()) * es), k = sp->alloc_host(size_t(B * one.kv_dim()) * es),
+               v = sp->alloc_host(size_t(B * one.kv_dim()) * es), att = sp->alloc_host(size_t(B * one.q_dim()) * es);
+    std::memset(att.data(), 0, att.size());
+    std::vector<int32_t> tokens(size_t(B), 5);
     std::vector<int64_t> pos(size_t(B), 7);
+    sp->embed(0, tokens.data(), pos.data(), B);
     std::vector<double> ts;
     for (int r = 0; r < reps + 1; ++r) {
       const int64_t t0 = now_ns();
-      sp->attention_input(0, x.data(), pos.data(), B, q.data(), k.data(), v.data());
-      sp->attention_output_and_mlp(0, att.data(), B, x.data());
+      sp->attention_input(0, 0, wire, q.data(), k.data(), v.data());
+      sp->set_attention(0, wire, {{att.data(), B}});
+      sp->attention_output_and_mlp(0, 0);
       if (r > 0) ts.push_back(double(now_ns() - t0) / 1e9);
     }
     t_b.push_back({B, median(ts)});
@@ -71,8 +81,10 @@ json measure_profile(const ModelConfig& model, const std::vector<int64_t>& batch
   return {{"t_b", t_b},
           {"r_s_per_token_layer", r_map},
           {"layers", model.full_num_layers},
+          {"backend", backend},
           {"method",
-           {{"t_b", "CPU S-Part backend, one layer (attention input + output and MLP) for B decode tokens, median"},
+           {{"t_b", sp->describe() + "; one layer (attention input with q/k/v to the host, attention output from the host, "
+                     "output projection and MLP) for B decode tokens, median"},
             {"r", "decode attention on 1 thread (" + std::string(isa_name(best_isa())) + "), contexts of " +
                       std::to_string(context) + " tokens, >= 256 MB of KV, median time / tokens"}}},
           {"provenance", collect_provenance(command_line)}};

@@ -118,7 +118,9 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   std::map<uint64_t, RequestTrack> track;
   // The admission schedule decides at which step each request starts (all at the first step unless
   // the config asks for SLS / load control); every request is checked before any work.
-  Scheduler sched(e.schedule);
+  SchedulerConfig sc = e.schedule;
+  sc.deferred_starts = true;  // the engine may start an admitted request later (prefill budget, slots)
+  Scheduler sched(sc);
   for (size_t i = 0; i < requests.size(); ++i) {
     const Request& r = requests[i];
     validate_request(r, e.model);
@@ -135,7 +137,14 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
 
   auto weights = open_weights(e);
   const int64_t load0 = now_ns();
-  std::unique_ptr<Engine> engine = make_engine(e.engine, e.model, *weights, e.sampling);
+  // Hardware balance (DESIGN §8) applied the same way to every engine: GPU memory and SMs for whatever
+  // runs on the GPU, R-worker count and cores (pinned, so the count is exact) for spawned R-workers.
+  EngineConfig ec = e.engine;
+  ec.gpu_memory_gb = e.hardware.gpu_memory_gb;
+  ec.gpu_sm_count = e.hardware.gpu_sm_count;
+  if (e.hardware.rworkers > 0) ec.rworkers.spawn = e.hardware.rworkers, ec.rworkers.pin = true;
+  if (e.hardware.rworker_threads > 0) ec.rworkers.threads = e.hardware.rworker_threads;
+  std::unique_ptr<Engine> engine = make_engine(ec, e.model, *weights, e.sampling);
   const double load_s = double(now_ns() - load0) / 1e9;
 
   std::ofstream steps_out(dir / "steps.jsonl", std::ios::trunc);
@@ -172,6 +181,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
     int64_t finished = 0;
     for (const auto& t : r.tokens) {
       RequestTrack& rt = track.at(t.request_id);
+      if (rt.tokens.empty()) sched.on_started(t.request_id, step);
       rt.tokens.push_back(t.token);
       rt.token_ns.push_back(s1 - t0);
       if (t.finished) {
@@ -262,9 +272,11 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
                 {"full_layers", e.model.full_num_layers}, {"params", e.model.num_params()},
                 {"weights", weights->describe()}};
   json notes = json::array();
-  if (e.hardware.any())
-    notes.push_back("hardware emulation fields are validated but not applied yet by the " + e.engine.type +
-                    " engine (GPU memory cap and SM count need the CUDA S-Part)");
+  const bool on_gpu = e.engine.type == "gpu-only" || (e.engine.type == "fastdecode" && e.engine.backend == "cuda");
+  if ((e.hardware.gpu_memory_gb > 0 || e.hardware.gpu_sm_count > 0) && !on_gpu)
+    notes.push_back("hardware.gpu is not applied: the " + e.engine.type + " engine runs nothing on a GPU here");
+  if (e.hardware.gpu_memory_gb > 0 && e.engine.type == "fastdecode")
+    notes.push_back("hardware.gpu.memory_gb does not bound FastDecode: its KV-cache lives on the R-workers");
   if (e.engine.type == "fastdecode")
     notes.push_back("rworker tracks in trace.json: each span's duration is the R-worker's own compute time; its "
                     "placement (ending when the reply was in hand) is approximate");

@@ -2,12 +2,14 @@
 
 #include <omp.h>
 
+#include "fastdecode/engine/gpu_only_engine.h"
 #include "fastdecode/engine/reference_engine.h"
 #include "fastdecode/sworker/fastdecode_engine.h"
+#include "kernels/cuda/device_info.h"
 
 namespace fd {
 
-std::vector<std::string> engine_types() { return {"reference", "fastdecode"}; }
+std::vector<std::string> engine_types() { return {"reference", "fastdecode", "gpu-only"}; }
 
 EngineConfig parse_engine_config(StrictObject o) {
   EngineConfig ec;
@@ -16,9 +18,10 @@ EngineConfig parse_engine_config(StrictObject o) {
   ec.threads = o.get_int("threads", 0, 4096, 0);
   if (ec.type == "reference") ec.kv_dtype = o.get_enum("kv_dtype", {"fp32", "fp16", "bf16"}, std::string("fp32"));
   if (ec.type == "fastdecode") {
-    ec.backend = o.get_enum("backend", {"cpu", "cuda"}, std::string("cpu"));
+    ec.backend = o.get_enum("backend", {"cpu", "cuda", "auto"}, std::string("cpu"));
+    if (ec.backend == "auto") ec.backend = cuda_devices().empty() ? "cpu" : "cuda";
     ec.mini_batches = o.get_int("mini_batches", 1, 2, 2);
-    ec.wire_dtype = o.get_enum("wire_dtype", {"fp32", "fp16"}, std::string("fp32"));
+    ec.wire_dtype = o.get_enum("wire_dtype", {"fp32", "fp16"}, std::string(ec.backend == "cuda" ? "fp16" : "fp32"));
     if (o.has("rworkers")) {
       StrictObject r = o.get_object("rworkers");
       RWorkersConfig& rw = ec.rworkers;
@@ -44,6 +47,8 @@ EngineConfig parse_engine_config(StrictObject o) {
       o.get_raw("rworkers");
     }
   }
+  if (ec.type == "gpu-only") ec.max_context = o.get_int("max_context", 1, 1 << 24, 0);
+  if (ec.type != "reference") ec.prefill_tokens = o.get_int("prefill_tokens", 1, 1 << 24, 16384);
   o.finish();
   return ec;
 }
@@ -61,6 +66,8 @@ json engine_config_to_json(const EngineConfig& ec) {
                                {"memory_gb", r.memory_gb}, {"timeout_ms", r.timeout_ms}, {"binary", r.binary}, {"pin", r.pin}}
                         : json{{"endpoints", r.endpoints}, {"timeout_ms", r.timeout_ms}};
   }
+  if (ec.type == "gpu-only") j["max_context"] = ec.max_context;
+  if (ec.type != "reference") j["prefill_tokens"] = ec.prefill_tokens;
   return j;
 }
 
@@ -70,6 +77,7 @@ std::unique_ptr<Engine> make_engine(const EngineConfig& ec, const ModelConfig& m
   if (ec.type == "reference")
     return std::make_unique<ReferenceEngine>(model, weights, sampling, dtype_from_name(ec.kv_dtype));
   if (ec.type == "fastdecode") return make_fastdecode_engine(ec, model, weights, sampling);
+  if (ec.type == "gpu-only") return make_gpu_only_engine(ec, model, weights, sampling);
   FD_THROW("unknown engine type '" << ec.type << "'");
 }
 

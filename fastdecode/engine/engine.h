@@ -80,11 +80,20 @@ struct EngineConfig {
   std::string type = "reference";
   int64_t threads = 0;  // CPU threads for the engine's own compute; 0 = all cores
   std::string kv_dtype = "fp32";  // reference engine: K/V rounded through this as they are cached
+  // fastdecode and gpu-only engines: prompt tokens prefilled per step at most (whole prompts, at least
+  // one); the rest start on the following steps
+  int64_t prefill_tokens = 16384;
   // fastdecode engine
-  std::string backend = "cpu";   // S-Part backend
+  std::string backend = "cpu";   // S-Part backend: cpu | cuda ("auto" in a config: cuda when a GPU answers)
   int64_t mini_batches = 2;      // 2 = the two mini-batch pipeline; 1 = no overlap
   std::string wire_dtype = "fp32";
   RWorkersConfig rworkers;
+  // gpu-only engine: cache positions reserved per sequence (0 = the model's max_position_embeddings)
+  int64_t max_context = 0;
+  // Hardware balance (DESIGN §8), set from the experiment's "hardware.gpu" for every engine of a run:
+  // GPU memory budget (GB = 1e9 bytes; 0 = the device's) and SMs the engine's GPU work may use (0 = all).
+  double gpu_memory_gb = 0;
+  int64_t gpu_sm_count = 0;
 };
 
 // Validates the "engine" object (unknown keys and bad values are ConfigErrors naming the key).

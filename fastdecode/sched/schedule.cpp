@@ -183,15 +183,17 @@ int64_t Scheduler::fitting_prefix(int64_t step, double now_s, int64_t limit) con
 
 void Scheduler::start(const SchedRequest& r, int64_t step, std::vector<RequestId>& out) {
   FD_CHECK(running_.count(r.id) == 0, "request " << r.id << " is already running");
-  running_.emplace(r.id, Running{step, r.prompt_len, r.max_gen_len});
+  running_.emplace(r.id, Running{step, r.prompt_len, r.max_gen_len, !cfg_.deferred_starts});
   out.push_back(r.id);
 }
 
 std::vector<RequestId> Scheduler::admit(int64_t step, double now_s) {
   FD_CHECK(step > last_step_, "admit: steps must increase (got " << step << " after " << last_step_ << ")");
-  for (const auto& [id, s] : running_)
+  for (auto& [id, s] : running_) {
+    if (!s.started) s.admit_step = std::max(s.admit_step, step);  // not started yet: its life slides
     FD_CHECK(s.last_step() >= step,
              "sequence " << id << " ran past its max length (last step " << s.last_step() << ") without on_finished");
+  }
   last_step_ = step;
   std::vector<RequestId> out;
   auto take = [&](int64_t k) {
@@ -241,6 +243,16 @@ std::vector<RequestId> Scheduler::admit(int64_t step, double now_s) {
       break;
   }
   return out;
+}
+
+void Scheduler::on_started(RequestId id, int64_t step) {
+  auto it = running_.find(id);
+  FD_CHECK(it != running_.end(), "on_started: request " << id << " is not running");
+  FD_CHECK(!it->second.started, "on_started: request " << id << " already started");
+  FD_CHECK(step >= it->second.admit_step, "on_started: request " << id << " started at step " << step
+                                                                   << " before its admission at " << it->second.admit_step);
+  it->second.admit_step = step;
+  it->second.started = true;
 }
 
 void Scheduler::on_finished(RequestId id, int64_t step) {

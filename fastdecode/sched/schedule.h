@@ -103,6 +103,10 @@ struct SchedulerConfig {
   int64_t max_running = 0;         // load-control: at most this many running; 0 = no cap
   int64_t min_gap = 0;             // load-control: >= this many steps between micro-batches; 0 = none
   int64_t kv_capacity_tokens = 0;  // memory cap on W_proj(t), tokens; 0 = unlimited
+  // An engine may start an admitted request later than the step that admitted it (its prefill budget
+  // per step, or no free cache slot): then its projected life slides with time until on_started()
+  // fixes it. fd-bench sets this; fd-sim (no engine) leaves it off: admitted = started.
+  bool deferred_starts = false;
 };
 // Throws ConfigError naming the field for out-of-range values.
 void validate(const SchedulerConfig& c);
@@ -121,6 +125,8 @@ class Scheduler {
   std::vector<RequestId> admit(int64_t step, double now_s);
   // The sequence produced its last token at `step` (EOS or max length): its load is gone from step+1.
   void on_finished(RequestId id, int64_t step);
+  // (deferred_starts) The engine started the admitted request at `step` (its first token).
+  void on_started(RequestId id, int64_t step);
 
   const SchedulerConfig& config() const { return cfg_; }
   int64_t running() const { return int64_t(running_.size()); }
@@ -143,6 +149,7 @@ class Scheduler {
  private:
   struct Running {
     int64_t admit_step, prompt_len, max_gen_len;
+    bool started = true;  // false while an engine has not started it (deferred_starts)
     int64_t last_step() const { return admit_step + max_gen_len - 1; }
   };
   void start(const SchedRequest& r, int64_t step, std::vector<RequestId>& out);

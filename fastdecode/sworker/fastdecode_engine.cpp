@@ -37,27 +37,33 @@ struct Sequence {
   int32_t last = 0;
 };
 
-// One mini-batch in flight through the layers: its activations and, per R-worker, the staging
-// buffers of the request in flight (they must live until the reply arrives: zero-copy sends).
+// One mini-batch in flight through the layers. Its sequences are ordered by owning R-worker, so each
+// worker's rows are one contiguous range of the q/k/v host buffers and are sent from there without a
+// copy (the buffers live until the reply arrives: zero-copy sends). Activations live in the S-Part's
+// slot of the same index.
 struct MiniBatch {
   int index = 0;
   std::vector<Sequence*> seqs;
   std::vector<int64_t> pos;
-  std::vector<float> x, q, k, v, att;
+  HostBuffer q, k, v;  // [T, q_dim] / [T, kv_dim] in the wire dtype
   struct Part {
-    std::vector<size_t> rows;  // rows of this mini-batch owned by the worker
+    size_t begin = 0, end = 0;  // rows of this mini-batch owned by the worker
     std::vector<uint64_t> ids;
-    std::vector<uint8_t> q, k, v;
     uint64_t request = 0;
   };
   std::vector<Part> parts;  // per worker
 };
 
+// Grows a backend host buffer to at least `bytes`.
+void reserve(SPart& sp, HostBuffer& b, size_t bytes) {
+  if (b.size() < bytes) b = sp.alloc_host(std::max(bytes, b.size() + b.size() / 2));
+}
+
 class FastDecodeEngine : public Engine {
  public:
   FastDecodeEngine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights, const SamplingParams& sp)
       : ec_(ec), cfg_(model), sampling_(sp),
-        spart_(ec.backend == "cuda" ? make_cuda_spart(load_model_weights(model, weights))
+        spart_(ec.backend == "cuda" ? make_cuda_spart(load_model_weights(model, weights), int(ec.gpu_sm_count))
                                     : make_cpu_spart(load_model_weights(model, weights))),
         wire_(ec.wire_dtype == "fp16" ? WireDType::F16 : WireDType::F32) {
     if (cfg_.head_dim % 32 != 0 || cfg_.head_dim > 256)
@@ -140,16 +146,8 @@ class FastDecodeEngine : public Engine {
   }
 
  private:
-  // Packs `rows` of a [T, width] fp32 matrix into wire-dtype bytes.
-  void pack(const std::vector<float>& src, const std::vector<size_t>& rows, int64_t width, std::vector<uint8_t>& dst) const {
-    const size_t es = proto::wire_dtype_size(wire_);
-    dst.resize(rows.size() * size_t(width) * es);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const float* s = &src[rows[i] * size_t(width)];
-      if (wire_ == WireDType::F32) std::memcpy(&dst[i * size_t(width) * 4], s, size_t(width) * 4);
-      else convert_from_f32(DType::F16, s, &dst[i * size_t(width) * 2], size_t(width));
-    }
-  }
+  DType host_dtype() const { return wire_ == WireDType::F16 ? DType::F16 : DType::F32; }
+  size_t row_bytes(int64_t width) const { return size_t(width) * proto::wire_dtype_size(wire_); }
 
   Header header(MsgType t, int layer, size_t n_seq) const {
     Header h = make_header(t, int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), wire_);
@@ -160,38 +158,32 @@ class FastDecodeEngine : public Engine {
 
   // S-Part of layer l for a mini-batch, then ATTEND to every worker owning some of its sequences.
   void launch(MiniBatch& mb, int l, StepResult& out) {
-    const int64_t T = int64_t(mb.seqs.size()), qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+    const size_t qb = row_bytes(cfg_.q_dim()), kvb = row_bytes(cfg_.kv_dim());
     const int64_t t0 = now_ns();
-    spart_->attention_input(l, mb.x.data(), mb.pos.data(), T, mb.q.data(), mb.k.data(), mb.v.data());
-    for (size_t w = 0; w < mb.parts.size(); ++w) {
-      auto& p = mb.parts[w];
-      if (p.rows.empty()) continue;
-      pack(mb.q, p.rows, qd, p.q);
-      pack(mb.k, p.rows, kvd, p.k);
-      pack(mb.v, p.rows, kvd, p.v);
-    }
+    spart_->attention_input(mb.index, l, host_dtype(), mb.q.data(), mb.k.data(), mb.v.data());
     s_ns_ += now_ns() - t0;
     out.spans.push_back({"s-part", span_name(l, mb.index, "attention input"), t0, now_ns() - t0});
     for (size_t w = 0; w < mb.parts.size(); ++w) {
       auto& p = mb.parts[w];
-      if (p.rows.empty()) continue;
-      p.request = client_->send(w, header(MsgType::Attend, l, p.rows.size()),
-                                {{p.ids.data(), p.ids.size() * 8}, {p.q.data(), p.q.size()}, {p.k.data(), p.k.size()},
-                                 {p.v.data(), p.v.size()}});
+      if (p.begin == p.end) continue;
+      const size_t n = p.end - p.begin;
+      p.request = client_->send(w, header(MsgType::Attend, l, n),
+                                {{p.ids.data(), p.ids.size() * 8}, {mb.q.data() + p.begin * qb, n * qb},
+                                 {mb.k.data() + p.begin * kvb, n * kvb}, {mb.v.data() + p.begin * kvb, n * kvb}});
     }
   }
 
   // Waits for layer l's attention of a mini-batch, then the rest of the layer on the S-Part.
   void finish(MiniBatch& mb, int l, StepResult& out) {
-    const int64_t qd = cfg_.q_dim();
     std::vector<std::pair<size_t, uint64_t>> reqs;
     for (size_t w = 0; w < mb.parts.size(); ++w)
-      if (!mb.parts[w].rows.empty()) reqs.push_back({w, mb.parts[w].request});
+      if (mb.parts[w].begin != mb.parts[w].end) reqs.push_back({w, mb.parts[w].request});
     const int64_t t0 = now_ns();
     std::vector<RWorkerReply> replies = client_->wait(reqs);
     const int64_t t1 = now_ns();
     r_wait_ns_ += t1 - t0;
     uint64_t slowest = 0;
+    std::vector<HostRows> rows;  // workers in row order: their ranges are consecutive
     for (size_t i = 0; i < reqs.size(); ++i) {
       const auto& p = mb.parts[reqs[i].first];
       const RWorkerReply& r = replies[i];
@@ -200,77 +192,86 @@ class FastDecodeEngine : public Engine {
       // between processes; the duration is the worker's, the placement approximate).
       out.spans.push_back({"rworker " + std::to_string(reqs[i].first), span_name(l, mb.index, ""),
                            t1 - int64_t(r.h.compute_ns), int64_t(r.h.compute_ns)});
-      const auto* o = static_cast<const uint8_t*>(r.frames.at(0).data());
-      for (size_t j = 0; j < p.rows.size(); ++j) {
-        float* dst = &mb.att[p.rows[j] * size_t(qd)];
-        if (wire_ == WireDType::F32) std::memcpy(dst, o + j * size_t(qd) * 4, size_t(qd) * 4);
-        else convert_to_f32(DType::F16, o + j * size_t(qd) * 2, dst, size_t(qd));
-      }
+      FD_CHECK(r.frames.at(0).size() == (p.end - p.begin) * row_bytes(cfg_.q_dim()),
+               "rworker " << reqs[i].first << ": attention reply of " << r.frames.at(0).size() << " bytes");
+      rows.push_back({r.frames.at(0).data(), int64_t(p.end - p.begin)});
     }
     r_compute_ns_ += int64_t(slowest);
-    spart_->attention_output_and_mlp(l, mb.att.data(), int64_t(mb.seqs.size()), mb.x.data());
+    spart_->set_attention(mb.index, host_dtype(), rows);
+    spart_->attention_output_and_mlp(mb.index, l);
     s_ns_ += now_ns() - t1;
     out.spans.push_back({"s-part", span_name(l, mb.index, "output+MLP"), t1, now_ns() - t1});
   }
 
+  // Samples the next token of each sequence from rows of an S-Part slot and records it.
+  void sample_and_emit(int slot, const std::vector<Sequence*>& seqs, const std::vector<int32_t>& rows, StepResult& out) {
+    std::vector<uint64_t> ids, steps;
+    for (Sequence* s : seqs) ids.push_back(s->req.id), steps.push_back(uint64_t(s->generated));
+    std::vector<int32_t> tok(seqs.size());
+    spart_->sample(slot, rows, sampling_, ids, steps, tok.data());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Sequence& s = *seqs[i];
+      ++s.generated;
+      s.last = tok[i];
+      const bool eos = s.req.stop_at_eos && tok[i] == cfg_.eos_token_id;
+      out.tokens.push_back({s.req.id, tok[i], s.generated >= s.req.max_new_tokens || eos});
+    }
+  }
+
   void decode(StepResult& out) {
-    const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size, L = cfg_.num_layers;
+    const int64_t L = cfg_.num_layers;
     const int64_t t_start = now_ns();
-    // Split the running sequences into mini-batches (alternating, so both have work on every worker).
-    std::vector<MiniBatch> mbs(size_t(std::min<int64_t>(ec_.mini_batches, int64_t(running_.size()))));
+    // Split the running sequences into mini-batches (alternating, so both have work on every worker),
+    // each ordered by owning worker.
+    const size_t n_mb = size_t(std::min<int64_t>(ec_.mini_batches, int64_t(running_.size())));
+    mbs_.resize(std::max(mbs_.size(), n_mb));
+    for (auto& mb : mbs_) mb.seqs.clear();
     size_t i = 0;
-    for (auto& [id, s] : running_) mbs[i++ % mbs.size()].seqs.push_back(&s);
-    for (size_t m = 0; m < mbs.size(); ++m) mbs[m].index = int(m);
+    for (auto& [id, s] : running_) mbs_[i++ % n_mb].seqs.push_back(&s);
     const int64_t t0 = now_ns();
-    for (auto& mb : mbs) {
+    for (size_t m = 0; m < n_mb; ++m) {
+      MiniBatch& mb = mbs_[m];
+      mb.index = int(m);
+      std::stable_sort(mb.seqs.begin(), mb.seqs.end(), [](const Sequence* a, const Sequence* b) { return a->worker < b->worker; });
       const int64_t T = int64_t(mb.seqs.size());
       std::vector<int32_t> tokens;
+      mb.pos.clear();
       for (Sequence* s : mb.seqs) {
         tokens.push_back(s->last);
         mb.pos.push_back(s->len);
       }
-      mb.x.resize(size_t(T * H));
-      mb.q.resize(size_t(T * cfg_.q_dim()));
-      mb.att.resize(mb.q.size());
-      mb.k.resize(size_t(T * cfg_.kv_dim()));
-      mb.v.resize(mb.k.size());
-      spart_->embed(tokens.data(), mb.pos.data(), T, mb.x.data());
-      mb.parts.resize(client_->size());
+      reserve(*spart_, mb.q, size_t(T) * row_bytes(cfg_.q_dim()));
+      reserve(*spart_, mb.k, size_t(T) * row_bytes(cfg_.kv_dim()));
+      reserve(*spart_, mb.v, size_t(T) * row_bytes(cfg_.kv_dim()));
+      spart_->embed(mb.index, tokens.data(), mb.pos.data(), T);
+      mb.parts.assign(client_->size(), {});
       for (size_t r = 0; r < mb.seqs.size(); ++r) {
-        mb.parts[mb.seqs[r]->worker].rows.push_back(r);
-        mb.parts[mb.seqs[r]->worker].ids.push_back(mb.seqs[r]->req.id);
+        auto& p = mb.parts[mb.seqs[r]->worker];
+        if (p.ids.empty()) p.begin = r;
+        p.end = r + 1;
+        p.ids.push_back(mb.seqs[r]->req.id);
       }
     }
     s_ns_ += now_ns() - t0;
     // The pipeline: while the R-workers attend for one mini-batch, the S-Part runs the other.
-    for (auto& mb : mbs) launch(mb, 0, out);
+    for (size_t m = 0; m < n_mb; ++m) launch(mbs_[m], 0, out);
     for (int l = 0; l < L; ++l)
-      for (auto& mb : mbs) {
-        finish(mb, l, out);
-        if (l + 1 < L) launch(mb, l + 1, out);
+      for (size_t m = 0; m < n_mb; ++m) {
+        finish(mbs_[m], l, out);
+        if (l + 1 < L) launch(mbs_[m], l + 1, out);
       }
     const int64_t t1 = now_ns();
-    for (auto& mb : mbs) {
-      std::vector<float> logits(mb.seqs.size() * size_t(V));
-      spart_->lm_head(mb.x.data(), int64_t(mb.seqs.size()), logits.data());
-      for (size_t r = 0; r < mb.seqs.size(); ++r) {
-        Sequence& s = *mb.seqs[r];
-        s.len += 1;
-        emit(s, &logits[r * size_t(V)], out);
-        out.total_context += s.len;
-      }
+    for (size_t m = 0; m < n_mb; ++m) {
+      MiniBatch& mb = mbs_[m];
+      std::vector<int32_t> rows(mb.seqs.size());
+      for (size_t r = 0; r < rows.size(); ++r) rows[r] = int32_t(r);
+      for (Sequence* s : mb.seqs) s->len += 1;
+      sample_and_emit(mb.index, mb.seqs, rows, out);
+      for (Sequence* s : mb.seqs) out.total_context += s->len;
     }
     s_ns_ += now_ns() - t1;
     out.decode_tokens = int64_t(running_.size());
     out.spans.push_back({"s-worker", "decode step", t_start, now_ns() - t_start});
-  }
-
-  void emit(Sequence& s, const float* logits, StepResult& out) {
-    const int32_t tok = sample_token(logits, cfg_.vocab_size, sampling_, s.req.id, uint64_t(s.generated));
-    ++s.generated;
-    s.last = tok;
-    const bool eos = s.req.stop_at_eos && tok == cfg_.eos_token_id;
-    out.tokens.push_back({s.req.id, tok, s.generated >= s.req.max_new_tokens || eos});
   }
 
   // New requests: placed on the least-loaded R-worker, prompt run through the S-Part with its own
@@ -278,10 +279,14 @@ class FastDecodeEngine : public Engine {
   // K/V shipped to the owning worker per layer (APPEND_KV), the first token sampled.
   void prefill(StepResult& out) {
     const int64_t t_start = now_ns();
-    const int64_t H = cfg_.hidden_size, qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), V = cfg_.vocab_size;
+    const int slot = int(std::max<int64_t>(ec_.mini_batches, 1));  // after the decode mini-batches' slots
     std::vector<Sequence*> fresh;
     std::map<size_t, std::vector<uint64_t>> adds;
-    while (!queued_.empty()) {
+    // At most prefill_tokens prompt tokens per step (whole prompts, at least one): bounds the S-Part's
+    // activation memory; the rest start on the following steps.
+    int64_t budget = ec_.prefill_tokens;
+    while (!queued_.empty() && (fresh.empty() || int64_t(queued_.front().prompt.size()) <= budget)) {
+      budget -= int64_t(queued_.front().prompt.size());
       Sequence s;
       s.req = std::move(queued_.front());
       queued_.pop_front();
@@ -292,6 +297,8 @@ class FastDecodeEngine : public Engine {
       fresh.push_back(&running_.emplace(id, std::move(s)).first->second);
     }
     for (auto& [w, ids] : adds) client_->add_seqs(w, ids);
+    // Ordered by worker: each worker's prompt rows are one contiguous range of the K/V buffers.
+    std::stable_sort(fresh.begin(), fresh.end(), [](const Sequence* a, const Sequence* b) { return a->worker < b->worker; });
 
     std::vector<int32_t> tokens;
     std::vector<int64_t> pos, start;  // start: first row of each sequence
@@ -304,61 +311,55 @@ class FastDecodeEngine : public Engine {
     }
     start.push_back(int64_t(tokens.size()));
     const int64_t T = int64_t(tokens.size());
-    std::vector<float> x(size_t(T * H)), q(size_t(T * qd)), k(size_t(T * kvd)), v(k.size()), att(q.size());
-    spart_->embed(tokens.data(), pos.data(), T, x.data());
-    // APPEND_KV staging per (layer, worker): alive until every reply is in.
+    const size_t kvb = row_bytes(cfg_.kv_dim());
+    spart_->embed(slot, tokens.data(), pos.data(), T);
+    // APPEND_KV per (layer, worker) from two alternating K/V buffers: before a buffer is refilled, the
+    // sends of two layers earlier (its readers, zero-copy) are answered.
     struct Append {
       std::vector<uint64_t> ids;
       std::vector<uint32_t> counts;
-      std::vector<uint8_t> k, v;
-      size_t worker;
-      uint64_t request;
+      size_t begin = 0, end = 0;  // rows
     };
-    std::deque<Append> appends;
-    std::vector<std::pair<size_t, uint64_t>> pending;
+    std::map<size_t, Append> per_worker;
+    for (size_t si = 0; si < fresh.size(); ++si) {
+      Append& a = per_worker[fresh[si]->worker];
+      if (a.ids.empty()) a.begin = size_t(start[si]);
+      a.end = size_t(start[si + 1]);
+      a.ids.push_back(fresh[si]->req.id);
+      a.counts.push_back(uint32_t(start[si + 1] - start[si]));
+    }
+    std::vector<std::pair<size_t, uint64_t>> pending[2];
     for (int l = 0; l < cfg_.num_layers; ++l) {
-      spart_->attention_input(l, x.data(), pos.data(), T, q.data(), k.data(), v.data());
-      // Attention sees the KV as the R-worker will store it (fp16).
-      for (auto* buf : {&k, &v})
-        for (auto& e : *buf) e = fp16_to_fp32(fp32_to_fp16(e));
-      for (size_t si = 0; si < fresh.size(); ++si)
-        for (int64_t t = start[si]; t < start[si + 1]; ++t)
-          ref_decode_attention(&q[size_t(t * qd)], &k[size_t(start[si] * kvd)], &v[size_t(start[si] * kvd)],
-                               t - start[si] + 1, cfg_, &att[size_t(t * qd)]);
-      spart_->attention_output_and_mlp(l, att.data(), T, x.data());
-      for (auto& [w, ids] : adds) {
-        Append& a = appends.emplace_back();
-        a.worker = w;
-        std::vector<size_t> rows;
-        for (size_t si = 0; si < fresh.size(); ++si) {
-          if (fresh[si]->worker != w) continue;
-          a.ids.push_back(fresh[si]->req.id);
-          a.counts.push_back(uint32_t(start[si + 1] - start[si]));
-          for (int64_t t = start[si]; t < start[si + 1]; ++t) rows.push_back(size_t(t));
-        }
-        pack(k, rows, kvd, a.k);
-        pack(v, rows, kvd, a.v);
+      const int b = l % 2;
+      if (!pending[b].empty()) {
+        const int64_t tw = now_ns();
+        client_->wait(pending[b]);
+        r_wait_ns_ += now_ns() - tw;
+        pending[b].clear();
+      }
+      reserve(*spart_, prefill_k_[b], size_t(T) * kvb);
+      reserve(*spart_, prefill_v_[b], size_t(T) * kvb);
+      spart_->attention_input(slot, l, host_dtype(), nullptr, prefill_k_[b].data(), prefill_v_[b].data());
+      spart_->prefill_attention(slot, start);
+      spart_->attention_output_and_mlp(slot, l);
+      for (auto& [w, a] : per_worker) {
         Header h = header(MsgType::AppendKV, l, a.ids.size());
-        h.n_tokens = uint32_t(rows.size());
-        a.request = client_->send(w, h, {{a.ids.data(), a.ids.size() * 8}, {a.counts.data(), a.counts.size() * 4},
-                                         {a.k.data(), a.k.size()}, {a.v.data(), a.v.size()}});
-        pending.push_back({w, a.request});
+        h.n_tokens = uint32_t(a.end - a.begin);
+        const size_t n = a.end - a.begin;
+        pending[b].push_back({w, client_->send(w, h, {{a.ids.data(), a.ids.size() * 8}, {a.counts.data(), a.counts.size() * 4},
+                                                      {prefill_k_[b].data() + a.begin * kvb, n * kvb},
+                                                      {prefill_v_[b].data() + a.begin * kvb, n * kvb}})});
       }
     }
-    std::vector<float> last(fresh.size() * size_t(H)), logits(fresh.size() * size_t(V));
-    for (size_t si = 0; si < fresh.size(); ++si)
-      std::memcpy(&last[si * size_t(H)], &x[size_t((start[si + 1] - 1) * H)], size_t(H) * 4);
-    spart_->lm_head(last.data(), int64_t(fresh.size()), logits.data());
+    std::vector<int32_t> last;
+    for (size_t si = 0; si < fresh.size(); ++si) last.push_back(int32_t(start[si + 1] - 1));
+    for (size_t si = 0; si < fresh.size(); ++si) fresh[si]->len = int64_t(fresh[si]->req.prompt.size());
+    sample_and_emit(slot, fresh, last, out);
     const int64_t t1 = now_ns();
-    client_->wait(pending);
+    for (auto& p : pending) client_->wait(p);
     r_wait_ns_ += now_ns() - t1;
     s_ns_ += t1 - t_start;
-    for (size_t si = 0; si < fresh.size(); ++si) {
-      Sequence& s = *fresh[si];
-      s.len = int64_t(s.req.prompt.size());
-      emit(s, &logits[si * size_t(V)], out);
-      out.total_context += s.len;
-    }
+    for (Sequence* s : fresh) out.total_context += s->len;
     out.prefill_tokens = T;
     out.spans.push_back({"s-worker", "prefill", t_start, now_ns() - t_start});
   }
@@ -388,6 +389,8 @@ class FastDecodeEngine : public Engine {
   std::vector<int64_t> load_;  // projected tokens per worker (prompt + max new of its sequences)
   std::deque<Request> queued_;
   std::map<uint64_t, Sequence> running_;
+  std::vector<MiniBatch> mbs_;      // decode mini-batches (host buffers kept between steps)
+  HostBuffer prefill_k_[2], prefill_v_[2];
   int64_t s_ns_ = 0, r_wait_ns_ = 0, r_compute_ns_ = 0;
 };
 

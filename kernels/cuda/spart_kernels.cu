@@ -1,6 +1,10 @@
 // CUDA S-Part kernels: static kernel -> launcher with an explicit stream (llama.cpp's layering).
 #include "kernels/cuda/spart_kernels.h"
 
+#include <cfloat>
+
+#include "fastdecode/core/error.h"
+
 namespace fd::cuda {
 
 namespace {
@@ -22,18 +26,49 @@ __device__ float block_sum(float v) {
   return total;
 }
 
-__global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int64_t n, __half* out) {
-  const float* xr = x + blockIdx.x * n;
+__global__ void embed_kernel(const int32_t* tokens, const int64_t* pos, const __half* table, const __half* pos_table,
+                             int64_t pos_offset, int64_t H, float* x) {
+  const int64_t t = blockIdx.x;
+  const __half* e = table + int64_t(tokens[t]) * H;
+  const __half* p = pos_table ? pos_table + (pos[t] + pos_offset) * H : nullptr;
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
+    x[t * H + i] = __half2float(e[i]) + (p ? __half2float(p[i]) : 0.0f);
+}
+
+__global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t H, float* out) {
+  const float* src = x + int64_t(rows[blockIdx.x]) * H;
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[blockIdx.x * H + i] = src[i];
+}
+
+// x += add (+ bias) when add is given (stored back); returns nothing, the row is then in x.
+__device__ __forceinline__ float residual(float* xr, const __half* ar, const float* bias, int64_t i) {
+  float v = xr[i];
+  if (ar) {
+    v += __half2float(ar[i]) + (bias ? bias[i] : 0.0f);
+    xr[i] = v;
+  }
+  return v;
+}
+
+__global__ void rmsnorm_kernel(float* x, const __half* add, const float* add_bias, const float* w, float eps, int64_t n,
+                               __half* out) {
+  float* xr = x + blockIdx.x * n;
+  const __half* ar = add ? add + blockIdx.x * n : nullptr;
   float ss = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = residual(xr, ar, add_bias, i);
+    ss += v * v;
+  }
   const float r = rsqrtf(block_sum(ss) / float(n) + eps);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[blockIdx.x * n + i] = __float2half(w[i] * (xr[i] * r));
 }
 
-__global__ void layernorm_kernel(const float* x, const float* w, const float* b, float eps, int64_t n, __half* out) {
-  const float* xr = x + blockIdx.x * n;
+__global__ void layernorm_kernel(float* x, const __half* add, const float* add_bias, const float* w, const float* b,
+                                 float eps, int64_t n, __half* out) {
+  float* xr = x + blockIdx.x * n;
+  const __half* ar = add ? add + blockIdx.x * n : nullptr;
   float s = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += residual(xr, ar, add_bias, i);
   const float mean = block_sum(s) / float(n);
   float v = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
@@ -42,41 +77,78 @@ __global__ void layernorm_kernel(const float* x, const float* w, const float* b,
     out[blockIdx.x * n + i] = __float2half((xr[i] - mean) * r * w[i] + b[i]);
 }
 
-__global__ void add_bias_kernel(float* y, const float* bias, int64_t total, int64_t n) {
+__global__ void add_residual_kernel(float* x, const __half* y, const float* bias, int64_t total, int64_t n) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < total) y[i] += bias[i % n];
+  if (i < total) x[i] += __half2float(y[i]) + (bias ? bias[i % n] : 0.0f);
 }
 
-__global__ void add_residual_kernel(float* x, const float* y, const float* bias, int64_t total, int64_t n) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < total) x[i] += y[i] + (bias ? bias[i % n] : 0.0f);
-}
-
-// One thread per (token, head, pair i): pairs (i, i + D/2).
-__global__ void rope_kernel(float* q, const int64_t* pos, const float* inv_freq, int64_t heads, int64_t D, int64_t total) {
+// One thread per (row t, pair j) of the fused [q|k|v] row seen as (qd + 2 kvd) / 2 pairs: pair j of head h
+// is elements (i, i + D/2) of that head, so RoPE (rotate_half) is local to the thread; v is copied.
+__global__ void qkv_post_kernel(const __half* qkv, const float* bias, const int64_t* pos, const float* inv_freq,
+                                int64_t Hq, int64_t Hkv, int64_t D, int64_t total, float* q, float* k, float* v,
+                                __half* q16, __half* k16, __half* v16) {
   const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (idx >= total) return;
-  const int64_t half = D / 2, i = idx % half, th = idx / half, t = th / heads;
-  float* v = q + th * D;
-  const float angle = float(pos[t]) * inv_freq[i];
-  float c, s;
-  sincosf(angle, &s, &c);
-  const float a = v[i], b = v[i + half];
-  v[i] = a * c - b * s;
-  v[i + half] = b * c + a * s;
+  const int64_t half = D / 2, heads = Hq + 2 * Hkv, per_row = heads * half;
+  const int64_t t = idx / per_row, r = idx % per_row, h = r / half, i = r % half;
+  const int64_t ld = heads * D, col = h * D + i;
+  const __half* row = qkv + t * ld;
+  float a = __half2float(row[col]), b = __half2float(row[col + half]);
+  if (bias) a += bias[col], b += bias[col + half];
+  const bool is_v = h >= Hq + Hkv;
+  if (inv_freq && !is_v) {
+    float c, sn;
+    sincosf(float(pos[t]) * inv_freq[i], &sn, &c);
+    const float a2 = a * c - b * sn, b2 = b * c + a * sn;
+    a = a2, b = b2;
+  }
+  float* o32;
+  __half* o16;
+  int64_t oh, width;
+  if (h < Hq) o32 = q, o16 = q16, oh = h, width = Hq * D;
+  else if (!is_v) o32 = k, o16 = k16, oh = h - Hq, width = Hkv * D;
+  else o32 = v, o16 = v16, oh = h - Hq - Hkv, width = Hkv * D;
+  const int64_t o = t * width + oh * D + i;
+  if (o32) o32[o] = a, o32[o + half] = b;
+  if (o16) o16[o] = __float2half(a), o16[o + half] = __float2half(b);
 }
 
-__global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, __half* out) {
+// Two elements per thread (n even): half2 loads and stores.
+__global__ void silu_mul2_kernel(const __half* gu, int64_t total2, int64_t n, __half* out) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) {
-    const float g = gate[i];
-    out[i] = __float2half(up[i] * (g / (1.0f + __expf(-g))));
+  if (i < total2) {
+    const int64_t e = 2 * i, t = e / n, j = e % n;
+    const float2 g = __half22float2(*reinterpret_cast<const __half2*>(gu + t * 2 * n + j));
+    const float2 u = __half22float2(*reinterpret_cast<const __half2*>(gu + t * 2 * n + n + j));
+    *reinterpret_cast<__half2*>(out + e) =
+        __floats2half2_rn(u.x * (g.x / (1.0f + __expf(-g.x))), u.y * (g.y / (1.0f + __expf(-g.y))));
   }
 }
 
-__global__ void relu_bias_kernel(const float* up, const float* bias, int64_t total, int64_t n, __half* out) {
+__global__ void add_residual2_kernel(float* x, const __half* y, const float* bias, int64_t total2, int64_t n) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < total) out[i] = __float2half(fmaxf(up[i] + bias[i % n], 0.0f));
+  if (i < total2) {
+    const int64_t e = 2 * i;
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(y + e));
+    float2 xv = *reinterpret_cast<float2*>(x + e);
+    xv.x += a.x + (bias ? bias[e % n] : 0.0f);
+    xv.y += a.y + (bias ? bias[(e + 1) % n] : 0.0f);
+    *reinterpret_cast<float2*>(x + e) = xv;
+  }
+}
+
+__global__ void silu_mul_kernel(const __half* gu, int64_t total, int64_t n, __half* out) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < total) {
+    const int64_t t = i / n, j = i % n;
+    const float g = __half2float(gu[t * 2 * n + j]), u = __half2float(gu[t * 2 * n + n + j]);
+    out[i] = __float2half(u * (g / (1.0f + __expf(-g))));
+  }
+}
+
+__global__ void relu_bias_kernel(const __half* up, const float* bias, int64_t total, int64_t n, __half* out) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < total) out[i] = __float2half(fmaxf(__half2float(up[i]) + bias[i % n], 0.0f));
 }
 
 __global__ void to_f16_kernel(const float* x, int64_t n, __half* out) {
@@ -84,35 +156,95 @@ __global__ void to_f16_kernel(const float* x, int64_t n, __half* out) {
   if (i < n) out[i] = __float2half(x[i]);
 }
 
+__global__ void to_f32_kernel(const __half* x, int64_t n, float* out) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = __half2float(x[i]);
+}
+
+// One block per row: each thread keeps its best (value, index), then a shared-memory reduction that
+// prefers the larger value and, on equal values, the lower index.
+__global__ void argmax_kernel(const float* logits, int64_t V, int32_t* out) {
+  const float* row = logits + blockIdx.x * V;
+  float best = -FLT_MAX;
+  int32_t bi = INT32_MAX;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x)
+    if (row[i] > best || bi == INT32_MAX) best = row[i], bi = int32_t(i);
+  __shared__ float sv[kThreads];
+  __shared__ int32_t si[kThreads];
+  sv[threadIdx.x] = best, si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int o = kThreads / 2; o > 0; o >>= 1) {
+    if (int(threadIdx.x) < o) {
+      const float v2 = sv[threadIdx.x + o];
+      const int32_t i2 = si[threadIdx.x + o];
+      if (v2 > sv[threadIdx.x] || (v2 == sv[threadIdx.x] && i2 < si[threadIdx.x])) sv[threadIdx.x] = v2, si[threadIdx.x] = i2;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = si[0];
+}
+
 unsigned blocks(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
 
 }  // namespace
 
-void rmsnorm_to_f16(const float* x, const float* w, float eps, int64_t T, int64_t n, __half* out, cudaStream_t s) {
-  if (T > 0) rmsnorm_kernel<<<unsigned(T), kThreads, 0, s>>>(x, w, eps, n, out);
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) FD_THROW("CUDA kernel " << what << ": " << cudaGetErrorString(e));
 }
-void layernorm_to_f16(const float* x, const float* w, const float* b, float eps, int64_t T, int64_t n, __half* out,
-                      cudaStream_t s) {
-  if (T > 0) layernorm_kernel<<<unsigned(T), kThreads, 0, s>>>(x, w, b, eps, n, out);
+
+void embed(const int32_t* tokens, const int64_t* pos, const __half* table, const __half* pos_table, int64_t pos_offset,
+           int64_t T, int64_t H, float* x, cudaStream_t s) {
+  if (T > 0) embed_kernel<<<unsigned(T), kThreads, 0, s>>>(tokens, pos, table, pos_table, pos_offset, H, x);
+  check_launch("embed");
 }
-void add_bias(float* y, const float* bias, int64_t T, int64_t n, cudaStream_t s) {
-  if (T * n > 0) add_bias_kernel<<<blocks(T * n), kThreads, 0, s>>>(y, bias, T * n, n);
+void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s) {
+  if (n > 0) gather_rows_kernel<<<unsigned(n), kThreads, 0, s>>>(x, rows, H, out);
+  check_launch("gather_rows");
 }
-void add_residual(float* x, const float* y, const float* bias, int64_t T, int64_t n, cudaStream_t s) {
-  if (T * n > 0) add_residual_kernel<<<blocks(T * n), kThreads, 0, s>>>(x, y, bias, T * n, n);
+void rmsnorm_to_f16(float* x, const __half* add, const float* add_bias, const float* w, float eps, int64_t T,
+                    int64_t n, __half* out, cudaStream_t s) {
+  if (T > 0) rmsnorm_kernel<<<unsigned(T), kThreads, 0, s>>>(x, add, add_bias, w, eps, n, out);
+  check_launch("rmsnorm");
 }
-void rope(float* q, const int64_t* pos, const float* inv_freq, int64_t T, int64_t heads, int64_t D, cudaStream_t s) {
-  const int64_t total = T * heads * (D / 2);
-  if (total > 0) rope_kernel<<<blocks(total), kThreads, 0, s>>>(q, pos, inv_freq, heads, D, total);
+void layernorm_to_f16(float* x, const __half* add, const float* add_bias, const float* w, const float* b, float eps,
+                      int64_t T, int64_t n, __half* out, cudaStream_t s) {
+  if (T > 0) layernorm_kernel<<<unsigned(T), kThreads, 0, s>>>(x, add, add_bias, w, b, eps, n, out);
+  check_launch("layernorm");
 }
-void silu_mul_to_f16(const float* gate, const float* up, int64_t n, __half* out, cudaStream_t s) {
-  if (n > 0) silu_mul_kernel<<<blocks(n), kThreads, 0, s>>>(gate, up, n, out);
+void add_residual(float* x, const __half* y, const float* bias, int64_t T, int64_t n, cudaStream_t s) {
+  if (T * n > 0 && n % 2 == 0) add_residual2_kernel<<<blocks(T * n / 2), kThreads, 0, s>>>(x, y, bias, T * n / 2, n);
+  else if (T * n > 0) add_residual_kernel<<<blocks(T * n), kThreads, 0, s>>>(x, y, bias, T * n, n);
+  check_launch("add_residual");
 }
-void relu_bias_to_f16(const float* up, const float* bias, int64_t T, int64_t n, __half* out, cudaStream_t s) {
+void qkv_post(const __half* qkv, const float* bias, const int64_t* pos, const float* inv_freq, int64_t T, int64_t Hq,
+              int64_t Hkv, int64_t D, float* q, float* k, float* v, __half* q16, __half* k16, __half* v16,
+              cudaStream_t s) {
+  const int64_t total = T * (Hq + 2 * Hkv) * (D / 2);
+  if (total > 0)
+    qkv_post_kernel<<<blocks(total), kThreads, 0, s>>>(qkv, bias, pos, inv_freq, Hq, Hkv, D, total, q, k, v, q16, k16, v16);
+  check_launch("qkv_post");
+}
+void silu_mul_to_f16(const __half* gu, int64_t T, int64_t n, __half* out, cudaStream_t s) {
+  if (T * n > 0 && n % 2 == 0) silu_mul2_kernel<<<blocks(T * n / 2), kThreads, 0, s>>>(gu, T * n / 2, n, out);
+  else if (T * n > 0) silu_mul_kernel<<<blocks(T * n), kThreads, 0, s>>>(gu, T * n, n, out);
+  check_launch("silu_mul");
+}
+void relu_bias_to_f16(const __half* up, const float* bias, int64_t T, int64_t n, __half* out, cudaStream_t s) {
   if (T * n > 0) relu_bias_kernel<<<blocks(T * n), kThreads, 0, s>>>(up, bias, T * n, n, out);
+  check_launch("relu_bias");
 }
 void to_f16(const float* x, int64_t n, __half* out, cudaStream_t s) {
   if (n > 0) to_f16_kernel<<<blocks(n), kThreads, 0, s>>>(x, n, out);
+  check_launch("to_f16");
+}
+void to_f32(const __half* x, int64_t n, float* out, cudaStream_t s) {
+  if (n > 0) to_f32_kernel<<<blocks(n), kThreads, 0, s>>>(x, n, out);
+  check_launch("to_f32");
+}
+void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaStream_t s) {
+  if (n > 0) argmax_kernel<<<unsigned(n), kThreads, 0, s>>>(logits, V, out);
+  check_launch("argmax");
 }
 
 }  // namespace fd::cuda

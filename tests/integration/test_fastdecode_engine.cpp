@@ -1,5 +1,6 @@
 // The FastDecode engine on the CPU backend with R-worker processes over TCP loopback against the
 // reference engine: same greedy tokens for the tiny Llama, OPT and GQA models over >= 64 steps.
+#include <cstdio>
 #include <map>
 
 #include <signal.h>
@@ -7,6 +8,7 @@
 #include "fastdecode/engine/reference_engine.h"
 #include "fastdecode/sworker/rworker_spawn.h"
 #include "tests/unit/test_helpers.h"
+#include "tests/unit/token_compare.h"
 
 using namespace fd;
 using fd::test::repo_path;
@@ -131,4 +133,30 @@ TEST(FastDecodeEngine, WorkerKilledMidRunFailsTheStepNamingIt) {
   kill(b.pid(), SIGKILL);
   const std::string msg = fd::test::error_message([&] { e->step(); });
   EXPECT_THAT(msg, ::testing::HasSubstr("R-worker 1 (" + b.endpoint() + ") missed its deadline of 500 ms"));
+}
+
+// fp16 on the wire (the default with the CUDA S-Part) rounds q and the attention output: tokens may
+// flip at a near-tie, so they must agree until the first divergence and there the reference's logits
+// must be a near-tie (gap within 5e-3 of the largest |logit|).
+TEST_P(FastDecodeVsReference, Fp16WireTokens) {
+  const ModelConfig c = load_model_config(repo_path(std::string("experiments/models/") + GetParam() + ".json"));
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> prompt;
+    for (int t = 0; t < 3 + 5 * i; ++t) prompt.push_back(int32_t((i * 31 + t * 7 + 5) % 200));
+    reqs.push_back({uint64_t(100 + i), prompt, 64, false});
+  }
+  auto w0 = make_random_source(3, DType::F16);
+  const ModelWeights weights = load_model_weights(c, *w0);
+  auto w1 = make_random_source(3, DType::F16);
+  ReferenceEngine ref16(c, *w1, SamplingParams{}, DType::F16);
+  const auto expect = run(ref16, reqs);
+  EngineConfig ec = fastdecode_config(2);
+  ec.wire_dtype = "fp16";
+  auto w = make_random_source(3, DType::F16);
+  auto e = make_engine(ec, c, *w, SamplingParams{});
+  const auto got = run(*e, reqs);
+  const auto d = fd::test::first_divergence_with_gap(weights, DType::F16, reqs, expect, got);
+  std::printf("%s fp16 wire: first divergence %s\n", GetParam(), d.describe().c_str());
+  if (d.any) EXPECT_LE(d.gap, 5e-3 * d.scale) << d.describe();
 }

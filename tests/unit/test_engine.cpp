@@ -1,3 +1,4 @@
+#include "fastdecode/engine/gpu_only_engine.h"
 #include "fastdecode/engine/reference_engine.h"
 
 #include <map>
@@ -122,4 +123,21 @@ TEST(Engine, FactoryAndSamplingDeterminism) {
     runs.push_back(run_all(*e));
   }
   EXPECT_EQ(runs[0].at(1), runs[1].at(1));
+}
+
+// GPU-only capacity, by hand for Llama-2-7b: 6 738 415 616 parameters -> 13 476 831 232 bytes of fp16
+// weights at full depth; 1 GiB reserved; KV 2 (K,V) x 32 layers x 4096 x 2 bytes = 524 288 bytes per
+// token. At 24 GB and 1024 positions per sequence: (24e9 - 13 476 831 232 - 1 073 741 824) / 536 870 912
+// = 17.6 -> 17 sequences; the same with the model reduced to 2 layers (full-depth accounting).
+TEST(GpuOnlySlots, MemoryBoundedAtFullDepth) {
+  const ModelConfig c = cfg("llama-2-7b");
+  EXPECT_EQ(c.num_params(), 6738415616);
+  EXPECT_EQ(gpu_only_slots(c, 24e9, 1024), 17);
+  EXPECT_EQ(gpu_only_slots(with_layers(c, 2), 24e9, 1024), 17);
+  EXPECT_EQ(gpu_only_slots(c, 24e9, 2048), 8);
+  EXPECT_EQ(gpu_only_slots(c, 14e9, 1024), 0);  // the weights alone do not leave room
+  // The engine type parses, rejects R-worker keys, and says what the build lacks when it has no CUDA.
+  EXPECT_EQ(parse_engine_config(StrictObject(json{{"type", "gpu-only"}, {"max_context", 1100}}, "x.json", "engine")).max_context, 1100);
+  EXPECT_THROW(parse_engine_config(StrictObject(json{{"type", "gpu-only"}, {"rworkers", json::object()}}, "x.json", "engine")),
+               ConfigError);
 }

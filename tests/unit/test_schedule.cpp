@@ -416,3 +416,25 @@ TEST(ScheduleTrace, ParsesStrictJsonl) {
   EXPECT_THAT(error_message<ConfigError>([&] { load_trace_jsonl(dec); }), HasSubstr(":2: 'arrival_s' decreases"));
   EXPECT_THAT(error_message<ConfigError>([&] { load_trace_jsonl(d.file("none.jsonl")); }), HasSubstr("cannot open"));
 }
+
+// deferred_starts: an admitted request the engine has not started slides with time; on_started fixes
+// its life, which then ends max_gen_len - 1 steps later.
+TEST(Scheduler, DeferredStartsSlideUntilStarted) {
+  SchedulerConfig c;
+  c.mode = AdmitMode::AllAtOnce;
+  c.batch = 2;
+  c.deferred_starts = true;
+  Scheduler s(c);
+  s.submit({1, 0.0, 4, 3});
+  s.submit({2, 0.0, 4, 3});
+  EXPECT_EQ(s.admit(0, 0.0).size(), 2u);
+  s.on_started(1, 0);
+  EXPECT_TRUE(s.admit(1, 1.0).empty());
+  s.on_finished(1, 2);
+  EXPECT_NO_THROW(s.admit(5, 5.0).size());  // request 2 not started yet: no "ran past its max length"
+  EXPECT_THROW(s.on_started(2, 4), Error);  // before the step its life slid to
+  s.on_started(2, 6);
+  EXPECT_THROW(s.on_started(2, 7), Error);  // twice
+  EXPECT_THROW(s.on_finished(2, 9), Error);  // life is [6, 8]
+  s.on_finished(2, 8);
+}

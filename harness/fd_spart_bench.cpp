@@ -1,0 +1,87 @@
+// fd-spart-bench (CUDA builds): the S-Part of one layer on the GPU for B decode tokens next to its
+// ceiling, the same layer's cuBLAS GEMMs alone ([q|k|v], o, [gate|up], down: the same calls on the same
+// shapes), in the same run. Both are timed with CUDA events over --reps back-to-back repetitions after a
+// warm-up; the S-Part time is device time of the stages (norms, GEMMs, bias/RoPE, activation, residuals,
+// the q/k/v split into the fp16 tensors FastDecode sends), without the host transfers of the engine (fd-bench profile --backend cuda measures
+// those). Writes JSON rows: B, spart_ms, gemm_ms, ratio, the GEMMs' TFLOP/s and weight-read GB/s.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+#include "fastdecode/sworker/cuda_model.h"
+#include "harness/cli_main.h"
+#include "harness/provenance.h"
+#include "kernels/cuda/device_info.h"
+#include "kernels/cuda/green_context.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"S-Part layer time on the GPU vs its cuBLAS GEMMs alone (same shapes, same run)"};
+  app.name("fd-spart-bench");
+  std::string model_path, out;
+  std::vector<int64_t> batches = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+  int64_t reps = 20, sm_count = 0;
+  app.add_option("--model", model_path, "Model config (HF config.json)")->required();
+  app.add_option("--batches", batches, "Decode batch sizes B")->capture_default_str();
+  app.add_option("--reps", reps, "Timed repetitions per B (after one warm-up)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--sm-count", sm_count, "Run on this many SMs (green context); 0 = all")->capture_default_str();
+  app.add_option("--out", out, "JSON file to write");
+  return fd::guarded_main(app, argc, argv, [&]() {
+    const auto devs = fd::cuda_devices();
+    if (devs.empty()) FD_THROW("no CUDA device answers");
+    const fd::ModelConfig c = fd::with_layers(fd::load_model_config(model_path), 1);
+    auto src = fd::make_random_source(1, fd::DType::F16);
+    fd::cuda::SmLimitedStreams streams(int(sm_count), 1);
+    cudaStream_t s = streams.stream(0);
+    fd::CudaModel m(fd::load_model_weights(c, *src), s, streams.limited() ? streams.sm_count() : 0);
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    const double H = double(c.hidden_size), I = double(c.intermediate_size), qd = double(c.q_dim()),
+                 kvd = double(c.kv_dim());
+    const double layer_params = H * (qd + 2 * kvd) + qd * H + (c.arch == fd::Arch::Llama ? 3 : 2) * H * I;
+    fd::json rows = fd::json::array();
+    std::printf("%6s %10s %10s %7s %9s %9s\n", "B", "spart_ms", "gemm_ms", "ratio", "TFLOP/s", "wGB/s");
+    for (int64_t B : batches) {
+      fd::DevActs a;
+      m.ensure(a, B);
+      std::vector<int32_t> tok(static_cast<size_t>(B), 5);
+      std::vector<int64_t> pos(static_cast<size_t>(B), 100);
+      m.upload(a.tokens.get(), tok.data(), tok.size() * 4);
+      m.upload(a.pos.get(), pos.data(), pos.size() * 8);
+      m.embed(a);
+      CUDA_CHECK(cudaMemsetAsync(a.a16.get(), 0, size_t(B) * size_t(qd) * 2, s));
+      CUDA_CHECK(cudaMemsetAsync(a.i16.get(), 0, size_t(B) * size_t(I) * 2, s));
+      auto time = [&](auto&& body) {
+        body();  // warm-up (cuBLAS heuristics, caches)
+        CUDA_CHECK(cudaEventRecord(e0, s));
+        for (int64_t r = 0; r < reps; ++r) body();
+        CUDA_CHECK(cudaEventRecord(e1, s));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        return double(ms) / double(reps);
+      };
+      const double spart = time([&] {
+        m.attention_input(a, 0, fd::CudaModel::kF16);  // as FastDecode runs it (fp16 q/k/v for the wire)
+        m.attention_output_and_mlp(a, 0);
+      });
+      const double gemm = time([&] { m.layer_gemms_only(a, 0); });
+      const double tflops = 2.0 * layer_params * double(B) / (gemm * 1e-3) / 1e12;
+      const double wgbs = layer_params * 2 / (gemm * 1e-3) / 1e9;
+      std::printf("%6lld %10.4f %10.4f %7.3f %9.1f %9.0f\n", (long long)B, spart, gemm, spart / gemm, tflops, wgbs);
+      rows.push_back({{"B", B}, {"spart_ms", spart}, {"gemm_ms", gemm}, {"ratio", spart / gemm},
+                      {"gemm_tflops", tflops}, {"gemm_weight_gbs", wgbs}});
+    }
+    const fd::json result = {{"model", c.name},
+                             {"device", devs[0].name},
+                             {"sm_count", streams.sm_count()},
+                             {"reps", reps},
+                             {"method", "CUDA events over reps back-to-back; S-Part = one layer's device stages "
+                                        "(no host transfers); ceiling = the same layer's 4 cuBLAS GemmEx calls "
+                                        "(fp16 in, fp32 out, compute 32F) alone"},
+                             {"rows", rows},
+                             {"provenance", fd::collect_provenance(fd::join_args(argc, argv))}};
+    if (!out.empty()) fd::write_json_file(out, result);
+    return 0;
+  });
+}

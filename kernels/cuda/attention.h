@@ -1,0 +1,44 @@
+// CUDA attention for the GPU-only baseline and GPU prefill: fp16 KV, fp32 math (scores, softmax and
+// accumulation in fp32). Each launcher takes its stream, allocates nothing and throws fd::Error on a
+// bad shape or a launch error. All pointers are device pointers, 16-byte aligned (cudaMalloc'd).
+// Head dimension D: a multiple of 32 from 32 to 256 (64 and 128 are the tuned cases).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace fd::cuda {
+
+// Decode attention: B sequences, one query token each, over an fp16 KV-cache in GPU memory.
+// q [B, Hq*D] fp32. k_cache / v_cache fp16, element (slot s, position t, kv head h, d) at
+// ((s * max_ctx + t) * Hkv + h) * D + d  (int64 indexing: caches exceed 2^32 elements).
+// slots[B], lens[B] int32 device arrays: sequence b attends to positions 0..lens[b]-1 of slot slots[b]
+// (its new token's K/V already stored; lens are clamped to [0, max_ctx], a length of 0 gives zeros).
+// GQA: query head h uses kv head h / (Hq / Hkv). scale 1/sqrt(D), softmax in fp32. out [B, Hq*D] fp32.
+// workspace: device floats of decode_attention_workspace_floats(B_max, Hq, D, max_ctx) (split-K partials),
+// enough for any call with B <= B_max sequences and any Hkv; it may be null when that size is 0.
+// B <= 65535.
+//
+// Flash-decoding: grid (kv head x query-head chunk, split, b); a block reads a contiguous chunk of its
+// sequence's K/V rows once for all (up to 8) query heads of its group, 16-byte loads, online softmax;
+// a sequence split in several chunks leaves partials (max, sum, acc[D]) that a combine kernel merges.
+void decode_attention(const float* q, const __half* k_cache, const __half* v_cache, const int32_t* slots,
+                      const int32_t* lens, int64_t B, int64_t max_ctx, int Hq, int Hkv, int D, float* out,
+                      float* workspace, cudaStream_t s);
+size_t decode_attention_workspace_floats(int64_t B_max, int Hq, int D, int64_t max_ctx);
+
+// Causal prefill attention over packed sequences: rows starts[i] .. starts[i+1]-1 (starts: device int32,
+// n_seq+1 entries) are sequence i's tokens at positions 0..n_i-1; row t attends to rows starts[i]..t.
+// q [T, Hq*D] fp32, k, v [T, Hkv*D] fp16, out [T, Hq*D] fp32. max_len = max n_i (host value, for the grid).
+// Hq <= 65535, n_seq <= 65535.
+void prefill_attention(const float* q, const __half* k, const __half* v, const int32_t* starts, int64_t n_seq,
+                       int64_t max_len, int Hq, int Hkv, int D, float* out, cudaStream_t s);
+
+// Stores rows of K and V (fp32 [T, Hkv*D]) into the caches as fp16 (round to nearest even) at
+// (slots[t], pos[t]), the layout of decode_attention: row offset (slots[t] * max_ctx + pos[t]) * kv_dim.
+void append_kv(const float* k, const float* v, const int32_t* slots, const int32_t* pos, int64_t T, int64_t max_ctx,
+               int kv_dim, __half* k_cache, __half* v_cache, cudaStream_t s);
+
+}  // namespace fd::cuda

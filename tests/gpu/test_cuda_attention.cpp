@@ -1,0 +1,389 @@
+// CUDA attention kernels (kernels/cuda/attention.h) vs the golden CPU reference fd::ref_decode_attention fed
+// the same fp16-rounded K/V: decode (MHA and GQA, mixed lengths, permuted slots, split and unsplit
+// sequences), causal prefill over packed sequences, the KV append; bandwidth / throughput printed, never
+// asserted. Skips when no CUDA device answers (label gpu); without CUDA in the build it is empty.
+#include <gtest/gtest.h>
+
+#ifdef FD_HAVE_CUDA
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fastdecode/core/dtype.h"
+#include "fastdecode/core/error.h"
+#include "fastdecode/model/model_config.h"
+#include "fastdecode/model/reference.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/device_info.h"
+
+namespace {
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// A device buffer of n elements of T, freed on destruction.
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(size_t n) : n_(n) { cuda_ok(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+  template <typename H>
+  explicit Dev(const std::vector<H>& h) : Dev(h.size()) {
+    static_assert(sizeof(H) == sizeof(T));
+    cuda_ok(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  ~Dev() { cudaFree(p_); }
+  T* get() const { return p_; }
+  template <typename H>
+  std::vector<H> download() const {
+    static_assert(sizeof(H) == sizeof(T));
+    std::vector<H> h(n_);
+    cuda_ok(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    return h;
+  }
+  void fill_bytes(int byte) { cuda_ok(cudaMemset(p_, byte, n_ * sizeof(T)), "cudaMemset"); }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+fd::ModelConfig attn_config(int Hq, int Hkv, int D) {
+  fd::ModelConfig c;
+  c.num_heads = Hq;
+  c.num_kv_heads = Hkv;
+  c.head_dim = D;
+  c.hidden_size = int64_t(Hq) * D;
+  return c;
+}
+
+uint16_t f16(float x) { return fd::fp32_to_fp16(x); }
+float f32(uint16_t h) { return fd::fp16_to_fp32(h); }
+constexpr uint16_t kF16NaN = 0x7E00;
+
+std::vector<float> uniform(size_t n, float scale, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+// max |got - ref| and max |ref|; the check is err <= 1e-4 * (1 + max|ref|). Both sides accumulate in fp32
+// over at most ~2k terms of |p * v| <= 1 (the reference sums its softmax denominator in double), so the
+// expected difference is ~1e-6: 1e-4 leaves two orders of margin and still catches a wrong row or head.
+struct Err {
+  double err = 0, ref_max = 0;
+  bool ok() const { return err <= 1e-4 * (1.0 + ref_max); }
+};
+Err compare(const std::vector<float>& got, const std::vector<float>& ref) {
+  Err e;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    e.ref_max = std::max(e.ref_max, std::fabs(double(ref[i])));
+    const double d = std::fabs(double(got[i]) - double(ref[i]));
+    if (!(d <= e.err)) e.err = std::isnan(d) ? INFINITY : d;  // NaN counts as an infinite error
+  }
+  return e;
+}
+
+struct Shape {
+  int Hq, Hkv, D;
+};
+void PrintTo(const Shape& s, std::ostream* os) { *os << "Hq=" << s.Hq << " Hkv=" << s.Hkv << " D=" << s.D; }
+std::string shape_name(const ::testing::TestParamInfo<Shape>& i) {
+  return "Hq" + std::to_string(i.param.Hq) + "_Hkv" + std::to_string(i.param.Hkv) + "_D" + std::to_string(i.param.D);
+}
+
+// Decode over a KV-cache of n_slots slots: sequence b uses slot slots[b] and lens[b] positions; every other
+// cache entry is NaN, so a read outside the sequence shows in the output. Compared with the reference.
+void check_decode(const Shape& sh, const std::vector<int32_t>& lens, const std::vector<int32_t>& slots, int n_slots,
+                  int64_t max_ctx, uint32_t seed) {
+  const int Hq = sh.Hq, Hkv = sh.Hkv, D = sh.D;
+  const int64_t B = int64_t(lens.size()), kvd = int64_t(Hkv) * D, qd = int64_t(Hq) * D;
+  std::mt19937 rng(seed);
+  std::vector<uint16_t> kc(size_t(n_slots * max_ctx * kvd), kF16NaN), vc(kc.size(), kF16NaN);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < lens[size_t(b)] * kvd; ++i) {
+      const size_t at = size_t(slots[size_t(b)] * max_ctx * kvd + i);
+      kc[at] = f16(std::uniform_real_distribution<float>(-1, 1)(rng));
+      vc[at] = f16(std::uniform_real_distribution<float>(-1, 1)(rng));
+    }
+  const std::vector<float> q = uniform(size_t(B * qd), 4.0f, rng);  // scores of a few units: peaked softmax
+
+  Dev<float> dq(q), dout(size_t(B * qd));
+  Dev<__half> dk(kc), dv(vc);
+  Dev<int32_t> dslots(slots), dlens(lens);
+  dout.fill_bytes(0xFF);  // NaN: every output must be written
+  const size_t ws_n = fd::cuda::decode_attention_workspace_floats(B, Hq, D, max_ctx);
+  Dev<float> ws(ws_n);
+  cudaStream_t st;
+  cuda_ok(cudaStreamCreate(&st), "cudaStreamCreate");
+  fd::cuda::decode_attention(dq.get(), dk.get(), dv.get(), dslots.get(), dlens.get(), B, max_ctx, Hq, Hkv, D, dout.get(),
+                             ws_n ? ws.get() : nullptr, st);
+  cuda_ok(cudaStreamSynchronize(st), "decode_attention");
+  cudaStreamDestroy(st);
+  const std::vector<float> got = dout.download<float>();
+
+  const fd::ModelConfig cfg = attn_config(Hq, Hkv, D);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = lens[size_t(b)];
+    if (n == 0) {  // nothing to attend to: zeros
+      for (int64_t i = 0; i < qd; ++i) EXPECT_EQ(got[size_t(b * qd + i)], 0.0f) << "sequence " << b << " (len 0)";
+      continue;
+    }
+    std::vector<float> kf(size_t(n * kvd)), vf(kf.size()), ref(static_cast<size_t>(qd));
+    const size_t base = size_t(slots[size_t(b)] * max_ctx * kvd);
+    for (size_t i = 0; i < kf.size(); ++i) kf[i] = f32(kc[base + i]), vf[i] = f32(vc[base + i]);
+    fd::ref_decode_attention(&q[size_t(b * qd)], kf.data(), vf.data(), n, cfg, ref.data());
+    const std::vector<float> g(got.begin() + b * qd, got.begin() + (b + 1) * qd);
+    const Err e = compare(g, ref);
+    EXPECT_TRUE(e.ok()) << "sequence " << b << " (len " << n << ", slot " << slots[size_t(b)] << "): max abs err "
+                        << e.err << ", max |ref| " << e.ref_max;
+  }
+}
+
+class CudaDecodeAttention : public ::testing::TestWithParam<Shape> {
+ protected:
+  void SetUp() override {
+    if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  }
+};
+
+class CudaDecodeAttentionLargeBatch : public CudaDecodeAttention {};
+
+class CudaPrefillAttention : public ::testing::TestWithParam<Shape> {
+ protected:
+  void SetUp() override {
+    if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  }
+};
+
+}  // namespace
+
+// Lengths around the chunk boundaries (64 rows per split at this batch size: 255 = 4 splits, 1 = one
+// unsplit block) in one batch, slots reversed with two unused slots, max_ctx above every length.
+TEST_P(CudaDecodeAttention, MatchesReference) {
+  const std::vector<int32_t> lens = {1, 2, 255, 256, 257, 1000};
+  std::vector<int32_t> slots(lens.size());
+  const int n_slots = 8;
+  for (size_t b = 0; b < slots.size(); ++b) slots[b] = int32_t(n_slots - 1 - int(b));
+  check_decode(GetParam(), lens, slots, n_slots, 1100, 1234);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaDecodeAttention,
+                         ::testing::Values(Shape{8, 8, 64}, Shape{8, 8, 128}, Shape{16, 4, 128}, Shape{32, 4, 64},
+                                           Shape{16, 2, 128}, Shape{12, 4, 96}, Shape{16, 1, 64}, Shape{4, 4, 256},
+                                           Shape{4, 2, 32}),
+                         shape_name);
+
+// A bigger batch (the split plan picks larger chunks: 64 rows x 16 splits for GQA, 256 x 4 for MHA here),
+// random lengths 1..max_ctx and a random slot permutation.
+TEST_P(CudaDecodeAttentionLargeBatch, MatchesReference) {
+  const int B = 32;
+  const int64_t max_ctx = 1024;
+  std::mt19937 rng(77);
+  std::vector<int32_t> lens(B), slots(B);
+  for (auto& l : lens) l = std::uniform_int_distribution<int32_t>(1, int32_t(max_ctx))(rng);
+  lens[0] = int32_t(max_ctx);
+  lens[1] = 512;
+  lens[2] = 513;
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  check_decode(GetParam(), lens, slots, B, max_ctx, 99);
+}
+
+// A long cache with few sequences: the split count is capped (32), so a split reads ceil(len / 32) rows
+// (125 and 79 here, not a multiple of anything); a zero length gives zeros.
+TEST(CudaAttention, DecodeLongContextMatchesReference) {
+  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  check_decode(Shape{8, 2, 128}, {4000, 0, 2500}, {1, 2, 0}, 3, 4096, 2024);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaDecodeAttentionLargeBatch, ::testing::Values(Shape{32, 8, 128}, Shape{32, 32, 128}),
+                         shape_name);
+
+// Three sequences of 1, 70 and 130 tokens packed in one batch: every row against the reference over its
+// sequence's rows 0..t (fp16-rounded K/V).
+TEST_P(CudaPrefillAttention, MatchesReference) {
+  const int Hq = GetParam().Hq, Hkv = GetParam().Hkv, D = GetParam().D;
+  const std::vector<int32_t> starts = {0, 1, 71, 201};
+  const int64_t T = starts.back(), qd = int64_t(Hq) * D, kvd = int64_t(Hkv) * D, max_len = 130;
+  std::mt19937 rng(4321);
+  const std::vector<float> q = uniform(size_t(T * qd), 4.0f, rng);
+  std::vector<uint16_t> k16(size_t(T * kvd)), v16(k16.size());
+  for (size_t i = 0; i < k16.size(); ++i) {
+    k16[i] = f16(std::uniform_real_distribution<float>(-1, 1)(rng));
+    v16[i] = f16(std::uniform_real_distribution<float>(-1, 1)(rng));
+  }
+  Dev<float> dq(q), dout(size_t(T * qd));
+  Dev<__half> dk(k16), dv(v16);
+  Dev<int32_t> dstarts(starts);
+  dout.fill_bytes(0xFF);
+  fd::cuda::prefill_attention(dq.get(), dk.get(), dv.get(), dstarts.get(), int64_t(starts.size()) - 1, max_len, Hq, Hkv,
+                              D, dout.get(), nullptr);
+  cuda_ok(cudaDeviceSynchronize(), "prefill_attention");
+  const std::vector<float> got = dout.download<float>();
+
+  std::vector<float> kf(k16.size()), vf(v16.size()), ref(size_t(T * qd));
+  for (size_t i = 0; i < kf.size(); ++i) kf[i] = f32(k16[i]), vf[i] = f32(v16[i]);
+  const fd::ModelConfig cfg = attn_config(Hq, Hkv, D);
+  for (size_t s = 0; s + 1 < starts.size(); ++s)
+    for (int64_t t = starts[s]; t < starts[s + 1]; ++t)
+      fd::ref_decode_attention(&q[size_t(t * qd)], &kf[size_t(starts[s] * kvd)], &vf[size_t(starts[s] * kvd)],
+                               t - starts[s] + 1, cfg, &ref[size_t(t * qd)]);
+  for (int64_t t = 0; t < T; ++t) {
+    const std::vector<float> g(got.begin() + t * qd, got.begin() + (t + 1) * qd);
+    const std::vector<float> r(ref.begin() + t * qd, ref.begin() + (t + 1) * qd);
+    const Err e = compare(g, r);
+    EXPECT_TRUE(e.ok()) << "row " << t << ": max abs err " << e.err << ", max |ref| " << e.ref_max;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillAttention,
+                         ::testing::Values(Shape{4, 4, 64}, Shape{8, 2, 128}, Shape{8, 1, 64}, Shape{6, 2, 96},
+                                           Shape{2, 2, 256}, Shape{4, 1, 32}),
+                         shape_name);
+
+// Rows stored at (slot, pos) as fp16 bit-exactly (round to nearest even, overflow to inf, subnormals), every
+// other cache entry untouched.
+TEST(CudaAttention, AppendKvRoundTrip) {
+  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  const int kv_dim = 2 * 64, n_slots = 4;
+  const int64_t max_ctx = 16;
+  const std::vector<int32_t> slots = {2, 0, 3, 2, 1, 0, 3}, pos = {0, 5, 15, 1, 7, 0, 2};
+  const int64_t T = int64_t(slots.size());
+  std::mt19937 rng(5);
+  std::vector<float> k = uniform(size_t(T * kv_dim), 3.0f, rng), v = uniform(k.size(), 3.0f, rng);
+  k[0] = 70000.0f;   // overflows fp16
+  k[1] = -1e-6f;     // fp16 subnormal
+  v[2] = 65519.0f;   // rounds down to 65504
+  v[3] = 1.0f + 1.0f / 2048;  // a tie: to even (1.0)
+  Dev<float> dk(k), dv(v);
+  Dev<int32_t> ds(slots), dp(pos);
+  const size_t cache_n = size_t(n_slots * max_ctx * kv_dim);
+  Dev<__half> kc(cache_n), vc(cache_n);
+  kc.fill_bytes(0xAB);
+  vc.fill_bytes(0xAB);
+  fd::cuda::append_kv(dk.get(), dv.get(), ds.get(), dp.get(), T, max_ctx, kv_dim, kc.get(), vc.get(), nullptr);
+  cuda_ok(cudaDeviceSynchronize(), "append_kv");
+  const std::vector<uint16_t> hk = kc.download<uint16_t>(), hv = vc.download<uint16_t>();
+  std::vector<uint16_t> ek(cache_n, 0xABAB), ev(cache_n, 0xABAB);
+  for (int64_t t = 0; t < T; ++t)
+    for (int i = 0; i < kv_dim; ++i) {
+      const size_t at = size_t((slots[size_t(t)] * max_ctx + pos[size_t(t)]) * kv_dim + i);
+      ek[at] = f16(k[size_t(t * kv_dim + i)]);
+      ev[at] = f16(v[size_t(t * kv_dim + i)]);
+    }
+  size_t bad = 0;
+  for (size_t i = 0; i < cache_n; ++i) bad += (hk[i] != ek[i]) + (hv[i] != ev[i]);
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(hk[size_t((2 * max_ctx + 0) * kv_dim)], 0x7C00);  // +inf
+}
+
+TEST(CudaAttention, RejectsUnsupportedShapes) {
+  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  // Shape checks come before any launch: null pointers never reach the device.
+  EXPECT_THROW(fd::cuda::decode_attention(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 16, 6, 4, 64, nullptr, nullptr,
+                                          nullptr),
+               fd::Error);  // Hq not a multiple of Hkv
+  EXPECT_THROW(fd::cuda::decode_attention(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 16, 4, 4, 48, nullptr, nullptr,
+                                          nullptr),
+               fd::Error);  // D not a multiple of 32
+  EXPECT_THROW(fd::cuda::decode_attention(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4096, 4, 4, 64, nullptr, nullptr,
+                                          nullptr),
+               fd::Error);  // a split plan without a workspace
+  EXPECT_THROW(fd::cuda::prefill_attention(nullptr, nullptr, nullptr, nullptr, 1, 16, 4, 4, 288, nullptr, nullptr),
+               fd::Error);  // D > 256
+  EXPECT_EQ(fd::cuda::decode_attention_workspace_floats(4, 8, 64, 64), 0u);  // one split: no workspace
+}
+
+// Achieved K+V read bandwidth of decode_attention (every sequence at full length). Printed only: no timed
+// assertion. The first row is the reference configuration (B=256, ctx=1024, MHA 32 heads, D=128).
+TEST(CudaAttention, DecodeAttentionBandwidth) {
+  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  struct Case {
+    int64_t B, ctx;
+    int Hq, Hkv, D;
+  };
+  for (const Case c : {Case{256, 1024, 32, 32, 128}, Case{256, 1024, 32, 8, 128}, Case{64, 4096, 32, 32, 128},
+                       Case{32, 1024, 32, 32, 128}, Case{256, 1024, 32, 32, 64}}) {
+    const int64_t kvd = int64_t(c.Hkv) * c.D, cache_n = c.B * c.ctx * kvd;
+    Dev<__half> kc(static_cast<size_t>(cache_n)), vc(static_cast<size_t>(cache_n));
+    kc.fill_bytes(0x3C);  // 0x3C3C: ~1.06, finite
+    vc.fill_bytes(0x3C);
+    std::vector<int32_t> slots(size_t(c.B)), lens(size_t(c.B), int32_t(c.ctx));
+    std::iota(slots.begin(), slots.end(), 0);
+    std::mt19937 rng(1);
+    Dev<float> q(uniform(size_t(c.B * c.Hq * c.D), 1.0f, rng)), out(size_t(c.B * c.Hq * c.D));
+    Dev<int32_t> ds(slots), dl(lens);
+    const size_t ws_n = fd::cuda::decode_attention_workspace_floats(c.B, c.Hq, c.D, c.ctx);
+    Dev<float> ws(ws_n);
+    auto call = [&] {
+      fd::cuda::decode_attention(q.get(), kc.get(), vc.get(), ds.get(), dl.get(), c.B, c.ctx, c.Hq, c.Hkv, c.D, out.get(),
+                                 ws.get(), nullptr);
+    };
+    for (int i = 0; i < 3; ++i) call();
+    cudaEvent_t e0, e1;
+    cuda_ok(cudaEventCreate(&e0), "cudaEventCreate");
+    cuda_ok(cudaEventCreate(&e1), "cudaEventCreate");
+    const int reps = 20;
+    cuda_ok(cudaEventRecord(e0, nullptr), "cudaEventRecord");
+    for (int i = 0; i < reps; ++i) call();
+    cuda_ok(cudaEventRecord(e1, nullptr), "cudaEventRecord");
+    cuda_ok(cudaEventSynchronize(e1), "cudaEventSynchronize");
+    float ms = 0;
+    cuda_ok(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    const double s = double(ms) / 1e3 / reps, bytes = 2.0 * double(cache_n) * 2.0;
+    std::printf("decode_attention B=%lld ctx=%lld Hq=%d Hkv=%d D=%d: %.1f us/call, K+V %.0f GB/s (%.0f%% of 4.8 TB/s)\n",
+                (long long)c.B, (long long)c.ctx, c.Hq, c.Hkv, c.D, s * 1e6, bytes / s / 1e9, bytes / s / 4.8e12 * 100);
+  }
+}
+
+// Causal prefill throughput (4 * D * Hq FLOPs per attended (query, key) pair). Printed only.
+TEST(CudaAttention, PrefillAttentionThroughput) {
+  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  const int64_t n_seq = 8, len = 1024, T = n_seq * len;
+  for (const int Hkv : {32, 8}) {
+    const int Hq = 32, D = 128;
+    std::vector<int32_t> starts(size_t(n_seq + 1));
+    for (int64_t i = 0; i <= n_seq; ++i) starts[size_t(i)] = int32_t(i * len);
+    std::mt19937 rng(2);
+    Dev<float> q(uniform(size_t(T * Hq * D), 1.0f, rng)), out(size_t(T * Hq * D));
+    Dev<__half> k(size_t(T * Hkv * D)), v(size_t(T * Hkv * D));
+    k.fill_bytes(0x3C);
+    v.fill_bytes(0x3C);
+    Dev<int32_t> ds(starts);
+    auto call = [&] { fd::cuda::prefill_attention(q.get(), k.get(), v.get(), ds.get(), n_seq, len, Hq, Hkv, D, out.get(), nullptr); };
+    call();
+    cudaEvent_t e0, e1;
+    cuda_ok(cudaEventCreate(&e0), "cudaEventCreate");
+    cuda_ok(cudaEventCreate(&e1), "cudaEventCreate");
+    const int reps = 5;
+    cuda_ok(cudaEventRecord(e0, nullptr), "cudaEventRecord");
+    for (int i = 0; i < reps; ++i) call();
+    cuda_ok(cudaEventRecord(e1, nullptr), "cudaEventRecord");
+    cuda_ok(cudaEventSynchronize(e1), "cudaEventSynchronize");
+    float ms = 0;
+    cuda_ok(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    const double s = double(ms) / 1e3 / reps, flops = 4.0 * D * Hq * double(n_seq) * double(len * (len + 1) / 2);
+    std::printf("prefill_attention %lld x %lld tokens Hq=%d Hkv=%d D=%d: %.2f ms, %.1f TFLOP/s (fp32 CUDA cores)\n",
+                (long long)n_seq, (long long)len, Hq, Hkv, D, s * 1e3, flops / s / 1e12);
+  }
+}
+
+#endif  // FD_HAVE_CUDA

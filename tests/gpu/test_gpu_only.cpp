@@ -1,0 +1,121 @@
+// The GPU-only engine and FastDecode with the CUDA S-Part (fp16 wire) vs the reference engine with an
+// fp16 KV-cache: greedy tokens compared over 64 steps. fp16 GEMM inputs (and fp16 on the wire) may flip a
+// near-tie, so tokens must agree until the first divergence and there the reference's own logits must be
+// a near-tie: the gap between its token and the engine's within 5e-3 of the largest |logit| (the stages
+// are within ~3e-4 of fp32, artifacts/sworker). The GPU-only engine's memory bound: with fewer slots than requests, the rest wait and finish.
+// Skips when no CUDA device answers (label gpu).
+#include <cstdio>
+#include <map>
+
+#include "fastdecode/engine/gpu_only_engine.h"
+#include "fastdecode/engine/reference_engine.h"
+#include "kernels/cuda/device_info.h"
+#include "tests/unit/test_helpers.h"
+#include "tests/unit/token_compare.h"
+
+using namespace fd;
+using fd::test::repo_path;
+
+namespace {
+
+using fd::test::Tokens;
+
+Tokens run(Engine& e, const std::vector<Request>& reqs, int64_t* max_running = nullptr) {
+  e.add(reqs);
+  Tokens got;
+  std::map<uint64_t, bool> live;
+  while (!e.done()) {
+    const StepResult r = e.step();
+    for (const auto& t : r.tokens) {
+      got[t.request_id].push_back(t.token);
+      live[t.request_id] = !t.finished;
+    }
+    int64_t n = 0;
+    for (auto& [id, l] : live) n += l;
+    if (max_running) *max_running = std::max(*max_running, n);
+  }
+  e.shutdown();
+  return got;
+}
+
+constexpr double kNearTie = 5e-3;
+
+std::vector<Request> requests(int n, int64_t gen) {
+  std::vector<Request> reqs;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> prompt;
+    for (int t = 0; t < 3 + 5 * i; ++t) prompt.push_back(int32_t((i * 31 + t * 7 + 5) % 200));
+    reqs.push_back({uint64_t(100 + i), prompt, gen, false});
+  }
+  return reqs;
+}
+
+class GpuEngines : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  }
+};
+
+}  // namespace
+
+TEST_P(GpuEngines, GreedyTokensVsReference) {
+  const ModelConfig c = load_model_config(repo_path(std::string("experiments/models/") + GetParam() + ".json"));
+  const auto reqs = requests(6, 64);
+  auto w0 = make_random_source(3, DType::F16);
+  const ModelWeights weights = load_model_weights(c, *w0);
+  auto w1 = make_random_source(3, DType::F16);
+  ReferenceEngine ref(c, *w1, SamplingParams{}, DType::F16);
+  const Tokens expect = run(ref, reqs);
+  auto check = [&](const EngineConfig& ec, const char* what) {
+    auto w = make_random_source(3, DType::F16);
+    auto e = make_engine(ec, c, *w, SamplingParams{});
+    const Tokens got = run(*e, reqs);
+    const auto d = fd::test::first_divergence_with_gap(weights, DType::F16, reqs, expect, got);
+    std::printf("%s %s vs reference: first divergence %s\n", GetParam(), what, d.describe().c_str());
+    EXPECT_EQ(got.size(), expect.size());
+    if (d.any) EXPECT_LE(d.gap, kNearTie * d.scale) << what << ": " << d.describe();
+  };
+  EngineConfig go;
+  go.type = "gpu-only";
+  go.max_context = 128;
+  check(go, "gpu-only");
+  EngineConfig fdc;
+  fdc.type = "fastdecode";
+  fdc.backend = "cuda";
+  fdc.rworkers.spawn = 2;
+  fdc.rworkers.memory_gb = 0.2;
+  fdc.rworkers.binary = std::string(FD_BIN_DIR) + "/fd-rworker";
+  for (const char* wire : {"fp16", "fp32"}) {
+    fdc.wire_dtype = wire;
+    check(fdc, wire[2] == '1' ? "fastdecode (cuda, fp16 wire)" : "fastdecode (cuda, fp32 wire)");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuEngines, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa"));
+
+// A memory budget that leaves room for 3 sequences of Llama-2-7b-shaped (1 layer) runs: 8 requests
+// run at most 3 at a time and all finish with their full length.
+TEST(GpuOnly, BatchBoundedByMemoryBudget) {
+  if (cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  const ModelConfig c = with_layers(load_model_config(repo_path("experiments/models/llama-2-7b.json")), 1);
+  const int64_t max_ctx = 64;
+  // Budget for exactly 3 slots (plus half a slot of slack).
+  const double slot = double(c.kv_bytes_per_token(2, true)) * double(max_ctx);
+  const double weights = double(with_layers(c, c.full_num_layers).num_params()) * 2;
+  EngineConfig ec;
+  ec.type = "gpu-only";
+  ec.max_context = max_ctx;
+  ec.gpu_memory_gb = (weights + double(1ull << 30) + 3.5 * slot) / 1e9;
+  ASSERT_EQ(gpu_only_slots(c, ec.gpu_memory_gb * 1e9, max_ctx), 3);
+  auto w = make_random_source(4, DType::F16);
+  auto e = make_engine(ec, c, *w, SamplingParams{});
+  EXPECT_EQ(e->info().at("slots"), 3);
+  EXPECT_THROW(e->add({{1, std::vector<int32_t>(60, 1), 10, false}}), Error);  // 69 positions > max_context 64
+  int64_t max_running = 0;
+  const Tokens got = run(*e, requests(8, 10), &max_running);
+  EXPECT_EQ(got.size(), 8u);
+  for (const auto& [id, t] : got) EXPECT_EQ(t.size(), 10u) << id;
+  EXPECT_LE(max_running, 3);
+  EXPECT_GE(max_running, 2);
+}
