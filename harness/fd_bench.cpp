@@ -41,8 +41,11 @@ int main(int argc, char** argv) {
   std::vector<int64_t> prof_batches = {1, 2, 4, 8, 16, 32, 64};
   std::vector<std::string> prof_dtypes = {"fp16", "int8", "int4"};
   std::string prof_backend = "cpu";
-  CLI::App* profile = app.add_subcommand("profile", "Measure T(B) (S-Part) and R (R-worker kernel, 1 thread) -> profile.json");
+  int64_t prof_r_threads = 1;
+  CLI::App* profile = app.add_subcommand("profile", "Measure T(B) (S-Part) and R (R-worker kernel, per CPU) -> profile.json");
   profile->add_option("--backend", prof_backend, "S-Part backend for T(B)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  profile->add_option("--r-threads", prof_r_threads, "CPUs measuring R together (R is per CPU; use the R-worker CPU count)")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
   profile->add_option("--model", prof_model, "Model config (HF config.json)")->required();
   profile->add_option("--batches", prof_batches, "Batch sizes for T(B)")->capture_default_str();
   profile->add_option("--kv-dtypes", prof_dtypes, "KV dtypes for R")->capture_default_str();
@@ -52,7 +55,8 @@ int main(int argc, char** argv) {
   return fd::guarded_main(app, argc, argv, [&]() {
     if (*profile) {
       const fd::json prof = fd::measure_profile(fd::load_model_config(prof_model), prof_batches, prof_dtypes,
-                                                prof_context, int(prof_reps), prof_backend, fd::join_args(argc, argv));
+                                                prof_context, int(prof_reps), prof_backend, int(prof_r_threads),
+                                                fd::join_args(argc, argv));
       fd::write_json_file(prof_out, prof);
       std::printf("%s\nwrote %s\n", prof.dump(1).c_str(), prof_out.c_str());
       return 0;

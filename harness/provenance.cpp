@@ -40,11 +40,13 @@ std::string utc_timestamp(const char* fmt) {
 json collect_provenance(const std::string& command_line) {
   json p;
   const std::string git = "git -C '" + std::string(FD_SOURCE_DIR) + "' ";
-  // FD_GIT_COMMIT names the commit where the tree has no git history (a copy sent to another machine).
+  // FD_GIT_COMMIT names the commit of a tree copied to another machine; when set it wins over the
+  // copy's own .git (which may be stale: the GPU machine's copy reported an older HEAD).
   const char* env_commit = std::getenv("FD_GIT_COMMIT");
-  std::string commit = run_capture(git + "rev-parse --verify -q HEAD 2>/dev/null");
-  const bool from_git = !commit.empty();
-  if (!from_git && env_commit && *env_commit) commit = env_commit;
+  const bool from_env = env_commit && *env_commit;
+  std::string commit = from_env ? std::string(env_commit) : run_capture(git + "rev-parse --verify -q HEAD 2>/dev/null");
+  const bool from_git = !from_env && !commit.empty();
+  p["git_commit_source"] = from_env ? "FD_GIT_COMMIT" : (from_git ? "git" : "none");
   p["git_commit"] = commit.empty() ? "unknown" : commit;
   if (from_git) p["git_dirty"] = !run_capture(git + "status --porcelain --untracked-files=no 2>/dev/null").empty();
   else p["git_dirty"] = nullptr;  // unknown without a repository

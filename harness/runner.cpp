@@ -244,7 +244,8 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
     if (n > 1) tpot.push_back((last - first) / double(n - 1));
     for (size_t i = 1; i < n; ++i) itl.push_back(double(rt.token_ns[i] - rt.token_ns[i - 1]) / 1e6);
     req_out << json{{"id", id}, {"prompt_len", rt.prompt_len}, {"output_len", n}, {"arrival_ms", arrive},
-                    {"queue_ms", queue.back()}, {"ttft_ms", first}, {"e2e_ms", last}, {"tokens", rt.tokens}}.dump()
+                    {"queue_ms", queue.back()}, {"ttft_ms", first}, {"e2e_ms", last},
+                    {"prompt", by_id.at(id)->prompt}, {"tokens", rt.tokens}}.dump()
             << "\n";
   }
 

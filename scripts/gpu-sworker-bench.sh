@@ -4,9 +4,12 @@
 #   build      cmake --preset cuda + build
 #   tests      the gpu-labelled tests (CUDA S-Part, attention kernels, green contexts, GPU-only, FastDecode-CUDA)
 #   spart      fd-spart-bench: S-Part layer vs cuBLAS GEMMs alone, Llama-2-7b and Llama-3-8B, all SMs and 16 SMs
-#   profile    fd-bench profile --backend cuda (T(B) of the GPU S-Part with host transfers; R of the CPU kernel)
+#   profile    fd-bench profile --backend cuda (T(B) of the GPU S-Part with host transfers; R of the CPU kernel
+#              per CPU, measured with 1, 6 and 12 CPUs together)
+#   hf         tests/gpu/hf_engine_check.py: FastDecode-CUDA and GPU-only greedy tokens vs transformers
 #   quickstart the README's main job (CUDA S-Part when a GPU answers)
-#   e2e        experiments/gpu/*.json: FastDecode vs GPU-only, full GPU and A10-like balance
+#   e2e        experiments/gpu/*.json: FastDecode vs GPU-only, full GPU and A10-like balance; then
+#              analysis/e2e_report.py and analysis/perf_model_validation.py over the runs
 # Results go to $1 (default results/gpu-sworker). A tree copied without git history records its commit
 # from FD_GIT_COMMIT (set it when sending the tree).
 set -uo pipefail
@@ -35,9 +38,16 @@ if has spart; then
   $bin/fd-spart-bench --model experiments/models/llama-2-7b.json --sm-count 16 --out "$out/spart_llama-2-7b_16sm.json" || rc=1
 fi
 if has profile; then
-  $bin/fd-bench profile --backend cuda --model experiments/models/llama-2-7b.json --kv-dtypes fp16 int8 \
-    --batches 1 16 64 128 256 512 1024 --out "$out/profile_llama-2-7b_cuda.json" >"$out/profile.log" 2>&1 || rc=1
-  tail -3 "$out/profile.log"
+  for m in llama-2-7b llama-3-8b; do
+    for rt in ${PROFILE_R_THREADS:-1 6 12}; do
+      $bin/fd-bench profile --backend cuda --model experiments/models/$m.json --kv-dtypes fp16 --r-threads "$rt" \
+        --batches 1 16 64 128 256 512 1024 --out "$out/profile_${m}_cuda_r$rt.json" >"$out/profile_${m}_r$rt.log" 2>&1 || rc=1
+    done
+  done
+fi
+if has hf; then
+  python3 tests/gpu/hf_engine_check.py --bin-dir $bin --out "$out/hf_engine_check.json" >"$out/hf_engine_check.log" 2>&1 || rc=1
+  tail -12 "$out/hf_engine_check.log"
 fi
 if has quickstart; then
   $bin/fd-bench run experiments/quickstart.json --out "$out/quickstart" --quiet || rc=1
@@ -49,5 +59,8 @@ if has e2e; then
     grep -E "tokens/s|breakdown" "$out/e2e_$n.log" | head -2
     rm -f "$out/e2e/$n/trace.json"  # large; steps.jsonl keeps the per-step record
   done
+  python3 analysis/e2e_report.py "$out"/e2e/* --out "$out" || rc=1
+  ls "$out"/profile_*_cuda*.json >/dev/null 2>&1 && python3 analysis/perf_model_validation.py \
+    $(for p in "$out"/profile_*_cuda*.json; do echo --profile "$p"; done) --out "$out" "$out"/e2e/* || rc=1
 fi
 exit $rc
