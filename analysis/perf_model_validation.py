@@ -65,6 +65,7 @@ def main():
                          "predicted_tok_s": pred, "measured_tok_s": measured, "measured_over_predicted": measured / pred,
                          "measured_step_ms": statistics.fmean(x["step_ms"] for x in dec),
                          "predicted_step_ms": step * 1e3})
+    rows.sort(key=lambda r: (r["run"], r["r_threads"]))
     os.makedirs(a.out, exist_ok=True)
     json.dump(rows, open(os.path.join(a.out, "validation.json"), "w"), indent=1)
     lines = ["| run | B | W | P | R from | R (ns/token/layer/CPU) | S ms/layer | R ms/layer | binds | predicted tok/s (MODELLED) | measured tok/s | measured / predicted |",

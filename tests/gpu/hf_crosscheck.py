@@ -155,9 +155,11 @@ def provenance(argv) -> dict:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
-        # FD_GIT_COMMIT names the commit when the tree was copied without its git history.
-        "git_commit": git("rev-parse", "--verify", "-q", "HEAD") or os.environ.get("FD_GIT_COMMIT") or None,
-        "git_dirty": None if status is None or not git("rev-parse", "--verify", "-q", "HEAD") else bool(status),
+        # FD_GIT_COMMIT names the commit of a tree copied to another machine; when set it wins over
+        # the copy's own .git, which may be stale (as harness/provenance.cpp).
+        "git_commit": os.environ.get("FD_GIT_COMMIT") or git("rev-parse", "--verify", "-q", "HEAD") or None,
+        "git_dirty": None if os.environ.get("FD_GIT_COMMIT") or status is None
+        or not git("rev-parse", "--verify", "-q", "HEAD") else bool(status),
     }
 
 
