@@ -3,7 +3,8 @@
 // shapes), in the same run. Both are timed with CUDA events over --reps back-to-back repetitions after a
 // warm-up; the S-Part time is device time of the stages (norms, GEMMs, bias/RoPE, activation, residuals,
 // the q/k/v split into the fp16 tensors FastDecode sends), without the host transfers of the engine (fd-bench profile --backend cuda measures
-// those). Writes JSON rows: B, spart_ms, gemm_ms, ratio, the GEMMs' TFLOP/s and weight-read GB/s.
+// those). Writes JSON rows: B, spart_ms, gemm_ms, ratio, the GEMMs' TFLOP/s and weight-read GB/s, and
+// each elementwise kernel of the layer timed alone (elementwise_ms, elementwise_sum_ms).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "harness/provenance.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/green_context.h"
+#include "kernels/cuda/spart_kernels.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"S-Part layer time on the GPU vs its cuBLAS GEMMs alone (same shapes, same run)"};
@@ -40,7 +42,8 @@ int main(int argc, char** argv) {
                  kvd = double(c.kv_dim());
     const double layer_params = H * (qd + 2 * kvd) + qd * H + (c.arch == fd::Arch::Llama ? 3 : 2) * H * I;
     fd::json rows = fd::json::array();
-    std::printf("%6s %10s %10s %7s %9s %9s\n", "B", "spart_ms", "gemm_ms", "ratio", "TFLOP/s", "wGB/s");
+    std::printf("%6s %10s %10s %7s %9s %9s %12s\n", "B", "spart_ms", "gemm_ms", "ratio", "TFLOP/s", "wGB/s",
+                "elemwise_ms");
     for (int64_t B : batches) {
       fd::DevActs a;
       m.ensure(a, B);
@@ -66,11 +69,40 @@ int main(int argc, char** argv) {
         m.attention_output_and_mlp(a, 0);
       });
       const double gemm = time([&] { m.layer_gemms_only(a, 0); });
+      // Each elementwise kernel of the layer alone (same shapes; weights stand-ins: the values do not
+      // change the time), to see where the S-Part's time beyond the GEMMs goes.
+      const int64_t Hn = c.hidden_size, In = c.intermediate_size;
+      fd::DeviceBuffer<float> wn(size_t(Hn) * 2), bias(size_t(c.q_dim() + 2 * c.kv_dim()));
+      fd::DeviceBuffer<float> inv(size_t(c.head_dim / 2));
+      CUDA_CHECK(cudaMemsetAsync(wn.get(), 0, wn.size() * 4, s));
+      CUDA_CHECK(cudaMemsetAsync(inv.get(), 0, inv.size() * 4, s));
+      const bool llama = c.arch == fd::Arch::Llama;
+      auto norm = [&](const __half* add) {
+        if (llama) fd::cuda::rmsnorm_to_f16(a.x.get(), add, nullptr, wn.get(), 1e-5f, B, Hn, a.h16.get(), s);
+        else fd::cuda::layernorm_to_f16(a.x.get(), add, nullptr, wn.get(), wn.get() + Hn, 1e-5f, B, Hn, a.h16.get(), s);
+      };
+      fd::json stages = {
+          {"norm", time([&] { norm(nullptr); })},
+          {"qkv_post", time([&] {
+             fd::cuda::qkv_post(a.qkv16.get(), llama ? nullptr : bias.get(), a.pos.get(), llama ? inv.get() : nullptr, B,
+                                c.num_heads, c.num_kv_heads, c.head_dim, nullptr, nullptr, nullptr, a.q16.get(),
+                                a.k16.get(), a.v16.get(), s);
+           })},
+          {"residual_norm", time([&] { norm(a.proj16.get()); })},
+          {"activation", time([&] {
+             if (llama) fd::cuda::silu_mul_to_f16(a.gu16.get(), B, In, a.i16.get(), s);
+             else fd::cuda::relu_bias_to_f16(a.gu16.get(), wn.get(), B, In, a.i16.get(), s);
+           })},
+          {"residual", time([&] { fd::cuda::add_residual(a.x.get(), a.proj16.get(), nullptr, B, Hn, s); })}};
+      double stage_sum = 0;
+      for (auto& [k, v] : stages.items()) stage_sum += v.get<double>();
       const double tflops = 2.0 * layer_params * double(B) / (gemm * 1e-3) / 1e12;
       const double wgbs = layer_params * 2 / (gemm * 1e-3) / 1e9;
-      std::printf("%6lld %10.4f %10.4f %7.3f %9.1f %9.0f\n", (long long)B, spart, gemm, spart / gemm, tflops, wgbs);
+      std::printf("%6lld %10.4f %10.4f %7.3f %9.1f %9.0f %12.4f\n", (long long)B, spart, gemm, spart / gemm, tflops,
+                  wgbs, stage_sum);
       rows.push_back({{"B", B}, {"spart_ms", spart}, {"gemm_ms", gemm}, {"ratio", spart / gemm},
-                      {"gemm_tflops", tflops}, {"gemm_weight_gbs", wgbs}});
+                      {"gemm_tflops", tflops}, {"gemm_weight_gbs", wgbs}, {"elementwise_ms", stages},
+                      {"elementwise_sum_ms", stage_sum}});
     }
     const fd::json result = {{"model", c.name},
                              {"device", devs[0].name},

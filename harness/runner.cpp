@@ -105,6 +105,45 @@ struct RequestTrack {
 
 }  // namespace
 
+// schedule.kv_capacity_tokens derived from the R-workers' memory (their HELLO replies in engine_info):
+// worker w holds C_w = memory_w / (layers x bytes per token per layer) tokens of full blocks; each
+// sequence also holds at most one fp16 partial block per layer (slack s_w tokens), and at most
+// W / min(prompt + 1) sequences run at a W load, so C'_w = C_w / (1 + s_w / min(prompt + 1)); placement
+// by least projected load keeps a worker within one sequence (max_len) of the mean: the cap is
+// P x (min_w C'_w - max_len). Returns 0 for engines without R-workers, -1 (with a note) when no
+// request fits.
+int64_t rworker_kv_capacity(const json& info, const ModelConfig& model, const std::vector<SchedRequest>& reqs,
+                            std::string* note) {
+  if (!info.contains("rworkers") || reqs.empty()) return 0;
+  int64_t min_p1 = INT64_MAX, max_len = 0;
+  for (const auto& r : reqs) min_p1 = std::min(min_p1, r.prompt_len + 1), max_len = std::max(max_len, r.prompt_len + r.max_gen_len);
+  double min_c = 1e300;
+  const auto& ws = info.at("rworkers");
+  for (const auto& w : ws) {
+    const json& h = w.at("hello");
+    const double per_token = double(model.num_layers) * h.at("kv_bytes_per_token_per_layer").get<double>();
+    const double slack = h.at("kv_tail_block_bytes").get<double>() * double(model.num_layers) / per_token;
+    const double c = std::floor(h.at("memory_limit_bytes").get<double>() / per_token);
+    min_c = std::min(min_c, c / (1.0 + slack / double(min_p1)));
+  }
+  const int64_t cap = int64_t(double(ws.size()) * (std::floor(min_c) - double(max_len)));
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "schedule.kv_capacity_tokens = %lld, derived from the R-workers' memory (%zu workers, at most %.0f "
+                "tokens each after partial-block slack; minus one longest sequence each for placement imbalance)",
+                (long long)cap, ws.size(), std::floor(min_c));
+  *note = buf;
+  if (cap < max_len) {
+    std::snprintf(buf, sizeof buf,
+                  "the R-workers' KV memory holds %lld tokens in the worst case, less than one request of %lld "
+                  "tokens: raise engine.rworkers.memory_gb (or set schedule.kv_capacity_tokens)",
+                  (long long)cap, (long long)max_len);
+    *note = buf;
+    return -1;
+  }
+  return cap;
+}
+
 json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   const fs::path dir = opt.out_dir;
   if (fs::exists(dir / "summary.json"))
@@ -116,11 +155,8 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   const std::vector<double> arrivals = arrival_times(e.workload);
   int64_t total_gen = 0, prompt_tokens = 0;
   std::map<uint64_t, RequestTrack> track;
-  // The admission schedule decides at which step each request starts (all at the first step unless
-  // the config asks for SLS / load control); every request is checked before any work.
-  SchedulerConfig sc = e.schedule;
-  sc.deferred_starts = true;  // the engine may start an admitted request later (prefill budget, slots)
-  Scheduler sched(sc);
+  // Every request is checked before any work.
+  std::vector<SchedRequest> sched_requests;
   for (size_t i = 0; i < requests.size(); ++i) {
     const Request& r = requests[i];
     validate_request(r, e.model);
@@ -130,7 +166,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
     track[r.id].arrival_ns = int64_t(arrivals[i] * 1e9);
     // The scheduler projects with the trace's max_gen_len when there is one (early finish otherwise).
     const int64_t projected = e.workload.trace.empty() ? r.max_new_tokens : e.workload.trace[i].max_gen_len;
-    sched.submit({r.id, arrivals[i], int64_t(r.prompt.size()), projected});
+    sched_requests.push_back({r.id, arrivals[i], int64_t(r.prompt.size()), projected});
   }
   std::map<uint64_t, const Request*> by_id;
   for (const auto& r : requests) by_id[r.id] = &r;
@@ -146,6 +182,19 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   if (e.hardware.rworker_threads > 0) ec.rworkers.threads = e.hardware.rworker_threads;
   std::unique_ptr<Engine> engine = make_engine(ec, e.model, *weights, e.sampling);
   const double load_s = double(now_ns() - load0) / 1e9;
+  const json engine_info = engine->info();
+
+  // The admission schedule decides at which step each request starts (all at the first step unless
+  // the config asks for SLS / load control), never beyond the R-workers' KV memory.
+  SchedulerConfig sc = e.schedule;
+  sc.deferred_starts = true;  // the engine may start an admitted request later (prefill budget, slots)
+  std::string capacity_note;
+  if (sc.kv_capacity_tokens == 0) {
+    sc.kv_capacity_tokens = rworker_kv_capacity(engine_info, e.model, sched_requests, &capacity_note);
+    if (sc.kv_capacity_tokens < 0) throw ConfigError(e.file + ": " + capacity_note);
+  }
+  Scheduler sched(sc);
+  for (const auto& r : sched_requests) sched.submit(r);
 
   std::ofstream steps_out(dir / "steps.jsonl", std::ios::trunc);
   if (!steps_out) FD_THROW((dir / "steps.jsonl").string() << ": cannot open for writing");
@@ -224,7 +273,6 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   const int64_t t_end = now_ns();
   progress.update(engine_steps, out_tokens, 0, true);
   progress.done();
-  const json engine_info = engine->info();
   engine->shutdown();
   steps_out.close();
 
@@ -273,6 +321,8 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
                 {"full_layers", e.model.full_num_layers}, {"params", e.model.num_params()},
                 {"weights", weights->describe()}};
   json notes = json::array();
+  if (!capacity_note.empty()) notes.push_back(capacity_note);
+  results["kv_capacity_tokens"] = sc.kv_capacity_tokens;
   const bool on_gpu = e.engine.type == "gpu-only" || (e.engine.type == "fastdecode" && e.engine.backend == "cuda");
   if ((e.hardware.gpu_memory_gb > 0 || e.hardware.gpu_sm_count > 0) && !on_gpu)
     notes.push_back("hardware.gpu is not applied: the " + e.engine.type + " engine runs nothing on a GPU here");

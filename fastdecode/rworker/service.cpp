@@ -136,7 +136,9 @@ std::vector<zmq::message_t> RWorkerService::on_hello(const Message& m) {
                {"memory_limit_bytes", cfg_.memory_limit_bytes},
                {"block_tokens", kKVBlockTokens},
                {"kv_bytes_per_token_per_layer",
-                double(kv_block_bytes(cfg_.kv_dtype, h.n_kv_heads, h.head_dim)) / kKVBlockTokens}};
+                double(kv_block_bytes(cfg_.kv_dtype, h.n_kv_heads, h.head_dim)) / kKVBlockTokens},
+               // a sequence's newest (partial) block is fp16 until full: at most this much per layer on top
+               {"kv_tail_block_bytes", kv_fp16_block_bytes(h.n_kv_heads, h.head_dim)}};
   const std::string s = info.dump();
   std::vector<zmq::message_t> f;
   f.emplace_back(s.data(), s.size());

@@ -172,7 +172,7 @@ def test_usage_errors_exit_2(fd_bin, args):
 
 
 def test_experiment_configs_in_repo_are_valid(fd_bin, repo_root):
-    for cfg in sorted((repo_root / "experiments").glob("*.json")):
+    for cfg in sorted([*(repo_root / "experiments").glob("*.json"), *(repo_root / "experiments" / "gpu").glob("*.json")]):
         p = bench(fd_bin, "run", cfg, "--check", check=False)
         assert p.returncode == 0, f"{cfg}: {p.stderr}"
 
@@ -318,3 +318,34 @@ def test_trace_arrivals(fd_bin, models_dir, tmp_path):
     cfg["workload"]["requests"] = 3
     p = bench(fd_bin, "run", write_config(tmp_path / "t2.json", models_dir, cfg), check=False)
     assert p.returncode == 2 and "workload.requests: not allowed" in p.stderr
+
+
+def test_kv_capacity_derived_from_rworker_memory(fd_bin, models_dir, tmp_path):
+    """schedule.kv_capacity_tokens left at 0 is derived from the R-workers' memory: 16 requests that
+    do not all fit the workers' 1 MB run without an out-of-memory error, fewer at a time; the same run
+    with the cap forced off fails naming the worker's error; a request larger than the memory is a
+    config error (exit 2) before any work."""
+    cfg = json.loads(json.dumps(TINY))
+    cfg["workload"] = {"requests": 16, "prompt_len": 100, "gen_len": 100, "seed": 1}
+    cfg["engine"] = {"type": "fastdecode", "backend": "cpu", "threads": 1,
+                     "rworkers": {"spawn": 2, "threads": 1, "kv_dtype": "fp16", "memory_gb": 0.001}}
+    bench(fd_bin, "run", write_config(tmp_path / "cap.json", models_dir, cfg), "--out", tmp_path / "cap", "--quiet")
+    summary = json.loads((tmp_path / "cap" / "summary.json").read_text())
+    cap = summary["results"]["kv_capacity_tokens"]
+    assert 0 < cap < 16 * 200
+    assert any("derived from the R-workers' memory" in n for n in summary["notes"])
+    steps = read_jsonl(tmp_path / "cap" / "steps.jsonl")
+    assert max(s["running"] for s in steps) < 16
+    assert all(s["total_context"] <= cap for s in steps)
+    assert all(len(r["tokens"]) == 100 for r in read_jsonl(tmp_path / "cap" / "requests.jsonl"))
+    cfg["schedule"] = {"mode": "all-at-once", "kv_capacity_tokens": 10 ** 9}
+    p = bench(fd_bin, "run", write_config(tmp_path / "nocap.json", models_dir, cfg), "--out", tmp_path / "nocap",
+              "--quiet", check=False)
+    assert p.returncode == 1 and "out-of-memory" in p.stderr and "R-worker" in p.stderr
+    big = json.loads(json.dumps(cfg))
+    del big["schedule"]
+    big["model"]["config"] = "MODELS/small-llama.json"
+    big["workload"] = {"requests": 2, "prompt_len": 200, "gen_len": 10, "seed": 1}
+    p = bench(fd_bin, "run", write_config(tmp_path / "big.json", models_dir, big), "--out", tmp_path / "big",
+              "--quiet", check=False)
+    assert p.returncode == 2 and "engine.rworkers.memory_gb" in p.stderr
