@@ -82,35 +82,42 @@ __global__ void add_residual_kernel(float* x, const __half* y, const float* bias
   if (i < total) x[i] += __half2float(y[i]) + (bias ? bias[i % n] : 0.0f);
 }
 
-// One thread per (row t, pair j) of the fused [q|k|v] row seen as (qd + 2 kvd) / 2 pairs: pair j of head h
-// is elements (i, i + D/2) of that head, so RoPE (rotate_half) is local to the thread; v is copied.
+// One block per row t. The row's RoPE angles are computed once into shared memory (all heads share
+// them); then each thread takes two adjacent pairs (i, i+1) of a head, whose elements (i, i+1) and
+// (i + D/2, i + D/2 + 1) it reads and writes as half2 / float2 (D % 4 == 0). Pair i of head h is
+// rotated as HF's rotate_half; v heads are copied (+ bias).
 __global__ void qkv_post_kernel(const __half* qkv, const float* bias, const int64_t* pos, const float* inv_freq,
-                                int64_t Hq, int64_t Hkv, int64_t D, int64_t total, float* q, float* k, float* v,
-                                __half* q16, __half* k16, __half* v16) {
-  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (idx >= total) return;
-  const int64_t half = D / 2, heads = Hq + 2 * Hkv, per_row = heads * half;
-  const int64_t t = idx / per_row, r = idx % per_row, h = r / half, i = r % half;
-  const int64_t ld = heads * D, col = h * D + i;
+                                int64_t Hq, int64_t Hkv, int64_t D, float* q, float* k, float* v, __half* q16,
+                                __half* k16, __half* v16) {
+  extern __shared__ float cs[];  // [D/2] cos, then [D/2] sin
+  const int64_t t = blockIdx.x, half = D / 2, heads = Hq + 2 * Hkv, ld = heads * D;
+  if (inv_freq)
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) sincosf(float(pos[t]) * inv_freq[i], &cs[half + i], &cs[i]);
+  __syncthreads();
   const __half* row = qkv + t * ld;
-  float a = __half2float(row[col]), b = __half2float(row[col + half]);
-  if (bias) a += bias[col], b += bias[col + half];
-  const bool is_v = h >= Hq + Hkv;
-  if (inv_freq && !is_v) {
-    float c, sn;
-    sincosf(float(pos[t]) * inv_freq[i], &sn, &c);
-    const float a2 = a * c - b * sn, b2 = b * c + a * sn;
-    a = a2, b = b2;
+  const int64_t per_head = half / 2;
+  for (int64_t j = threadIdx.x; j < heads * per_head; j += blockDim.x) {
+    const int64_t h = j / per_head, i = 2 * (j % per_head), col = h * D + i;
+    float2 a = __half22float2(*reinterpret_cast<const __half2*>(row + col));
+    float2 b = __half22float2(*reinterpret_cast<const __half2*>(row + col + half));
+    if (bias) a.x += bias[col], a.y += bias[col + 1], b.x += bias[col + half], b.y += bias[col + half + 1];
+    const bool is_v = h >= Hq + Hkv;
+    if (inv_freq && !is_v) {
+      const float c0 = cs[i], c1 = cs[i + 1], s0 = cs[half + i], s1 = cs[half + i + 1];
+      const float2 a2 = make_float2(a.x * c0 - b.x * s0, a.y * c1 - b.y * s1);
+      b = make_float2(b.x * c0 + a.x * s0, b.y * c1 + a.y * s1);
+      a = a2;
+    }
+    float* o32;
+    __half* o16;
+    int64_t oh, width;
+    if (h < Hq) o32 = q, o16 = q16, oh = h, width = Hq * D;
+    else if (!is_v) o32 = k, o16 = k16, oh = h - Hq, width = Hkv * D;
+    else o32 = v, o16 = v16, oh = h - Hq - Hkv, width = Hkv * D;
+    const int64_t o = t * width + oh * D + i;
+    if (o32) *reinterpret_cast<float2*>(o32 + o) = a, *reinterpret_cast<float2*>(o32 + o + half) = b;
+    if (o16) *reinterpret_cast<__half2*>(o16 + o) = __float22half2_rn(a), *reinterpret_cast<__half2*>(o16 + o + half) = __float22half2_rn(b);
   }
-  float* o32;
-  __half* o16;
-  int64_t oh, width;
-  if (h < Hq) o32 = q, o16 = q16, oh = h, width = Hq * D;
-  else if (!is_v) o32 = k, o16 = k16, oh = h - Hq, width = Hkv * D;
-  else o32 = v, o16 = v16, oh = h - Hq - Hkv, width = Hkv * D;
-  const int64_t o = t * width + oh * D + i;
-  if (o32) o32[o] = a, o32[o + half] = b;
-  if (o16) o16[o] = __float2half(a), o16[o + half] = __float2half(b);
 }
 
 // Two elements per thread (n even): half2 loads and stores.
@@ -220,9 +227,10 @@ void add_residual(float* x, const __half* y, const float* bias, int64_t T, int64
 void qkv_post(const __half* qkv, const float* bias, const int64_t* pos, const float* inv_freq, int64_t T, int64_t Hq,
               int64_t Hkv, int64_t D, float* q, float* k, float* v, __half* q16, __half* k16, __half* v16,
               cudaStream_t s) {
-  const int64_t total = T * (Hq + 2 * Hkv) * (D / 2);
-  if (total > 0)
-    qkv_post_kernel<<<blocks(total), kThreads, 0, s>>>(qkv, bias, pos, inv_freq, Hq, Hkv, D, total, q, k, v, q16, k16, v16);
+  if (D % 4 != 0) FD_THROW("qkv_post: head_dim " << D << " is not a multiple of 4");
+  if (T > 0)
+    qkv_post_kernel<<<unsigned(T), kThreads, size_t(D) * sizeof(float), s>>>(qkv, bias, pos, inv_freq, Hq, Hkv, D, q, k,
+                                                                            v, q16, k16, v16);
   check_launch("qkv_post");
 }
 void silu_mul_to_f16(const __half* gu, int64_t T, int64_t n, __half* out, cudaStream_t s) {
