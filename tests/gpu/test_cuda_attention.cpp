@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <ostream>
 #include <random>
@@ -308,6 +309,23 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   EXPECT_EQ(fd::cuda::decode_attention_workspace_floats(4, 8, 64, 64), 0u);  // one split: no workspace
 }
 
+// Seconds per call of `call` on the default stream: one warm-up, then `reps` calls between two events.
+static double seconds_per_call(const std::function<void()>& call, int reps) {
+  call();
+  cudaEvent_t e0, e1;
+  cuda_ok(cudaEventCreate(&e0), "cudaEventCreate");
+  cuda_ok(cudaEventCreate(&e1), "cudaEventCreate");
+  cuda_ok(cudaEventRecord(e0, nullptr), "cudaEventRecord");
+  for (int i = 0; i < reps; ++i) call();
+  cuda_ok(cudaEventRecord(e1, nullptr), "cudaEventRecord");
+  cuda_ok(cudaEventSynchronize(e1), "cudaEventSynchronize");
+  float ms = 0;
+  cuda_ok(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return double(ms) / 1e3 / reps;
+}
+
 // Achieved K+V read bandwidth of decode_attention (every sequence at full length). Printed only: no timed
 // assertion. The first row is the reference configuration (B=256, ctx=1024, MHA 32 heads, D=128).
 TEST(CudaAttention, DecodeAttentionBandwidth) {
@@ -333,20 +351,8 @@ TEST(CudaAttention, DecodeAttentionBandwidth) {
       fd::cuda::decode_attention(q.get(), kc.get(), vc.get(), ds.get(), dl.get(), c.B, c.ctx, c.Hq, c.Hkv, c.D, out.get(),
                                  ws.get(), nullptr);
     };
-    for (int i = 0; i < 3; ++i) call();
-    cudaEvent_t e0, e1;
-    cuda_ok(cudaEventCreate(&e0), "cudaEventCreate");
-    cuda_ok(cudaEventCreate(&e1), "cudaEventCreate");
-    const int reps = 20;
-    cuda_ok(cudaEventRecord(e0, nullptr), "cudaEventRecord");
-    for (int i = 0; i < reps; ++i) call();
-    cuda_ok(cudaEventRecord(e1, nullptr), "cudaEventRecord");
-    cuda_ok(cudaEventSynchronize(e1), "cudaEventSynchronize");
-    float ms = 0;
-    cuda_ok(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    const double s = double(ms) / 1e3 / reps, bytes = 2.0 * double(cache_n) * 2.0;
+    for (int i = 0; i < 2; ++i) call();
+    const double s = seconds_per_call(call, 20), bytes = 2.0 * double(cache_n) * 2.0;
     std::printf("decode_attention B=%lld ctx=%lld Hq=%d Hkv=%d D=%d: %.1f us/call, K+V %.0f GB/s (%.0f%% of 4.8 TB/s)\n",
                 (long long)c.B, (long long)c.ctx, c.Hq, c.Hkv, c.D, s * 1e6, bytes / s / 1e9, bytes / s / 4.8e12 * 100);
   }
@@ -367,20 +373,7 @@ TEST(CudaAttention, PrefillAttentionThroughput) {
     v.fill_bytes(0x3C);
     Dev<int32_t> ds(starts);
     auto call = [&] { fd::cuda::prefill_attention(q.get(), k.get(), v.get(), ds.get(), n_seq, len, Hq, Hkv, D, out.get(), nullptr); };
-    call();
-    cudaEvent_t e0, e1;
-    cuda_ok(cudaEventCreate(&e0), "cudaEventCreate");
-    cuda_ok(cudaEventCreate(&e1), "cudaEventCreate");
-    const int reps = 5;
-    cuda_ok(cudaEventRecord(e0, nullptr), "cudaEventRecord");
-    for (int i = 0; i < reps; ++i) call();
-    cuda_ok(cudaEventRecord(e1, nullptr), "cudaEventRecord");
-    cuda_ok(cudaEventSynchronize(e1), "cudaEventSynchronize");
-    float ms = 0;
-    cuda_ok(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    const double s = double(ms) / 1e3 / reps, flops = 4.0 * D * Hq * double(n_seq) * double(len * (len + 1) / 2);
+    const double s = seconds_per_call(call, 5), flops = 4.0 * D * Hq * double(n_seq) * double(len * (len + 1) / 2);
     std::printf("prefill_attention %lld x %lld tokens Hq=%d Hkv=%d D=%d: %.2f ms, %.1f TFLOP/s (fp32 CUDA cores)\n",
                 (long long)n_seq, (long long)len, Hq, Hkv, D, s * 1e3, flops / s / 1e12);
   }
