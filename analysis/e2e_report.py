@@ -39,7 +39,7 @@ def load_run(d):
         "mean_step_ms": statistics.fmean(x["step_ms"] for x in dec) if dec else 0.0,
         "breakdown_ms": bd,
         "output_tokens_per_s": s["results"]["output_throughput"],
-        "provenance": {k: s["provenance"].get(k) for k in ("git_commit", "date", "cpu", "gpus", "command")},
+        "provenance": {k: s["provenance"].get(k) for k in ("git_commit", "date_utc", "cpu_model", "gpus", "command")},
     }
 
 

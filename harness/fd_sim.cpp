@@ -309,6 +309,8 @@ int main(int argc, char** argv) {
       json line = {{"step", step},       {"start_s", clock},   {"running", n},          {"admitted", ids.size()},
                    {"finished", finished}, {"queued", queued}, {"total_context", w},    {"s_ms", s_ms},
                    {"r_ms", r_ms},        {"step_ms", step_ms}, {"binds", s_ms >= r_ms ? "S" : "R"}};
+      if (!cost.has_s && !cost.has_r)  // no cost model: the schedule only; times are unknown, not zero
+        for (const char* k : {"start_s", "s_ms", "r_ms", "step_ms", "binds"}) line[k] = nullptr;
       steps_out << line.dump() << "\n";
       recs.push_back({step, n, w, step_ms});
       if (first_start < 0) first_start = clock;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 
 #include "fastdecode/core/clock.h"
@@ -123,6 +124,7 @@ class FastDecodeEngine : public Engine {
     StepResult out;
     s_ns_ = r_wait_ns_ = 0;
     worker_ns_.assign(client_->size(), 0);
+    collect_frees();
     if (!running_.empty()) decode(out);
     if (!queued_.empty()) prefill(out);
     release_finished(out);
@@ -135,6 +137,13 @@ class FastDecodeEngine : public Engine {
 
   void shutdown() override {
     if (!client_) return;
+    std::exception_ptr failed;  // a failed FREE_SEQ still lets the workers be shut down, then is reported
+    try {
+      collect_frees();
+    } catch (...) {
+      failed = std::current_exception();
+      pending_frees_.clear();
+    }
     std::map<size_t, std::vector<uint64_t>> by_worker;
     for (auto& [id, s] : running_) by_worker[s.worker].push_back(id);
     running_.clear();
@@ -147,6 +156,7 @@ class FastDecodeEngine : public Engine {
       spawned_.clear();
     }
     client_.reset();
+    if (failed) std::rethrow_exception(failed);
   }
 
  private:
@@ -367,7 +377,9 @@ class FastDecodeEngine : public Engine {
     out.spans.push_back({"s-worker", "prefill", t_start, now_ns() - t_start});
   }
 
-  // Finished sequences free their R-worker memory at once.
+  // Finished sequences free their R-worker memory at once. The S-worker does not wait for the
+  // FREE_SEQ replies (a worker handles its requests in order, so later requests see the memory freed);
+  // they are collected at the next step or at shutdown, where an error still fails the run.
   void release_finished(const StepResult& out) {
     std::map<size_t, std::vector<uint64_t>> frees;
     for (const auto& t : out.tokens) {
@@ -377,7 +389,18 @@ class FastDecodeEngine : public Engine {
       load_[s.worker] -= int64_t(s.req.prompt.size()) + s.req.max_new_tokens;
       running_.erase(t.request_id);
     }
-    for (auto& [w, ids] : frees) client_->free_seqs(w, ids);
+    for (auto& [w, ids] : frees) {
+      pending_frees_.push_back({w, 0, std::move(ids)});
+      pending_frees_.back().request = client_->send_free_seqs(w, pending_frees_.back().ids);
+    }
+  }
+
+  void collect_frees() {
+    if (pending_frees_.empty()) return;
+    std::vector<std::pair<size_t, uint64_t>> reqs;
+    for (const auto& f : pending_frees_) reqs.push_back({f.worker, f.request});
+    client_->wait(reqs);
+    pending_frees_.clear();
   }
 
   EngineConfig ec_;
@@ -394,6 +417,12 @@ class FastDecodeEngine : public Engine {
   std::map<uint64_t, Sequence> running_;
   std::vector<MiniBatch> mbs_;      // decode mini-batches (host buffers kept between steps)
   HostBuffer prefill_k_[2], prefill_v_[2];
+  struct PendingFree {
+    size_t worker;
+    uint64_t request;
+    std::vector<uint64_t> ids;  // alive until the reply (zero-copy send)
+  };
+  std::deque<PendingFree> pending_frees_;
   int64_t s_ns_ = 0, r_wait_ns_ = 0;
   std::vector<int64_t> worker_ns_;  // this step's compute per R-worker (from its replies)
 };

@@ -137,6 +137,10 @@ void RWorkerClient::add_seqs(size_t w, const std::vector<uint64_t>& ids) {
   call(w, ids_header(MsgType::AddSeq, ids.size()), {{ids.data(), ids.size() * 8}});
 }
 
+uint64_t RWorkerClient::send_free_seqs(size_t w, const std::vector<uint64_t>& ids) {
+  return send(w, ids_header(MsgType::FreeSeq, ids.size()), {{ids.data(), ids.size() * 8}});
+}
+
 void RWorkerClient::free_seqs(size_t w, const std::vector<uint64_t>& ids) {
   call(w, ids_header(MsgType::FreeSeq, ids.size()), {{ids.data(), ids.size() * 8}});
 }

@@ -47,6 +47,9 @@ class RWorkerClient {
   json hello(size_t w, int n_layers, int n_heads, int n_kv_heads, int head_dim, proto::WireDType dtype);
   void add_seqs(size_t w, const std::vector<uint64_t>& ids);
   void free_seqs(size_t w, const std::vector<uint64_t>& ids);
+  // FREE_SEQ without waiting: returns the request id for wait(); `ids` must stay alive until then
+  // (zero-copy send).
+  uint64_t send_free_seqs(size_t w, const std::vector<uint64_t>& ids);
   json stats(size_t w);
   void shutdown(size_t w);
 
