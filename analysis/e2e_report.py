@@ -3,7 +3,7 @@
 
 For each run: the decode-only steps (no prompt tokens that step: admission is over or waiting) give the
 decode throughput (decode tokens / their wall time), the mean batch and total context per step, and the
-engine's step breakdown averaged over them; the whole run gives output tokens/s. Writes REPORT.md and
+engine's step breakdown averaged over them; the whole run gives output tokens/s. Writes E2E_REPORT.md and
 e2e.json into --out.
 
 usage: analysis/e2e_report.py RUN_DIR... --out DIR
@@ -67,7 +67,7 @@ def main():
             if f and g:
                 lines.append("| %s | %s | %.0f | %.0f | %.3f |" % (m, bal, f[0]["decode_tokens_per_s"], g[0]["decode_tokens_per_s"],
                                                                f[0]["decode_tokens_per_s"] / g[0]["decode_tokens_per_s"]))
-    open(os.path.join(a.out, "REPORT.md"), "w").write("\n".join(lines) + "\n")
+    open(os.path.join(a.out, "E2E_REPORT.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
