@@ -47,7 +47,10 @@ EngineConfig parse_engine_config(StrictObject o) {
       o.get_raw("rworkers");
     }
   }
-  if (ec.type == "gpu-only") ec.max_context = o.get_int("max_context", 1, 1 << 24, 0);
+  if (ec.type == "gpu-only") {
+    ec.max_context = o.get_int("max_context", 1, 1 << 24, 0);
+    ec.cuda_graphs = o.get_bool("cuda_graphs", false);
+  }
   if (ec.type != "reference") ec.prefill_tokens = o.get_int("prefill_tokens", 1, 1 << 24, 16384);
   o.finish();
   return ec;
@@ -66,7 +69,7 @@ json engine_config_to_json(const EngineConfig& ec) {
                                {"memory_gb", r.memory_gb}, {"timeout_ms", r.timeout_ms}, {"binary", r.binary}, {"pin", r.pin}}
                         : json{{"endpoints", r.endpoints}, {"timeout_ms", r.timeout_ms}};
   }
-  if (ec.type == "gpu-only") j["max_context"] = ec.max_context;
+  if (ec.type == "gpu-only") j["max_context"] = ec.max_context, j["cuda_graphs"] = ec.cuda_graphs;
   if (ec.type != "reference") j["prefill_tokens"] = ec.prefill_tokens;
   return j;
 }

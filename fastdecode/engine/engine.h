@@ -90,6 +90,8 @@ struct EngineConfig {
   RWorkersConfig rworkers;
   // gpu-only engine: cache positions reserved per sequence (0 = the model's max_position_embeddings)
   int64_t max_context = 0;
+  // gpu-only engine: greedy decode steps as CUDA graphs, one per batch size padded to a power of two
+  bool cuda_graphs = false;
   // Hardware balance (DESIGN §8), set from the experiment's "hardware.gpu" for every engine of a run:
   // GPU memory budget (GB = 1e9 bytes; 0 = the device's) and SMs the engine's GPU work may use (0 = all).
   double gpu_memory_gb = 0;
