@@ -58,15 +58,17 @@ class GpuOnlyEngine : public Engine {
       k_cache_.emplace_back(cache);
       v_cache_.emplace_back(cache);
     }
-    // Decode batches: up to slots_ rows; with CUDA graphs padded to a power of two (one graph per size,
-    // padding rows attend over the spare slot `slots_`), so everything is sized for max_batch_ rows now
-    // and never reallocated (a graph keeps the addresses it was captured with).
+    // Decode batches: up to slots_ rows. With CUDA graphs they are padded to a power of two (one graph
+    // per size; padding rows attend over the spare slot `slots_`) and run on their own buffers, sized
+    // for the largest now and never reallocated (a graph keeps the addresses it was captured with).
     max_batch_ = ec.cuda_graphs ? bucket(slots_) : slots_;
     workspace_.resize(std::max<size_t>(
         1, cuda::decode_attention_workspace_floats(max_batch_, int(cfg_.num_heads), int(cfg_.head_dim), max_ctx_)));
-    aux_.resize(size_t(3 * max_batch_));
-    model_->ensure(dec_, max_batch_);
-    dec_.logits.resize(size_t(max_batch_ * cfg_.vocab_size));
+    if (ec.cuda_graphs) {
+      graph_aux_.resize(size_t(3 * max_batch_));
+      model_->ensure(graph_dec_, max_batch_);
+      graph_dec_.logits.resize(size_t(max_batch_ * cfg_.vocab_size));
+    }
     for (int64_t s = slots_ - 1; s >= 0; --s) free_slots_.push_back(int32_t(s));
     for (int i = 0; i < 2 * int(cfg_.num_layers) + 2; ++i) {
       cudaEvent_t e;
@@ -146,36 +148,39 @@ class GpuOnlyEngine : public Engine {
     return b;
   }
 
-  // The decode step's GPU work for the Tb rows of dec_ (inputs already on the device; aux_ holds slots,
-  // positions and lengths at 0, max_batch_, 2·max_batch_): no host synchronisation and no allocation,
-  // so it can be captured into a CUDA graph. `timed` records per-layer attention events (eager only).
-  void decode_body(int64_t Tb, bool timed) {
-    const int32_t *d_slots = aux_.get(), *d_pos = aux_.get() + max_batch_, *d_lens = aux_.get() + 2 * max_batch_;
-    model_->embed(dec_);
+  // The decode step's GPU work for the Tb rows of `a` (inputs already on the device: slots, positions,
+  // lengths per row): no host synchronisation and no allocation, so it can be captured into a CUDA
+  // graph. `timed` records per-layer attention events (eager only).
+  void decode_body(DevActs& a, int64_t Tb, const int32_t* d_slots, const int32_t* d_pos, const int32_t* d_lens,
+                   bool timed) {
+    model_->embed(a);
     for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-      model_->attention_input(dec_, int(l), CudaModel::kF32);
-      cuda::append_kv(dec_.k.get(), dec_.v.get(), d_slots, d_pos, Tb, max_ctx_, int(cfg_.kv_dim()),
-                      k_cache_[size_t(l)].get(), v_cache_[size_t(l)].get(), stream_);
+      model_->attention_input(a, int(l), CudaModel::kF32);
+      cuda::append_kv(a.k.get(), a.v.get(), d_slots, d_pos, Tb, max_ctx_, int(cfg_.kv_dim()), k_cache_[size_t(l)].get(),
+                      v_cache_[size_t(l)].get(), stream_);
       if (timed) CUDA_CHECK(cudaEventRecord(events_[size_t(2 + 2 * l)], stream_));
-      cuda::decode_attention(dec_.q.get(), k_cache_[size_t(l)].get(), v_cache_[size_t(l)].get(), d_slots, d_lens, Tb,
-                             max_ctx_, int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), dec_.att.get(),
+      cuda::decode_attention(a.q.get(), k_cache_[size_t(l)].get(), v_cache_[size_t(l)].get(), d_slots, d_lens, Tb,
+                             max_ctx_, int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), a.att.get(),
                              workspace_.get(), stream_);
       if (timed) CUDA_CHECK(cudaEventRecord(events_[size_t(3 + 2 * l)], stream_));
-      cuda::to_f16(dec_.att.get(), Tb * cfg_.q_dim(), dec_.a16.get(), stream_);
-      model_->attention_output_and_mlp(dec_, int(l));
+      cuda::to_f16(a.att.get(), Tb * cfg_.q_dim(), a.a16.get(), stream_);
+      model_->attention_output_and_mlp(a, int(l));
     }
   }
 
-  // The graph of a greedy decode step of Tb rows (body, LM head, argmax), captured on first use.
+  // The graph of a greedy decode step of Tb rows on graph_dec_ (body, LM head, argmax), captured on
+  // first use. graph_aux_ holds slots, positions and lengths at 0, max_batch_, 2·max_batch_.
   cudaGraphExec_t graph_for(int64_t Tb) {
     auto it = graphs_.find(Tb);
     if (it != graphs_.end()) return it->second;
+    model_->ensure(graph_dec_, Tb);  // sized for max_batch_ at start: sets T, never reallocates
     cudaGraph_t g = nullptr;
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
-      decode_body(Tb, false);
-      model_->logits(dec_, Tb);
-      cuda::argmax_rows(dec_.logits.get(), Tb, cfg_.vocab_size, dec_.out_tokens.get(), stream_);
+      decode_body(graph_dec_, Tb, graph_aux_.get(), graph_aux_.get() + max_batch_, graph_aux_.get() + 2 * max_batch_,
+                  false);
+      model_->logits(graph_dec_, Tb);
+      cuda::argmax_rows(graph_dec_.logits.get(), Tb, cfg_.vocab_size, graph_dec_.out_tokens.get(), stream_);
     } catch (...) {
       cudaStreamEndCapture(stream_, &g);
       if (g) cudaGraphDestroy(g);
@@ -189,41 +194,64 @@ class GpuOnlyEngine : public Engine {
     return graphs_[Tb] = e;
   }
 
+  // A greedy decode step from a graph: rows T..Tb-1 pad the batch (token 0 at position 0 of the spare slot).
+  void decode_graph(const std::vector<Seq*>& seqs, int32_t* tok) {
+    const int64_t T = int64_t(seqs.size()), Tb = bucket(T);
+    const size_t n = static_cast<size_t>(Tb);
+    std::vector<int32_t> tokens(n, 0), slots(n, static_cast<int32_t>(slots_)), pos32(n, 0), lens(n, 1), rows(n, 0);
+    std::vector<int64_t> pos(n, 0);
+    for (size_t i = 0; i < n; ++i) rows[i] = int32_t(i);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      tokens[i] = seqs[i]->last, pos[i] = seqs[i]->len, slots[i] = seqs[i]->slot;
+      pos32[i] = int32_t(seqs[i]->len), lens[i] = int32_t(seqs[i]->len + 1);
+    }
+    const cudaGraphExec_t g = graph_for(Tb);
+    model_->upload(graph_dec_.tokens.get(), tokens.data(), n * 4);
+    model_->upload(graph_dec_.pos.get(), pos.data(), n * 8);
+    model_->upload(graph_dec_.rows.get(), rows.data(), n * 4);
+    model_->upload(graph_aux_.get(), slots.data(), n * 4);
+    model_->upload(graph_aux_.get() + max_batch_, pos32.data(), n * 4);
+    model_->upload(graph_aux_.get() + 2 * max_batch_, lens.data(), n * 4);
+    CUDA_CHECK(cudaEventRecord(events_[0], stream_));
+    CUDA_CHECK(cudaGraphLaunch(g, stream_));
+    CUDA_CHECK(cudaEventRecord(events_[1], stream_));
+    CUDA_CHECK(cudaMemcpyAsync(tok, graph_dec_.out_tokens.get(), size_t(T) * 4, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // Uploads the per-row int32 arrays of a batch into aux_: slots [0, T), positions [T, 2T), lengths [2T, 3T).
+  void upload_rows(const std::vector<int32_t>& slots, const std::vector<int32_t>& pos32,
+                   const std::vector<int32_t>& lens) {
+    const size_t T = slots.size();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // aux_ may be reallocated
+    aux_.resize(3 * std::max<size_t>(T, 1));
+    model_->upload(aux_.get(), slots.data(), T * 4);
+    model_->upload(aux_.get() + T, pos32.data(), T * 4);
+    if (!lens.empty()) model_->upload(aux_.get() + 2 * T, lens.data(), T * 4);
+  }
+
   void decode(StepResult& out) {
     const int64_t t0 = now_ns();
     std::vector<Seq*> seqs;
     for (auto& [id, s] : running_) seqs.push_back(&s);
     const int64_t T = int64_t(seqs.size()), L = cfg_.num_layers;
-    const bool graph = ec_.cuda_graphs && sampling_.greedy();
-    const int64_t Tb = graph ? bucket(T) : T;
-    // Rows T..Tb-1 pad the batch to its graph's size: token 0 at position 0 of the spare slot.
-    const size_t n = static_cast<size_t>(Tb);
-    std::vector<int32_t> tokens(n, 0), slots(n, static_cast<int32_t>(slots_)), pos32(n, 0), lens(n, 1), rows(n, 0);
-    std::vector<int64_t> pos(n, 0);
-    for (int64_t i = 0; i < Tb; ++i) rows[size_t(i)] = int32_t(i);
-    for (int64_t i = 0; i < T; ++i) {
-      const Seq* s = seqs[size_t(i)];
-      tokens[size_t(i)] = s->last, pos[size_t(i)] = s->len, slots[size_t(i)] = s->slot;
-      pos32[size_t(i)] = int32_t(s->len), lens[size_t(i)] = int32_t(s->len + 1);
-    }
-    model_->ensure(dec_, Tb);  // sized for max_batch_ at start: never reallocates
-    model_->upload(dec_.tokens.get(), tokens.data(), size_t(Tb) * 4);
-    model_->upload(dec_.pos.get(), pos.data(), size_t(Tb) * 8);
-    model_->upload(dec_.rows.get(), rows.data(), size_t(Tb) * 4);
-    model_->upload(aux_.get(), slots.data(), size_t(Tb) * 4);
-    model_->upload(aux_.get() + max_batch_, pos32.data(), size_t(Tb) * 4);
-    model_->upload(aux_.get() + 2 * max_batch_, lens.data(), size_t(Tb) * 4);
     std::vector<int32_t> tok(seqs.size());
-    if (graph) {
-      const cudaGraphExec_t g = graph_for(Tb);
-      CUDA_CHECK(cudaEventRecord(events_[0], stream_));
-      CUDA_CHECK(cudaGraphLaunch(g, stream_));
-      CUDA_CHECK(cudaEventRecord(events_[1], stream_));
-      CUDA_CHECK(cudaMemcpyAsync(tok.data(), dec_.out_tokens.get(), size_t(T) * 4, cudaMemcpyDeviceToHost, stream_));
-      CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (ec_.cuda_graphs && sampling_.greedy()) {
+      decode_graph(seqs, tok.data());
     } else {
+      std::vector<int32_t> tokens, slots, pos32, lens, rows;
+      std::vector<int64_t> pos;
+      for (Seq* s : seqs) {
+        tokens.push_back(s->last), pos.push_back(s->len), slots.push_back(s->slot), pos32.push_back(int32_t(s->len));
+        lens.push_back(int32_t(s->len + 1)), rows.push_back(int32_t(rows.size()));
+      }
+      model_->ensure(dec_, T);
+      model_->upload(dec_.tokens.get(), tokens.data(), size_t(T) * 4);
+      model_->upload(dec_.pos.get(), pos.data(), size_t(T) * 8);
+      model_->upload(dec_.rows.get(), rows.data(), size_t(T) * 4);
+      upload_rows(slots, pos32, lens);
       CUDA_CHECK(cudaEventRecord(events_[0], stream_));
-      decode_body(T, true);
+      decode_body(dec_, T, aux_.get(), aux_.get() + T, aux_.get() + 2 * T, true);
       std::vector<uint64_t> ids, steps;
       for (Seq* s : seqs) ids.push_back(s->req.id), steps.push_back(uint64_t(s->generated));
       model_->sample(dec_, T, sampling_, ids, steps, tok.data());  // synchronises the stream
@@ -269,14 +297,11 @@ class GpuOnlyEngine : public Engine {
     model_->upload(pre_.pos.get(), pos.data(), size_t(T) * 8);
     model_->upload(pre_.starts.get(), starts.data(), starts.size() * 4);
     model_->upload(pre_.rows.get(), last.data(), last.size() * 4);
-    CUDA_CHECK(cudaStreamSynchronize(stream_));  // aux_pre_ may be reallocated
-    aux_pre_.resize(2 * size_t(T));
-    model_->upload(aux_pre_.get(), slots.data(), size_t(T) * 4);
-    model_->upload(aux_pre_.get() + T, pos32.data(), size_t(T) * 4);
+    upload_rows(slots, pos32, {});
     model_->embed(pre_);
     for (int64_t l = 0; l < cfg_.num_layers; ++l) {
       model_->attention_input(pre_, int(l), CudaModel::kF32 | CudaModel::kF16);
-      cuda::append_kv(pre_.k.get(), pre_.v.get(), aux_pre_.get(), aux_pre_.get() + T, T, max_ctx_, int(cfg_.kv_dim()),
+      cuda::append_kv(pre_.k.get(), pre_.v.get(), aux_.get(), aux_.get() + T, T, max_ctx_, int(cfg_.kv_dim()),
                       k_cache_[size_t(l)].get(), v_cache_[size_t(l)].get(), stream_);
       cuda::prefill_attention(pre_.q.get(), pre_.k16.get(), pre_.v16.get(), pre_.starts.get(), int64_t(fresh.size()),
                               max_len, int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), pre_.att.get(),
@@ -317,7 +342,8 @@ class GpuOnlyEngine : public Engine {
   bool slots_device_limited_ = false;
   std::vector<DeviceBuffer<__half>> k_cache_, v_cache_;
   DeviceBuffer<float> workspace_;
-  DeviceBuffer<int32_t> aux_, aux_pre_;  // decode: slots | positions | lengths (stride max_batch_); prefill
+  DeviceBuffer<int32_t> aux_, graph_aux_;  // per-row slots | positions | lengths: eager steps; graphs
+  DevActs graph_dec_;                       // the graphs' activations (sized for max_batch_ rows)
   std::map<int64_t, cudaGraphExec_t> graphs_;  // greedy decode step per padded batch size
   DevActs dec_, pre_;
   std::vector<cudaEvent_t> events_;
