@@ -1,0 +1,44 @@
+"""The committed GPU-machine reports are reproduced exactly by the analysis scripts from the committed
+run data (no number in artifacts/ that a command in the repo does not reproduce)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _artifacts(repo_root: Path) -> Path:
+    d = repo_root / "artifacts" / "sworker" / "gpu-machine"
+    if not (d / "e2e").is_dir():
+        pytest.fail(f"{d}/e2e missing: the committed results are part of the repository")
+    return d
+
+
+def test_e2e_report_reproduces_the_committed_one(repo_root, tmp_path):
+    d = _artifacts(repo_root)
+    runs = sorted(str(p) for p in (d / "e2e").iterdir())
+    subprocess.run([sys.executable, str(repo_root / "analysis" / "e2e_report.py"), *runs, "--out", str(tmp_path)],
+                   check=True, capture_output=True, text=True, timeout=120)
+    assert (tmp_path / "E2E_REPORT.md").read_text() == (d / "E2E_REPORT.md").read_text()
+
+
+def test_validation_table_reproduces_the_committed_one(repo_root, tmp_path):
+    d = _artifacts(repo_root)
+    runs = sorted(str(p) for p in (d / "e2e").iterdir())
+    profiles = [a for p in sorted(d.glob("profile_*_cuda_r*.json")) for a in ("--profile", str(p))]
+    assert profiles, "no committed profiles"
+    subprocess.run([sys.executable, str(repo_root / "analysis" / "perf_model_validation.py"), *profiles, "--out",
+                    str(tmp_path), *runs], check=True, capture_output=True, text=True, timeout=120)
+    assert (tmp_path / "VALIDATION.md").read_text() == (d / "VALIDATION.md").read_text()
+
+
+def test_committed_profiles_load_in_the_planner(repo_root, fd_bin):
+    """fd-bench plan reads every committed GPU profile (strict keys) and labels its numbers MODELLED."""
+    d = _artifacts(repo_root)
+    for p in sorted(d.glob("profile_*_cuda_r*.json")):
+        model = "llama-3-8b" if "llama-3-8b" in p.name else "llama-2-7b"
+        r = subprocess.run([fd_bin("fd-bench"), "plan", "--profile", str(p), "--model",
+                            str(repo_root / "experiments" / "models" / f"{model}.json"), "--seq", "1024"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("MODELLED") and "CPUs needed" in r.stdout
