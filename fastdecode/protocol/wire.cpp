@@ -43,6 +43,17 @@ const char* error_code_name(ErrorCode c) {
 
 size_t wire_dtype_size(WireDType t) { return t == WireDType::F32 ? 4 : 2; }
 
+Header make_header(MsgType type, int n_heads, int n_kv_heads, int head_dim, WireDType dtype, uint32_t n_seq) {
+  Header h;
+  h.type = uint16_t(type);
+  h.n_seq = n_seq;
+  h.n_heads = uint16_t(n_heads);
+  h.n_kv_heads = uint16_t(n_kv_heads);
+  h.head_dim = uint16_t(head_dim);
+  h.dtype = uint8_t(dtype);
+  return h;
+}
+
 std::array<uint8_t, kHeaderBytes> encode_header(const Header& h) {
   std::array<uint8_t, kHeaderBytes> out{};
   std::memcpy(out.data(), &h, kHeaderBytes);

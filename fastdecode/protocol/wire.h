@@ -72,6 +72,9 @@ struct Header {
 
 std::array<uint8_t, kHeaderBytes> encode_header(const Header& h);
 
+// A header of `type` for a model shape (heads, KV heads, head dim) and tensor dtype; n_seq as given.
+Header make_header(MsgType type, int n_heads, int n_kv_heads, int head_dim, WireDType dtype, uint32_t n_seq = 0);
+
 // A received frame: bytes owned by the caller (e.g. a zmq::message_t).
 struct Frame {
   const uint8_t* data = nullptr;

@@ -164,7 +164,7 @@ class FastDecodeEngine : public Engine {
   size_t row_bytes(int64_t width) const { return size_t(width) * proto::wire_dtype_size(wire_); }
 
   Header header(MsgType t, int layer, size_t n_seq) const {
-    Header h = make_header(t, int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), wire_);
+    Header h = proto::make_header(t, int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), wire_);
     h.layer = uint32_t(layer);
     h.n_seq = uint32_t(n_seq);
     return h;

@@ -14,16 +14,6 @@ namespace {
 void no_free(void*, void*) {}
 }  // namespace
 
-proto::Header make_header(MsgType type, int n_heads, int n_kv_heads, int head_dim, proto::WireDType dtype) {
-  Header h;
-  h.type = uint16_t(type);
-  h.n_heads = uint16_t(n_heads);
-  h.n_kv_heads = uint16_t(n_kv_heads);
-  h.head_dim = uint16_t(head_dim);
-  h.dtype = uint8_t(dtype);
-  return h;
-}
-
 RWorkerClient::RWorkerClient(std::vector<std::string> endpoints, int timeout_ms, int io_threads)
     : ctx_(io_threads), endpoints_(std::move(endpoints)), timeout_ms_(timeout_ms) {
   FD_CHECK(!endpoints_.empty(), "no R-worker endpoints");
@@ -119,7 +109,7 @@ RWorkerReply RWorkerClient::call(size_t w, const Header& h, const std::vector<Co
 }
 
 json RWorkerClient::hello(size_t w, int n_layers, int n_heads, int n_kv_heads, int head_dim, proto::WireDType dtype) {
-  Header h = make_header(MsgType::Hello, n_heads, n_kv_heads, head_dim, dtype);
+  Header h = proto::make_header(MsgType::Hello, n_heads, n_kv_heads, head_dim, dtype);
   h.layer = uint32_t(n_layers);
   RWorkerReply r = call(w, h);
   if (r.h.msg_type() != MsgType::HelloReply || r.frames.size() != 1) FD_THROW(who(w) << ": unexpected reply to HELLO");

@@ -65,7 +65,4 @@ class RWorkerClient {
   std::map<std::pair<size_t, uint64_t>, RWorkerReply> stash_;  // replies received while waiting for others
 };
 
-// Fills the dims of a header for this model shape.
-proto::Header make_header(proto::MsgType type, int n_heads, int n_kv_heads, int head_dim, proto::WireDType dtype);
-
 }  // namespace fd

@@ -15,16 +15,7 @@ inline Corpus seed_corpus(int n_layers, int H, int K, int D) {
   using namespace fd::proto;
   using fd::test::bytes_of;
   using fd::test::make_message;
-  const auto dims = [&](MsgType t, uint32_t n) {
-    Header h;
-    h.type = uint16_t(t);
-    h.n_seq = n;
-    h.n_heads = uint16_t(H);
-    h.n_kv_heads = uint16_t(K);
-    h.head_dim = uint16_t(D);
-    h.dtype = uint8_t(WireDType::F16);
-    return h;
-  };
+  const auto dims = [&](MsgType t, uint32_t n) { return make_header(t, H, K, D, WireDType::F16, n); };
   std::mt19937 rng(3);
   Corpus c;
   Header hello = dims(MsgType::Hello, 0);

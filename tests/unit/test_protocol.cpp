@@ -12,14 +12,7 @@ using fd::test::RawMessage;
 namespace {
 
 Header attend_header(uint32_t n_seq, int H = 4, int K = 2, int D = 32) {
-  Header h;
-  h.type = uint16_t(MsgType::Attend);
-  h.n_seq = n_seq;
-  h.n_heads = uint16_t(H);
-  h.n_kv_heads = uint16_t(K);
-  h.head_dim = uint16_t(D);
-  h.dtype = uint8_t(WireDType::F16);
-  return h;
+  return make_header(MsgType::Attend, H, K, D, WireDType::F16, n_seq);
 }
 
 RawMessage attend(uint32_t n_seq) {

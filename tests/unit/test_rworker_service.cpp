@@ -16,16 +16,7 @@ namespace {
 
 constexpr int kLayers = 2, kH = 8, kKV = 2, kD = 64;
 
-Header dims(MsgType t, uint32_t n_seq = 0) {
-  Header h;
-  h.type = uint16_t(t);
-  h.n_seq = n_seq;
-  h.n_heads = kH;
-  h.n_kv_heads = kKV;
-  h.head_dim = kD;
-  h.dtype = uint8_t(WireDType::F16);
-  return h;
-}
+Header dims(MsgType t, uint32_t n_seq = 0) { return make_header(t, kH, kKV, kD, WireDType::F16, n_seq); }
 
 Header reply_header(const std::vector<zmq::message_t>& r) {
   Header h;
