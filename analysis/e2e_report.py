@@ -13,11 +13,13 @@ import json
 import os
 import statistics
 
+from fd_runs import decode_steps, decode_tokens_per_s
+
 
 def load_run(d):
     s = json.load(open(os.path.join(d, "summary.json")))
     steps = [json.loads(l) for l in open(os.path.join(d, "steps.jsonl"))]
-    dec = [x for x in steps if x["prefill_tokens"] == 0 and x["decode_tokens"] > 0]
+    dec = decode_steps(steps)
     keys = sorted({k for x in dec for k in x.get("breakdown_ms", {})})
     bd = {k: statistics.fmean(x["breakdown_ms"].get(k, 0.0) for x in dec) for k in keys} if dec else {}
     cfg = s["config"]
@@ -33,7 +35,7 @@ def load_run(d):
         "rworker_cpus": (eng.get("rworkers", {}).get("spawn", 0) * eng.get("rworkers", {}).get("threads", 0)) if s["engine"] == "fastdecode" else 0,
         "gpu_only_slots": info.get("slots"),
         "decode_steps": len(dec),
-        "decode_tokens_per_s": sum(x["decode_tokens"] for x in dec) / (sum(x["step_ms"] for x in dec) / 1e3) if dec else 0.0,
+        "decode_tokens_per_s": decode_tokens_per_s(dec),
         "mean_batch": statistics.fmean(x["decode_tokens"] for x in dec) if dec else 0.0,
         "mean_total_context": statistics.fmean(x["total_context"] for x in dec) if dec else 0.0,
         "mean_step_ms": statistics.fmean(x["step_ms"] for x in dec) if dec else 0.0,

@@ -29,6 +29,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
+from fd_runs import decode_steps  # noqa: E402
+
 DPI = 120
 CAPTION_SIZE = 7.5
 
@@ -109,11 +111,6 @@ def save(fig, out_dir, name, written):
     plt.close(fig)
     written.append(path)
     print("wrote %s" % path)
-
-
-def decode_steps(steps):
-    """The decode-only steps, as analysis/e2e_report.py selects them."""
-    return [x for x in steps if x.get("prefill_tokens", 0) == 0 and x.get("decode_tokens", 0) > 0]
 
 
 # ------------------------------------------------------------------------------------------------

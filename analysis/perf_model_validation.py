@@ -18,6 +18,8 @@ import json
 import os
 import statistics
 
+from fd_runs import decode_steps, decode_tokens_per_s
+
 
 def t_at(tb, b):
     xs = [p[0] for p in tb]
@@ -43,10 +45,10 @@ def main():
         if s["engine"] != "fastdecode":
             continue
         steps = [json.loads(l) for l in open(os.path.join(d, "steps.jsonl"))]
-        dec = [x for x in steps if x["prefill_tokens"] == 0 and x["decode_tokens"] > 0]
+        dec = decode_steps(steps)
         B = statistics.fmean(x["decode_tokens"] for x in dec)
         W = statistics.fmean(x["total_context"] for x in dec)
-        measured = sum(x["decode_tokens"] for x in dec) / (sum(x["step_ms"] for x in dec) / 1e3)
+        measured = decode_tokens_per_s(dec)
         rw = s["config"]["engine"]["rworkers"]
         P = rw["spawn"] * rw["threads"]
         N = s["model"]["layers"]
