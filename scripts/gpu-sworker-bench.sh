@@ -3,7 +3,8 @@
 # scripts/device-deps.sh) and runs the S-worker stages named on the command line (default: all):
 #   build      cmake --preset cuda + build
 #   tests      the gpu-labelled tests (CUDA S-Part, attention kernels, green contexts, GPU-only, FastDecode-CUDA)
-#   spart      fd-spart-bench: S-Part layer vs cuBLAS GEMMs alone, Llama-2-7b and Llama-3-8B, all SMs and 16 SMs
+#   spart      fd-spart-bench: S-Part layer vs cuBLAS GEMMs alone, Llama-2-7b and Llama-3-8B, all SMs and 16 SMs,
+#              and Llama-2-7b with bf16
 #   profile    fd-bench profile --backend cuda (T(B) of the GPU S-Part with host transfers; R of the CPU kernel
 #              per CPU, measured with 1, 6 and 12 CPUs together)
 #   hf         tests/gpu/hf_engine_check.py: FastDecode-CUDA and GPU-only greedy tokens vs transformers
@@ -36,6 +37,7 @@ if has spart; then
     $bin/fd-spart-bench --model experiments/models/$m.json --out "$out/spart_$m.json" || rc=1
   done
   $bin/fd-spart-bench --model experiments/models/llama-2-7b.json --sm-count 16 --out "$out/spart_llama-2-7b_16sm.json" || rc=1
+  $bin/fd-spart-bench --model experiments/models/llama-2-7b.json --dtype bf16 --out "$out/spart_llama-2-7b_bf16.json" || rc=1
 fi
 if has profile; then
   for m in llama-2-7b llama-3-8b; do

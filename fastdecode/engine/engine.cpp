@@ -22,6 +22,11 @@ EngineConfig parse_engine_config(StrictObject o) {
     if (ec.backend == "auto") ec.backend = cuda_devices().empty() ? "cpu" : "cuda";
     ec.mini_batches = o.get_int("mini_batches", 1, 2, 2);
     ec.wire_dtype = o.get_enum("wire_dtype", {"fp32", "fp16"}, std::string(ec.backend == "cuda" ? "fp16" : "fp32"));
+    for (const char* k : {"dtype", "cuda_graphs"})
+      if (o.has(k) && (!o.has("backend") || o.get_raw("backend") == "cpu"))
+        o.fail(k, "applies to the cuda (or auto) backend; the cpu backend runs the S-Part in fp32 on the CPU");
+    ec.dtype = o.get_enum("dtype", {"fp16", "bf16"}, std::string("fp16"));
+    ec.cuda_graphs = o.get_bool("cuda_graphs", false);
     if (o.has("rworkers")) {
       StrictObject r = o.get_object("rworkers");
       RWorkersConfig& rw = ec.rworkers;
@@ -50,6 +55,7 @@ EngineConfig parse_engine_config(StrictObject o) {
   if (ec.type == "gpu-only") {
     ec.max_context = o.get_int("max_context", 1, 1 << 24, 0);
     ec.cuda_graphs = o.get_bool("cuda_graphs", false);
+    ec.dtype = o.get_enum("dtype", {"fp16", "bf16"}, std::string("fp16"));
   }
   if (ec.type != "reference") ec.prefill_tokens = o.get_int("prefill_tokens", 1, 1 << 24, 16384);
   o.finish();
@@ -63,13 +69,14 @@ json engine_config_to_json(const EngineConfig& ec) {
     j["backend"] = ec.backend;
     j["mini_batches"] = ec.mini_batches;
     j["wire_dtype"] = ec.wire_dtype;
+    if (ec.backend == "cuda") j["dtype"] = ec.dtype, j["cuda_graphs"] = ec.cuda_graphs;
     const RWorkersConfig& r = ec.rworkers;
     j["rworkers"] = r.endpoints.empty()
                         ? json{{"spawn", r.spawn}, {"threads", r.threads}, {"kv_dtype", r.kv_dtype},
                                {"memory_gb", r.memory_gb}, {"timeout_ms", r.timeout_ms}, {"binary", r.binary}, {"pin", r.pin}}
                         : json{{"endpoints", r.endpoints}, {"timeout_ms", r.timeout_ms}};
   }
-  if (ec.type == "gpu-only") j["max_context"] = ec.max_context, j["cuda_graphs"] = ec.cuda_graphs;
+  if (ec.type == "gpu-only") j["max_context"] = ec.max_context, j["cuda_graphs"] = ec.cuda_graphs, j["dtype"] = ec.dtype;
   if (ec.type != "reference") j["prefill_tokens"] = ec.prefill_tokens;
   return j;
 }

@@ -90,8 +90,13 @@ struct EngineConfig {
   RWorkersConfig rworkers;
   // gpu-only engine: cache positions reserved per sequence (0 = the model's max_position_embeddings)
   int64_t max_context = 0;
-  // gpu-only engine: greedy decode steps as CUDA graphs, one per batch size padded to a power of two
+  // gpu-only engine and the fastdecode engine's cuda backend: decode batches of at most 128 rows replayed
+  // from CUDA graphs, one per batch size padded to a power of two (gpu-only: the whole greedy step;
+  // fastdecode: each S-Part stage between R-Part round trips)
   bool cuda_graphs = false;
+  // gpu-only engine and the fastdecode engine's cuda backend: 16-bit type of the GPU weights and
+  // activations, fp16 | bf16 (accumulation and the residual stream are fp32 either way)
+  std::string dtype = "fp16";
   // Hardware balance (DESIGN §8), set from the experiment's "hardware.gpu" for every engine of a run:
   // GPU memory budget (GB = 1e9 bytes; 0 = the device's) and SMs the engine's GPU work may use (0 = all).
   double gpu_memory_gb = 0;

@@ -36,7 +36,7 @@ class GpuOnlyEngine : public Engine {
     streams_ = std::make_unique<cuda::SmLimitedStreams>(int(ec.gpu_sm_count), 1);
     stream_ = streams_->stream(0);
     model_ = std::make_unique<CudaModel>(load_model_weights(model, weights), stream_,
-                                         streams_->limited() ? streams_->sm_count() : 0);
+                                         streams_->limited() ? streams_->sm_count() : 0, dtype_from_name(ec.dtype));
     max_ctx_ = ec.max_context > 0 ? ec.max_context : cfg_.max_position_embeddings;
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -45,8 +45,13 @@ class GpuOnlyEngine : public Engine {
     if (slots_ < 1)
       FD_THROW("gpu-only engine: " << budget_bytes_ / 1e9 << " GB of GPU memory hold the full-depth weights of "
                                    << cfg_.name << " but not one sequence of max_context " << max_ctx_);
-    // What this (reduced-layer) run allocates must also fit the real device.
-    const double per_slot = double(max_ctx_) * double(cfg_.num_layers) * double(cfg_.kv_dim()) * 2 * 2;
+    // What this (reduced-layer) run allocates must also fit the real device: the cache of the layers run,
+    // each row's activations and the attention workspace (the CUDA graphs' own buffers, at most
+    // GraphCache::kMaxRows rows, come out of the 2 GiB kept free).
+    const double ws_row =
+        4.0 * double(cuda::decode_attention_workspace_floats(1, int(cfg_.num_heads), int(cfg_.head_dim), max_ctx_));
+    const double per_slot = double(max_ctx_) * double(cfg_.num_layers) * double(cfg_.kv_dim()) * 2 * 2 +
+                            gpu_only_row_bytes(cfg_) + ws_row;
     const int64_t fit = int64_t((double(free_b) - double(2ull << 30)) / per_slot);
     if (fit < slots_) {
       slots_device_limited_ = true;
@@ -58,16 +63,19 @@ class GpuOnlyEngine : public Engine {
       k_cache_.emplace_back(cache);
       v_cache_.emplace_back(cache);
     }
-    // Decode batches: up to slots_ rows. With CUDA graphs they are padded to a power of two (one graph
-    // per size; padding rows attend over the spare slot `slots_`) and run on their own buffers, sized
-    // for the largest now and never reallocated (a graph keeps the addresses it was captured with).
-    max_batch_ = ec.cuda_graphs ? bucket(slots_) : slots_;
+    // Decode batches: up to slots_ rows. With CUDA graphs, batches of up to GraphCache::kMaxRows rows
+    // are padded to a power of two (at most slots_; one graph per size; padding rows attend over the
+    // spare slot `slots_`) and run on their own buffers, sized for the largest now and never reallocated
+    // (a graph keeps the addresses it was captured with). Larger batches run eagerly.
+    max_batch_ = slots_;
     workspace_.resize(std::max<size_t>(
         1, cuda::decode_attention_workspace_floats(max_batch_, int(cfg_.num_heads), int(cfg_.head_dim), max_ctx_)));
     if (ec.cuda_graphs) {
-      graph_aux_.resize(size_t(3 * max_batch_));
-      model_->ensure(graph_dec_, max_batch_);
-      graph_dec_.logits.resize(size_t(max_batch_ * cfg_.vocab_size));
+      graph_rows_ = std::min<int64_t>(slots_, GraphCache::kMaxRows);
+      graph_aux_.resize(size_t(3 * graph_rows_));
+      model_->ensure(graph_dec_, graph_rows_);
+      graph_dec_.logits.resize(size_t(graph_rows_ * cfg_.vocab_size));
+      graphs_ = std::make_unique<GraphCache>(stream_);
     }
     for (int64_t s = slots_ - 1; s >= 0; --s) free_slots_.push_back(int32_t(s));
     for (int i = 0; i < 2 * int(cfg_.num_layers) + 2; ++i) {
@@ -79,14 +87,15 @@ class GpuOnlyEngine : public Engine {
 
   ~GpuOnlyEngine() override {
     shutdown();
-    for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+    graphs_.reset();
     for (auto e : events_) cudaEventDestroy(e);
   }
 
   std::string name() const override { return "gpu-only"; }
   json info() const override {
     return {{"device", device_name_},
-            {"s_part", "cuda: fp16 weights, fused QKV and gate|up GEMMs (cuBLAS GemmEx, fp32 accumulation)"},
+            {"s_part", "cuda: " + ec_.dtype + " weights and activations, fused QKV and gate|up GEMMs (cuBLAS GemmEx, "
+                       "fp32 accumulation, residual added in the GEMM)"},
             {"attention", "cuda: flash-decoding split-K over a contiguous fp16 KV-cache; tiled causal prefill"},
             {"sm_count", streams_->sm_count()},
             {"sm_limited", streams_->limited()},
@@ -142,11 +151,6 @@ class GpuOnlyEngine : public Engine {
   }
 
  private:
-  static int64_t bucket(int64_t n) {
-    int64_t b = 1;
-    while (b < n) b *= 2;
-    return b;
-  }
 
   // The decode step's GPU work for the Tb rows of `a` (inputs already on the device: slots, positions,
   // lengths per row): no host synchronisation and no allocation, so it can be captured into a CUDA
@@ -163,40 +167,16 @@ class GpuOnlyEngine : public Engine {
                              max_ctx_, int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), a.att.get(),
                              workspace_.get(), stream_);
       if (timed) CUDA_CHECK(cudaEventRecord(events_[size_t(3 + 2 * l)], stream_));
-      cuda::to_f16(a.att.get(), Tb * cfg_.q_dim(), a.a16.get(), stream_);
+      model_->attention_from_f32(a);
       model_->attention_output_and_mlp(a, int(l));
     }
   }
 
-  // The graph of a greedy decode step of Tb rows on graph_dec_ (body, LM head, argmax), captured on
-  // first use. graph_aux_ holds slots, positions and lengths at 0, max_batch_, 2·max_batch_.
-  cudaGraphExec_t graph_for(int64_t Tb) {
-    auto it = graphs_.find(Tb);
-    if (it != graphs_.end()) return it->second;
-    model_->ensure(graph_dec_, Tb);  // sized for max_batch_ at start: sets T, never reallocates
-    cudaGraph_t g = nullptr;
-    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    try {
-      decode_body(graph_dec_, Tb, graph_aux_.get(), graph_aux_.get() + max_batch_, graph_aux_.get() + 2 * max_batch_,
-                  false);
-      model_->logits(graph_dec_, Tb);
-      cuda::argmax_rows(graph_dec_.logits.get(), Tb, cfg_.vocab_size, graph_dec_.out_tokens.get(), stream_);
-    } catch (...) {
-      cudaStreamEndCapture(stream_, &g);
-      if (g) cudaGraphDestroy(g);
-      throw;
-    }
-    CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-    cudaGraphExec_t e = nullptr;
-    const cudaError_t r = cudaGraphInstantiate(&e, g, 0);
-    cudaGraphDestroy(g);
-    CUDA_CHECK(r);
-    return graphs_[Tb] = e;
-  }
-
-  // A greedy decode step from a graph: rows T..Tb-1 pad the batch (token 0 at position 0 of the spare slot).
+  // A greedy decode step from the graph of its padded batch size Tb (body, LM head, argmax on graph_dec_;
+  // graph_aux_ holds slots, positions and lengths at 0, graph_rows_, 2·graph_rows_): rows T..Tb-1 pad the
+  // batch (token 0 at position 0 of the spare slot).
   void decode_graph(const std::vector<Seq*>& seqs, int32_t* tok) {
-    const int64_t T = int64_t(seqs.size()), Tb = bucket(T);
+    const int64_t T = int64_t(seqs.size()), Tb = std::min(GraphCache::bucket(T), graph_rows_);
     const size_t n = static_cast<size_t>(Tb);
     std::vector<int32_t> tokens(n, 0), slots(n, static_cast<int32_t>(slots_)), pos32(n, 0), lens(n, 1), rows(n, 0);
     std::vector<int64_t> pos(n, 0);
@@ -205,15 +185,20 @@ class GpuOnlyEngine : public Engine {
       tokens[i] = seqs[i]->last, pos[i] = seqs[i]->len, slots[i] = seqs[i]->slot;
       pos32[i] = int32_t(seqs[i]->len), lens[i] = int32_t(seqs[i]->len + 1);
     }
-    const cudaGraphExec_t g = graph_for(Tb);
     model_->upload(graph_dec_.tokens.get(), tokens.data(), n * 4);
     model_->upload(graph_dec_.pos.get(), pos.data(), n * 8);
     model_->upload(graph_dec_.rows.get(), rows.data(), n * 4);
     model_->upload(graph_aux_.get(), slots.data(), n * 4);
-    model_->upload(graph_aux_.get() + max_batch_, pos32.data(), n * 4);
-    model_->upload(graph_aux_.get() + 2 * max_batch_, lens.data(), n * 4);
+    model_->upload(graph_aux_.get() + graph_rows_, pos32.data(), n * 4);
+    model_->upload(graph_aux_.get() + 2 * graph_rows_, lens.data(), n * 4);
+    model_->ensure(graph_dec_, Tb);  // sized for graph_rows_ at start: sets T, never reallocates
     CUDA_CHECK(cudaEventRecord(events_[0], stream_));
-    CUDA_CHECK(cudaGraphLaunch(g, stream_));
+    graphs_->run(uint64_t(Tb), [&] {
+      decode_body(graph_dec_, Tb, graph_aux_.get(), graph_aux_.get() + graph_rows_, graph_aux_.get() + 2 * graph_rows_,
+                  false);
+      model_->logits(graph_dec_, Tb);
+      cuda::argmax_rows(graph_dec_.logits.get(), Tb, cfg_.vocab_size, graph_dec_.out_tokens.get(), stream_);
+    });
     CUDA_CHECK(cudaEventRecord(events_[1], stream_));
     CUDA_CHECK(cudaMemcpyAsync(tok, graph_dec_.out_tokens.get(), size_t(T) * 4, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -236,7 +221,7 @@ class GpuOnlyEngine : public Engine {
     for (auto& [id, s] : running_) seqs.push_back(&s);
     const int64_t T = int64_t(seqs.size()), L = cfg_.num_layers;
     std::vector<int32_t> tok(seqs.size());
-    if (ec_.cuda_graphs && sampling_.greedy()) {
+    if (graphs_ && sampling_.greedy() && T <= graph_rows_) {
       decode_graph(seqs, tok.data());
     } else {
       std::vector<int32_t> tokens, slots, pos32, lens, rows;
@@ -306,7 +291,7 @@ class GpuOnlyEngine : public Engine {
       cuda::prefill_attention(pre_.q.get(), pre_.k16.get(), pre_.v16.get(), pre_.starts.get(), int64_t(fresh.size()),
                               max_len, int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), pre_.att.get(),
                               stream_);
-      cuda::to_f16(pre_.att.get(), T * cfg_.q_dim(), pre_.a16.get(), stream_);
+      model_->attention_from_f32(pre_);
       model_->attention_output_and_mlp(pre_, int(l));
     }
     std::vector<uint64_t> ids, steps;
@@ -337,14 +322,14 @@ class GpuOnlyEngine : public Engine {
   std::unique_ptr<cuda::SmLimitedStreams> streams_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CudaModel> model_;
-  int64_t max_ctx_ = 0, slots_ = 0, max_batch_ = 0;
+  int64_t max_ctx_ = 0, slots_ = 0, max_batch_ = 0, graph_rows_ = 0;
   double budget_bytes_ = 0;
   bool slots_device_limited_ = false;
   std::vector<DeviceBuffer<__half>> k_cache_, v_cache_;
   DeviceBuffer<float> workspace_;
   DeviceBuffer<int32_t> aux_, graph_aux_;  // per-row slots | positions | lengths: eager steps; graphs
-  DevActs graph_dec_;                       // the graphs' activations (sized for max_batch_ rows)
-  std::map<int64_t, cudaGraphExec_t> graphs_;  // greedy decode step per padded batch size
+  DevActs graph_dec_;                  // the graphs' activations (sized for graph_rows_ rows)
+  std::unique_ptr<GraphCache> graphs_;  // greedy decode step per padded batch size (cuda_graphs)
   DevActs dec_, pre_;
   std::vector<cudaEvent_t> events_;
   std::vector<int32_t> free_slots_;

@@ -1,8 +1,8 @@
 // The GPU-only baseline: the same S-Part stages (CudaModel) with attention on the GPU over a contiguous
 // fp16 KV-cache in device memory, as a conventional serving system runs. Each sequence reserves
 // `max_context` tokens of cache (a slot); the number of slots, so the batch, is bounded by GPU memory:
-// (memory - full-depth weights - 1 GiB of activations and workspaces) / (max_context x full-depth KV per
-// token). In a reduced-layer run the cache holds only the layers run but the capacity is the full
+// (memory - full-depth weights - 1 GiB of workspaces) / (max_context x full-depth KV per token + one
+// decode row's activations and logits). In a reduced-layer run the cache holds only the layers run but the capacity is the full
 // model's (DESIGN §8). Requests beyond the slots wait in the engine's queue.
 #pragma once
 #include <memory>
@@ -13,6 +13,8 @@ namespace fd {
 
 // The GPU-only engine's sequence capacity for a model, memory budget (bytes) and max_context.
 int64_t gpu_only_slots(const ModelConfig& model, double memory_bytes, int64_t max_context);
+// Device memory one decode row (one running sequence) takes besides its KV-cache: activations and logits.
+double gpu_only_row_bytes(const ModelConfig& model);
 
 std::unique_ptr<Engine> make_gpu_only_engine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights,
                                              const SamplingParams& sampling);

@@ -64,7 +64,8 @@ class FastDecodeEngine : public Engine {
  public:
   FastDecodeEngine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights, const SamplingParams& sp)
       : ec_(ec), cfg_(model), sampling_(sp),
-        spart_(ec.backend == "cuda" ? make_cuda_spart(load_model_weights(model, weights), int(ec.gpu_sm_count))
+        spart_(ec.backend == "cuda" ? make_cuda_spart(load_model_weights(model, weights),
+                                                                    {int(ec.gpu_sm_count), dtype_from_name(ec.dtype), ec.cuda_graphs})
                                     : make_cpu_spart(load_model_weights(model, weights))),
         wire_(ec.wire_dtype == "fp16" ? WireDType::F16 : WireDType::F32) {
     if (cfg_.head_dim % 32 != 0 || cfg_.head_dim > 256)

@@ -85,9 +85,13 @@ class SPart {
 // fp32 on the CPU: the reference model's stages (fastdecode/model/reference.h). The embedded default
 // when no GPU answers.
 std::unique_ptr<SPart> make_cpu_spart(ModelWeights weights);
-// fp16 weights on the first CUDA device, cuBLAS GEMMs with fp32 accumulation, activations resident in
-// device memory; sm_count > 0 runs it on that many SMs (a CUDA green context: hardware-balance
-// emulation). Throws fd::Error when no device answers or the build has no CUDA.
-std::unique_ptr<SPart> make_cuda_spart(ModelWeights weights, int sm_count = 0);
+struct CudaSPartOptions {
+  int sm_count = 0;         // > 0: run on that many SMs (a CUDA green context: hardware-balance emulation)
+  DType act = DType::F16;   // 16-bit weights and activations: fp16 or bf16
+  bool cuda_graphs = false; // decode stages of at most 128 rows replayed from CUDA graphs (batch padded)
+};
+// 16-bit weights on the first CUDA device, cuBLAS GEMMs with fp32 accumulation, activations resident in
+// device memory. Throws fd::Error when no device answers or the build has no CUDA.
+std::unique_ptr<SPart> make_cuda_spart(ModelWeights weights, const CudaSPartOptions& options = {});
 
 }  // namespace fd

@@ -4,7 +4,7 @@
 
 namespace fd {
 
-std::unique_ptr<SPart> make_cuda_spart(ModelWeights, int) {
+std::unique_ptr<SPart> make_cuda_spart(ModelWeights, const CudaSPartOptions&) {
   FD_THROW("this build has no CUDA (configure with the `cuda` preset on a machine with nvcc) : backend \"cuda\" is unavailable");
 }
 

@@ -18,6 +18,8 @@ namespace {
 // |c - r| <= kTol * (max|r| over the tensor): fp16 GEMM inputs (11-bit mantissa, 2^-11 ~ 4.9e-4 relative
 // per element); with fp32 accumulation the errors average out to ~2e-4 of the tensor's scale.
 constexpr double kTol = 2e-3;  // measured on the H200: at most 2.7e-4 (artifacts/sworker)
+// bf16 activations (8-bit mantissa, 2^-8 ~ 3.9e-3 relative per element): 8x the fp16 bound.
+constexpr double kTolBf16 = 1.6e-2;
 
 double rel_err(const std::vector<float>& c, const std::vector<float>& r) {
   double mx = 0, err = 0;
@@ -35,14 +37,13 @@ class CudaSPartVsCpu : public ::testing::TestWithParam<std::pair<const char*, in
   }
 };
 
-}  // namespace
-
-TEST_P(CudaSPartVsCpu, StagesWithinFp16Tolerance) {
-  ModelConfig c = load_model_config(repo_path(std::string("experiments/models/") + GetParam().first + ".json"));
-  if (GetParam().second > 0) c = with_layers(c, GetParam().second);
-  auto src = make_random_source(5, DType::F16);
+// Every stage of the CUDA S-Part with `act` weights and activations vs the CPU S-Part on the same
+// weights (drawn in `act`, so both hold the same values). The attention output goes in as `att_dt` host
+// tensors (fp16: the wire; with bf16 activations it is cast on the device).
+void check_stages(ModelConfig c, DType act, DType att_dt, double tol) {
+  auto src = make_random_source(5, act);
   const ModelWeights w = load_model_weights(c, *src);
-  auto cpu = make_cpu_spart(w), gpu = make_cuda_spart(w);
+  auto cpu = make_cpu_spart(w), gpu = make_cuda_spart(w, {0, act, false});
   const int64_t T = 5, qd = c.q_dim(), kvd = c.kv_dim();
   std::vector<int32_t> tok = {3, 17, 42, 7, 99};
   std::vector<int64_t> pos = {0, 1, 2, 3, 4};
@@ -53,20 +54,30 @@ TEST_P(CudaSPartVsCpu, StagesWithinFp16Tolerance) {
     std::vector<float> q1(size_t(T * qd)), k1(size_t(T * kvd)), v1(k1.size()), q2(q1.size()), k2(k1.size()), v2(k1.size());
     cpu->attention_input(0, l, DType::F32, q1.data(), k1.data(), v1.data());
     gpu->attention_input(0, l, DType::F32, q2.data(), k2.data(), v2.data());
-    EXPECT_LT(rel_err(q2, q1), kTol) << "layer " << l << " q";
-    EXPECT_LT(rel_err(k2, k1), kTol) << "layer " << l << " k";
-    EXPECT_LT(rel_err(v2, v1), kTol) << "layer " << l << " v";
-    // q as a stand-in attention output, fed to both as fp32 and checked through the residual stream.
-    cpu->set_attention(0, DType::F32, {{q1.data(), T}});
-    gpu->set_attention(0, DType::F32, {{q1.data(), T}});
+    EXPECT_LT(rel_err(q2, q1), tol) << "layer " << l << " q";
+    EXPECT_LT(rel_err(k2, k1), tol) << "layer " << l << " k";
+    EXPECT_LT(rel_err(v2, v1), tol) << "layer " << l << " v";
+    // q as a stand-in attention output, fed to both (as att_dt, rounded the same way for both) and
+    // checked through the residual stream.
+    if (att_dt == DType::F16) {
+      std::vector<uint16_t> q16(q1.size());
+      convert_from_f32(DType::F16, q1.data(), q16.data(), q1.size());
+      convert_to_f32(DType::F16, q16.data(), q1.data(), q1.size());
+      cpu->set_attention(0, DType::F32, {{q1.data(), T}});
+      gpu->set_attention(0, DType::F16, {{q16.data(), T}});
+    } else {
+      cpu->set_attention(0, DType::F32, {{q1.data(), T}});
+      gpu->set_attention(0, DType::F32, {{q1.data(), T}});
+    }
     cpu->attention_output_and_mlp(0, l);
     gpu->attention_output_and_mlp(0, l);
     std::vector<float> l1(size_t(T * c.vocab_size)), l2(l1.size());
     cpu->logits(0, all, l1.data());
     gpu->logits(0, all, l2.data());
-    EXPECT_LT(rel_err(l2, l1), kTol) << "layer " << l << " logits";
-    std::printf("%s layer %d: rel err q %.2e k %.2e v %.2e logits %.2e\n", c.name.c_str(), l, rel_err(q2, q1),
-                rel_err(k2, k1), rel_err(v2, v1), rel_err(l2, l1));
+    EXPECT_LT(rel_err(l2, l1), tol) << "layer " << l << " logits";
+    std::printf("%s %s layer %d: rel err q %.2e k %.2e v %.2e logits %.2e\n", c.name.c_str(),
+                std::string(dtype_name(act)).c_str(), l, rel_err(q2, q1), rel_err(k2, k1), rel_err(v2, v1),
+                rel_err(l2, l1));
   }
   // Greedy sampling on the device = argmax of the host logits.
   std::vector<float> lg(size_t(T * c.vocab_size));
@@ -74,6 +85,19 @@ TEST_P(CudaSPartVsCpu, StagesWithinFp16Tolerance) {
   std::vector<int32_t> got(static_cast<size_t>(T));
   gpu->sample(0, all, SamplingParams{}, {1, 2, 3, 4, 5}, {0, 0, 0, 0, 0}, got.data());
   for (int64_t t = 0; t < T; ++t) EXPECT_EQ(got[size_t(t)], argmax(&lg[size_t(t * c.vocab_size)], c.vocab_size)) << t;
+}
+
+ModelConfig param_model(const std::pair<const char*, int>& p) {
+  ModelConfig c = load_model_config(repo_path(std::string("experiments/models/") + p.first + ".json"));
+  return p.second > 0 ? with_layers(c, p.second) : c;
+}
+
+}  // namespace
+
+TEST_P(CudaSPartVsCpu, StagesWithinFp16Tolerance) { check_stages(param_model(GetParam()), DType::F16, DType::F32, kTol); }
+
+TEST_P(CudaSPartVsCpu, Bf16StagesWithinBf16Tolerance) {
+  check_stages(param_model(GetParam()), DType::BF16, DType::F16, kTolBf16);
 }
 
 // fp16 host tensors (the wire dtype of the engine on a GPU) = the fp32 ones rounded; prefill attention

@@ -94,6 +94,43 @@ TEST_P(GpuEngines, GreedyTokensVsReference) {
   }
 }
 
+// bf16 weights and activations (weights drawn as bf16, so the reference holds the same values): the
+// reference's own logits must be a near-tie at bf16 resolution wherever the tokens diverge (bf16 rounds
+// each activation to 2^-8 relative, 8x fp16's step).
+TEST_P(GpuEngines, Bf16GreedyTokensVsReference) {
+  constexpr double kNearTieBf16 = 4e-2;
+  const ModelConfig c = load_model_config(repo_path(std::string("experiments/models/") + GetParam() + ".json"));
+  const auto reqs = requests(6, 64);
+  auto w0 = make_random_source(8, DType::BF16);
+  const ModelWeights weights = load_model_weights(c, *w0);
+  auto w1 = make_random_source(8, DType::BF16);
+  ReferenceEngine ref(c, *w1, SamplingParams{}, DType::F16);
+  const Tokens expect = run(ref, reqs);
+  auto check = [&](const EngineConfig& ec, const char* what) {
+    auto w = make_random_source(8, DType::BF16);
+    auto e = make_engine(ec, c, *w, SamplingParams{});
+    const Tokens got = run(*e, reqs);
+    const auto d = fd::test::first_divergence_with_gap(weights, DType::F16, reqs, expect, got);
+    std::printf("%s %s (bf16) vs reference: first divergence %s\n", GetParam(), what, d.describe().c_str());
+    EXPECT_EQ(got.size(), expect.size());
+    if (d.any) EXPECT_LE(d.gap, kNearTieBf16 * d.scale) << what << ": " << d.describe();
+  };
+  EngineConfig go;
+  go.type = "gpu-only";
+  go.max_context = 128;
+  go.dtype = "bf16";
+  check(go, "gpu-only");
+  EngineConfig fdc;
+  fdc.type = "fastdecode";
+  fdc.backend = "cuda";
+  fdc.dtype = "bf16";
+  fdc.wire_dtype = "fp16";
+  fdc.rworkers.spawn = 2;
+  fdc.rworkers.memory_gb = 0.2;
+  fdc.rworkers.binary = std::string(FD_BIN_DIR) + "/fd-rworker";
+  check(fdc, "fastdecode (cuda, fp16 wire)");
+}
+
 // CUDA graphs replay the eager step's kernels on a batch padded to a power of two: the real rows'
 // tokens must be identical to the eager engine's (same kernels and shapes per row... except the
 // padded batch size, which may change cuBLAS's kernel choice: logits may differ in the last bits, so
@@ -101,25 +138,34 @@ TEST_P(GpuEngines, GreedyTokensVsReference) {
 TEST_P(GpuEngines, CudaGraphsSameTokensAsEager) {
   const ModelConfig c = load_model_config(repo_path(std::string("experiments/models/") + GetParam() + ".json"));
   const auto reqs = requests(5, 40);  // 5 running: padded to 8, then 4 and 2 as requests finish
-  auto run_with = [&](bool graphs) {
-    EngineConfig ec;
-    ec.type = "gpu-only";
-    ec.max_context = 128;
-    ec.cuda_graphs = graphs;
-    auto w = make_random_source(3, DType::F16);
-    auto e = make_engine(ec, c, *w, SamplingParams{});
-    EXPECT_EQ(e->info().at("cuda_graphs"), graphs);
-    return run(*e, reqs);
-  };
-  const Tokens eager = run_with(false), graphs = run_with(true);
-  size_t same = 0, total = 0;
-  for (const auto& [id, t] : eager)
-    for (size_t i = 0; i < t.size(); ++i, ++total) same += i < graphs.at(id).size() && graphs.at(id)[i] == t[i];
-  std::printf("%s: CUDA graphs vs eager: %zu of %zu tokens equal\n", GetParam(), same, total);
-  EXPECT_EQ(graphs.size(), eager.size());
   auto w0 = make_random_source(3, DType::F16);
-  const auto d = fd::test::first_divergence_with_gap(load_model_weights(c, *w0), DType::F16, reqs, eager, graphs);
-  if (d.any) EXPECT_LE(d.gap, kNearTie * d.scale) << d.describe();
+  const ModelWeights weights = load_model_weights(c, *w0);
+  for (const char* type : {"gpu-only", "fastdecode"}) {
+    auto run_with = [&](bool graphs) {
+      EngineConfig ec;
+      ec.type = type;
+      ec.max_context = 128;
+      ec.cuda_graphs = graphs;
+      if (ec.type == "fastdecode") {  // each mini-batch's S-Part stages from graphs (rows padded)
+        ec.backend = "cuda";
+        ec.wire_dtype = "fp16";
+        ec.rworkers.spawn = 2;
+        ec.rworkers.memory_gb = 0.2;
+        ec.rworkers.binary = std::string(FD_BIN_DIR) + "/fd-rworker";
+      }
+      auto w = make_random_source(3, DType::F16);
+      auto e = make_engine(ec, c, *w, SamplingParams{});
+      return run(*e, reqs);
+    };
+    const Tokens eager = run_with(false), graphs = run_with(true);
+    size_t same = 0, total = 0;
+    for (const auto& [id, t] : eager)
+      for (size_t i = 0; i < t.size(); ++i, ++total) same += i < graphs.at(id).size() && graphs.at(id)[i] == t[i];
+    std::printf("%s %s: CUDA graphs vs eager: %zu of %zu tokens equal\n", GetParam(), type, same, total);
+    EXPECT_EQ(graphs.size(), eager.size());
+    const auto d = fd::test::first_divergence_with_gap(weights, DType::F16, reqs, eager, graphs);
+    if (d.any) EXPECT_LE(d.gap, kNearTie * d.scale) << type << ": " << d.describe();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuEngines, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa"));

@@ -140,4 +140,14 @@ TEST(GpuOnlySlots, MemoryBoundedAtFullDepth) {
   EXPECT_EQ(parse_engine_config(StrictObject(json{{"type", "gpu-only"}, {"max_context", 1100}}, "x.json", "engine")).max_context, 1100);
   EXPECT_THROW(parse_engine_config(StrictObject(json{{"type", "gpu-only"}, {"rworkers", json::object()}}, "x.json", "engine")),
                ConfigError);
+  // The GPU weight and activation type: fp16 (default) or bf16; with the fastdecode engine only on the
+  // cuda (or auto) backend, since the cpu backend computes in fp32.
+  auto parse = [](json j) { return parse_engine_config(StrictObject(j, "x.json", "engine")); };
+  EXPECT_EQ(parse(json{{"type", "gpu-only"}}).dtype, "fp16");
+  EXPECT_EQ(parse(json{{"type", "gpu-only"}, {"dtype", "bf16"}}).dtype, "bf16");
+  EXPECT_THROW(parse(json{{"type", "gpu-only"}, {"dtype", "fp32"}}), ConfigError);
+  EXPECT_EQ(parse(json{{"type", "fastdecode"}, {"backend", "cuda"}, {"dtype", "bf16"}}).dtype, "bf16");
+  EXPECT_THROW(parse(json{{"type", "fastdecode"}, {"dtype", "bf16"}}), ConfigError);
+  EXPECT_THROW(parse(json{{"type", "fastdecode"}, {"backend", "cpu"}, {"dtype", "bf16"}}), ConfigError);
+  EXPECT_THROW(parse(json{{"type", "reference"}, {"dtype", "bf16"}}), ConfigError);
 }
