@@ -26,7 +26,7 @@ EngineConfig parse_engine_config(StrictObject o) {
       if (o.has(k) && (!o.has("backend") || o.get_raw("backend") == "cpu"))
         o.fail(k, "applies to the cuda (or auto) backend; the cpu backend runs the S-Part in fp32 on the CPU");
     ec.dtype = o.get_enum("dtype", {"fp16", "bf16"}, std::string("fp16"));
-    ec.cuda_graphs = o.get_bool("cuda_graphs", false);
+    ec.cuda_graphs = o.get_bool("cuda_graphs", true);
     if (o.has("rworkers")) {
       StrictObject r = o.get_object("rworkers");
       RWorkersConfig& rw = ec.rworkers;
@@ -54,7 +54,7 @@ EngineConfig parse_engine_config(StrictObject o) {
   }
   if (ec.type == "gpu-only") {
     ec.max_context = o.get_int("max_context", 1, 1 << 24, 0);
-    ec.cuda_graphs = o.get_bool("cuda_graphs", false);
+    ec.cuda_graphs = o.get_bool("cuda_graphs", true);
     ec.dtype = o.get_enum("dtype", {"fp16", "bf16"}, std::string("fp16"));
   }
   if (ec.type != "reference") ec.prefill_tokens = o.get_int("prefill_tokens", 1, 1 << 24, 16384);

@@ -93,7 +93,7 @@ struct EngineConfig {
   // gpu-only engine and the fastdecode engine's cuda backend: decode batches of at most 128 rows replayed
   // from CUDA graphs, one per batch size padded to a power of two (gpu-only: the whole greedy step;
   // fastdecode: each S-Part stage between R-Part round trips)
-  bool cuda_graphs = false;
+  bool cuda_graphs = true;
   // gpu-only engine and the fastdecode engine's cuda backend: 16-bit type of the GPU weights and
   // activations, fp16 | bf16 (accumulation and the residual stream are fp32 either way)
   std::string dtype = "fp16";

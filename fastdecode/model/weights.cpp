@@ -24,13 +24,6 @@ uint64_t fnv1a64(std::string_view s) {
   return h;
 }
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 std::vector<TensorSpec> model_tensor_specs(const ModelConfig& c) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const auto lin = [](int64_t in) { return float(1.0 / std::sqrt(double(in))); };

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fastdecode/core/dtype.h"
+#include "fastdecode/core/splitmix64.h"
 #include "fastdecode/model/model_config.h"
 
 namespace fd {
@@ -69,8 +70,8 @@ struct ModelWeights {
 
 ModelWeights load_model_weights(const ModelConfig& cfg, TensorSource& src);
 
-// FNV-1a 64 of a string and the splitmix64 finaliser: the project's portable hashing/PRNG primitives.
+// FNV-1a 64 of a string: the project's portable hash (splitmix64, its PRNG primitive, is in
+// fastdecode/core/splitmix64.h, included above, so CUDA code can use it too).
 uint64_t fnv1a64(std::string_view s);
-uint64_t splitmix64(uint64_t x);
 
 }  // namespace fd

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "fastdecode/core/dtype.h"
+#include "kernels/cuda/sampling.h"
 #include "kernels/cuda/spart_kernels.h"
 
 namespace fd {
@@ -104,17 +105,20 @@ void CudaModel::upload(void* dst, const void* src, size_t bytes) const {
 void CudaModel::sample(DevActs& a, int64_t n, const SamplingParams& sp, const std::vector<uint64_t>& request_ids,
                        const std::vector<uint64_t>& steps, int32_t* out) const {
   const int64_t V = cfg_.vocab_size;
+  if (!sp.greedy()) {
+    FD_CHECK(request_ids.size() >= size_t(n) && steps.size() >= size_t(n), "sample: an id and a step per row");
+    a.request_ids.resize(size_t(std::max<int64_t>(n, 1))), a.steps.resize(size_t(std::max<int64_t>(n, 1)));
+    upload(a.request_ids.get(), request_ids.data(), size_t(n) * 8);
+    upload(a.steps.get(), steps.data(), size_t(n) * 8);
+  }
   logits(a, n);
   if (sp.greedy()) {
     cuda::argmax_rows(a.logits.get(), n, V, a.out_tokens.get(), stream_);
-    CUDA_CHECK(cudaMemcpyAsync(out, a.out_tokens.get(), size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return;
+  } else {
+    cuda::sample_rows(a.logits.get(), n, V, sp, a.request_ids.get(), a.steps.get(), a.out_tokens.get(), stream_);
   }
-  std::vector<float> lg(size_t(n * V));
-  CUDA_CHECK(cudaMemcpyAsync(lg.data(), a.logits.get(), lg.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(out, a.out_tokens.get(), size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  for (int64_t i = 0; i < n; ++i) out[i] = sample_token(&lg[size_t(i * V)], V, sp, request_ids[size_t(i)], steps[size_t(i)]);
 }
 
 void GraphCache::run(uint64_t key, const std::function<void()>& body) {

@@ -79,6 +79,7 @@ struct DevActs {
   DeviceBuffer<__half> q16, k16, v16;
   DeviceBuffer<int32_t> tokens, rows, starts, out_tokens;
   DeviceBuffer<int64_t> pos;
+  DeviceBuffer<uint64_t> request_ids, steps;  // per sampled row: the draw's (request, step)
 };
 
 // CUDA graphs of a stream's work, keyed by an integer: captured from `body` on first use, replayed
@@ -134,8 +135,8 @@ class CudaModel {
   void attention_output_and_mlp(DevActs& a, int layer) const;
   // a.logits [n, V] = LM head of final-norm(a.x[a.rows[0..n)]).
   void logits(DevActs& a, int64_t n) const;
-  // Next tokens for a.x[a.rows[0..n)]: greedy as an argmax on the device (n token ids come down);
-  // otherwise the logits come down and fd::sample_token draws with (request_ids[i], steps[i]).
+  // Next tokens for a.x[a.rows[0..n)], sampled on the device (only n token ids come down): greedy as an
+  // argmax, otherwise cuda::sample_rows, which draws as fd::sample_token with (request_ids[i], steps[i]).
   void sample(DevActs& a, int64_t n, const SamplingParams& sp, const std::vector<uint64_t>& request_ids,
               const std::vector<uint64_t>& steps, int32_t* out) const;
   // Copies host → device through the pinned staging buffer (the source may change once this returns).

@@ -3,6 +3,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cfloat>
 
 #include "fastdecode/core/error.h"
@@ -184,16 +185,19 @@ __global__ void qkv_post_kernel(const T* qkv, const float* bias, const int64_t* 
 
 __device__ __forceinline__ float silu_mul1(float g, float u) { return u * (g / (1.0f + __expf(-g))); }
 
-// Eight elements per thread (n % 8 == 0): 16-byte loads of gate and up, a 16-byte store.
+// Eight elements per thread (n % 8 == 0): 16-byte loads of gate and up, a 16-byte store. Columns on
+// grid x, rows on grid y (striding by gridDim.y past 65535 rows): no integer division per element.
 template <typename T>
-__global__ void silu_mul8_kernel(const T* gu, int64_t total8, int64_t n, T* out) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= total8) return;
-  const int64_t e = 8 * i, t = e / n, j = e % n;
-  const T* g = gu + t * 2 * n + j;
-  const float4 g0 = load4(g), g1 = load4(g + 4), u0 = load4(g + n), u1 = load4(g + n + 4);
-  store4(out + e, make_float4(silu_mul1(g0.x, u0.x), silu_mul1(g0.y, u0.y), silu_mul1(g0.z, u0.z), silu_mul1(g0.w, u0.w)));
-  store4(out + e + 4, make_float4(silu_mul1(g1.x, u1.x), silu_mul1(g1.y, u1.y), silu_mul1(g1.z, u1.z), silu_mul1(g1.w, u1.w)));
+__global__ void silu_mul8_kernel(const T* gu, int64_t T_rows, int64_t n, T* out) {
+  const int64_t j = 8 * (blockIdx.x * int64_t(blockDim.x) + threadIdx.x);
+  if (j >= n) return;
+  for (int64_t t = blockIdx.y; t < T_rows; t += gridDim.y) {
+    const T* g = gu + t * 2 * n + j;
+    const float4 g0 = load4(g), g1 = load4(g + 4), u0 = load4(g + n), u1 = load4(g + n + 4);
+    T* o = out + t * n + j;
+    store4(o, make_float4(silu_mul1(g0.x, u0.x), silu_mul1(g0.y, u0.y), silu_mul1(g0.z, u0.z), silu_mul1(g0.w, u0.w)));
+    store4(o + 4, make_float4(silu_mul1(g1.x, u1.x), silu_mul1(g1.y, u1.y), silu_mul1(g1.z, u1.z), silu_mul1(g1.w, u1.w)));
+  }
 }
 
 template <typename T>
@@ -316,7 +320,8 @@ void silu_mul(const void* gu, DType t, int64_t T, int64_t n, void* out, cudaStre
   FD_ACT_DISPATCH(t, "silu_mul", {
     const A16* in = static_cast<const A16*>(gu);
     A16* o = static_cast<A16*>(out);
-    if (T * n > 0 && n % 8 == 0) silu_mul8_kernel<A16><<<blocks(T * n / 8), kThreads, 0, s>>>(in, T * n / 8, n, o);
+    if (T * n > 0 && n % 8 == 0)
+      silu_mul8_kernel<A16><<<dim3(blocks(n / 8), unsigned(std::min<int64_t>(T, 65535))), kThreads, 0, s>>>(in, T, n, o);
     else if (T * n > 0) silu_mul_kernel<A16><<<blocks(T * n), kThreads, 0, s>>>(in, T * n, n, o);
   });
   check_launch("silu_mul");

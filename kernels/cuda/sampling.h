@@ -1,0 +1,22 @@
+// Seeded top-k / top-p / temperature sampling on the GPU: the same tokens as fd::sample_token (see
+// kernels/cuda/sampling_model.h for the algorithm and its host model).
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "fastdecode/model/sampler.h"
+
+namespace fd::cuda {
+
+// out[r] = fd::sample_token(logits + r * V, V, p, request_ids[r], steps[r]) for r < n, one thread block per row.
+// logits [n, V] fp32, request_ids / steps [n] and out [n]: device pointers. Greedy parameters (temperature 0 or
+// top_k 1) give the first maximum, as fd::argmax. Needs no workspace and allocates nothing (graph-capturable).
+// Identical to the host except where the draw or the nucleus cut lands within double rounding of a cumulative
+// boundary (the sums are done in another order); deterministic run to run. Logits must not be NaN (the host's
+// order is undefined for NaN too) and must be finite at the maximum.
+// Throws fd::Error on the parameters sample_token rejects (and V >= 2^31 - 1, n >= 2^31), or a launch error.
+void sample_rows(const float* logits, int64_t n, int64_t V, const SamplingParams& p, const uint64_t* request_ids,
+                 const uint64_t* steps, int32_t* out, cudaStream_t s);
+
+}  // namespace fd::cuda

@@ -1,0 +1,219 @@
+// GPU sampling (kernels/cuda/sampling.h) against fd::sample_token on the rows of the host-model test
+// (tests/unit/sampling_cases.h: many exact ties, V from 1 to 128256, every kind of top-k cut, top-p 0.05 .. 1,
+// temperatures 0.3 .. 2, greedy): tokens identical, or the host's own numbers put the draw / nucleus cut within
+// 1e-12 of a boundary (printed). Also counted: differences from the host model (which should only come from the
+// device exp's last bit). A CUDA-graph replay, the parameter checks, and one timing line (printed, not asserted).
+// Skips when no CUDA device answers (label gpu); without CUDA in the build it is empty.
+#include <gtest/gtest.h>
+
+#ifdef FD_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fastdecode/core/error.h"
+#include "fastdecode/model/sampler.h"
+#include "kernels/cuda/device_info.h"
+#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/sampling_model.h"
+#include "tests/unit/sampling_cases.h"
+
+namespace {
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// A device buffer of n elements of T, freed on destruction.
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(size_t n) : n_(n) { cuda_ok(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
+    cuda_ok(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  ~Dev() { cudaFree(p_); }
+  T* get() const { return p_; }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+    cuda_ok(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    return h;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+std::vector<int32_t> run_batch(const fd::test::SamplingBatch& b) {
+  const Dev<float> logits(b.logits);
+  const Dev<uint64_t> rids(b.request_ids), steps(b.steps);
+  Dev<int32_t> out(size_t(b.rows()));
+  fd::cuda::sample_rows(logits.get(), b.rows(), b.V, b.p, rids.get(), steps.get(), out.get(), nullptr);
+  cuda_ok(cudaDeviceSynchronize(), "sample_rows");
+  return out.download();
+}
+
+int64_t rows_for(int64_t V) {
+  if (V >= 100000) return 2;
+  if (V >= 30000) return 4;
+  if (V >= 4000) return 8;
+  return 16;
+}
+
+}  // namespace
+
+TEST(CudaSampling, SameTokensAsHostSampler) {
+  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  const std::vector<int64_t> vocabs = {1, 2, 5, 17, 64, 300, 2048, 2049, 5000, 32000, 128256};
+  const auto batches = fd::test::sampling_batches(vocabs, rows_for, 20261202);
+  int64_t rows = 0, same = 0, accepted = 0, model_diff = 0;
+  for (const auto& b : batches) {
+    const std::vector<int32_t> got = run_batch(b);
+    for (int64_t r = 0; r < b.rows(); ++r) {
+      const float* row = b.row(r);
+      const uint64_t rid = b.request_ids[size_t(r)], step = b.steps[size_t(r)];
+      const int32_t host = fd::sample_token(row, b.V, b.p, rid, step);
+      const int32_t gpu = got[size_t(r)];
+      ++rows;
+      model_diff += gpu != fd::cuda::sample_row_model(row, b.V, b.p, rid, step);
+      if (gpu == host) {
+        ++same;
+        continue;
+      }
+      const std::string where = "V " + std::to_string(b.V) + ", T " + std::to_string(b.p.temperature) + ", top_k " +
+                                std::to_string(b.p.top_k) + ", top_p " + std::to_string(b.p.top_p) + ", row kind " +
+                                fd::test::row_kind_name(b.kinds[size_t(r)]);
+      ASSERT_FALSE(b.p.greedy()) << "greedy: gpu " << gpu << " != host " << host << " (" << where << ")";
+      const auto why = fd::test::explain_difference(fd::test::host_trace(row, b.V, b.p, rid, step), b.p, gpu);
+      ASSERT_TRUE(why.has_value()) << "gpu token " << gpu << " != host token " << host << " (" << where << ")";
+      ++accepted;
+      std::printf("[accepted] %s: host %d gpu %d: %s\n", where.c_str(), host, gpu, why->c_str());
+    }
+  }
+  std::printf("[cuda sampling] %lld rows: %lld identical to sample_token, %lld accepted on a boundary; %lld differ "
+              "from the host model\n",
+              (long long)rows, (long long)same, (long long)accepted, (long long)model_diff);
+}
+
+// Captured in a CUDA graph and replayed: the same tokens as an eager call (nothing allocated or synchronised).
+TEST(CudaSampling, GraphReplayMatchesEager) {
+  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  const int64_t n = 64, V = 32000;
+  std::mt19937_64 rng(5);
+  std::vector<float> h(size_t(n * V));
+  std::vector<uint64_t> rid(static_cast<size_t>(n)), step(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) {
+    fd::test::fill_row(h.data() + r * V, V, int(r % fd::test::kRowKinds), rng);
+    rid[size_t(r)] = rng(), step[size_t(r)] = uint64_t(r);
+  }
+  fd::SamplingParams p;
+  p.temperature = 0.8, p.top_k = 50, p.top_p = 0.9, p.seed = 3;
+  const Dev<float> logits(h);
+  const Dev<uint64_t> rids(rid), steps(step);
+  Dev<int32_t> eager(static_cast<size_t>(n)), replay(static_cast<size_t>(n));
+  fd::cuda::sample_rows(logits.get(), n, V, p, rids.get(), steps.get(), eager.get(), nullptr);
+  cuda_ok(cudaDeviceSynchronize(), "eager");
+  cudaStream_t s;
+  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+  fd::cuda::sample_rows(logits.get(), n, V, p, rids.get(), steps.get(), replay.get(), s);
+  cuda_ok(cudaStreamEndCapture(s, &g), "end capture");
+  cuda_ok(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+  cuda_ok(cudaGraphLaunch(ge, s), "launch");
+  cuda_ok(cudaStreamSynchronize(s), "replay");
+  const std::vector<int32_t> tokens = eager.download();
+  EXPECT_EQ(replay.download(), tokens);
+  for (int64_t r = 0; r < n; ++r)
+    EXPECT_EQ(tokens[size_t(r)], fd::cuda::sample_row_model(h.data() + r * V, V, p, rid[size_t(r)], step[size_t(r)]))
+        << "row " << r;
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+}
+
+// Checked before anything touches the device (no device needed).
+TEST(CudaSampling, RejectsBadParameters) {
+  fd::SamplingParams p;
+  p.temperature = 1.0;
+  const auto call = [&](int64_t n, int64_t V) {
+    fd::cuda::sample_rows(nullptr, n, V, p, nullptr, nullptr, nullptr, nullptr);
+  };
+  EXPECT_THROW(call(1, 0), fd::Error);
+  EXPECT_THROW(call(-1, 8), fd::Error);
+  p.top_p = 0.0;
+  EXPECT_THROW(call(1, 8), fd::Error);
+  p.top_p = 1.0, p.temperature = -1.0;
+  EXPECT_THROW(call(1, 8), fd::Error);
+  p.temperature = 1.0, p.top_k = -2;
+  EXPECT_THROW(call(1, 8), fd::Error);
+  p.top_k = 0;
+  EXPECT_NO_THROW(call(0, 8));  // no rows: nothing launched
+}
+
+// Microseconds per sample_rows call, printed only: full-vocabulary sampling (top_k 0, top_p 1: every pass over
+// the whole row), top-p alone (0.9) and top-k 40 + top-p 0.9 (candidates compacted to shared memory).
+TEST(CudaSampling, Timing) {
+  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  struct Shape {
+    int64_t n, V;
+  };
+  std::string line = "[cuda sampling timing] us/call";
+  for (const Shape sh : {Shape{256, 32000}, Shape{1024, 128256}}) {
+    // 16 distinct rows of N(0, 3^2) logits (fp16-like ties), repeated over the batch.
+    std::mt19937_64 rng(11);
+    std::vector<float> base(size_t(16 * sh.V));
+    for (int64_t r = 0; r < 16; ++r) fd::test::fill_row(base.data() + r * sh.V, sh.V, 3, rng);
+    std::vector<float> h(size_t(sh.n * sh.V));
+    for (int64_t r = 0; r < sh.n; ++r)
+      std::copy(base.begin() + (r % 16) * sh.V, base.begin() + (r % 16 + 1) * sh.V, h.begin() + r * sh.V);
+    std::vector<uint64_t> rid(size_t(sh.n)), step(size_t(sh.n), 7);
+    for (auto& x : rid) x = rng();
+    const Dev<float> logits(h);
+    const Dev<uint64_t> rids(rid), steps(step);
+    Dev<int32_t> out(size_t(sh.n));
+    struct Setting {
+      const char* name;
+      int64_t top_k;
+      double top_p;
+    };
+    for (const Setting st :
+         {Setting{"full", 0, 1.0}, Setting{"top_p0.9", 0, 0.9}, Setting{"top_k40+top_p0.9", 40, 0.9}}) {
+      fd::SamplingParams p;
+      p.temperature = 1.0, p.top_k = st.top_k, p.top_p = st.top_p, p.seed = 1;
+      const auto call = [&] {
+        fd::cuda::sample_rows(logits.get(), sh.n, sh.V, p, rids.get(), steps.get(), out.get(), nullptr);
+      };
+      call();
+      cuda_ok(cudaDeviceSynchronize(), "warm-up");
+      cudaEvent_t e0, e1;
+      cuda_ok(cudaEventCreate(&e0), "cudaEventCreate");
+      cuda_ok(cudaEventCreate(&e1), "cudaEventCreate");
+      const int reps = 10;
+      cuda_ok(cudaEventRecord(e0, nullptr), "cudaEventRecord");
+      for (int i = 0; i < reps; ++i) call();
+      cuda_ok(cudaEventRecord(e1, nullptr), "cudaEventRecord");
+      cuda_ok(cudaEventSynchronize(e1), "cudaEventSynchronize");
+      float ms = 0;
+      cuda_ok(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "; n=%lld V=%lld %s %.1f", (long long)sh.n, (long long)sh.V, st.name,
+                    double(ms) * 1e3 / reps);
+      line += buf;
+    }
+  }
+  std::printf("%s\n", line.c_str());
+}
+
+#endif  // FD_HAVE_CUDA
