@@ -85,6 +85,19 @@ void check_stages(ModelConfig c, DType act, DType att_dt, double tol) {
   std::vector<int32_t> got(static_cast<size_t>(T));
   gpu->sample(0, all, SamplingParams{}, {1, 2, 3, 4, 5}, {0, 0, 0, 0, 0}, got.data());
   for (int64_t t = 0; t < T; ++t) EXPECT_EQ(got[size_t(t)], argmax(&lg[size_t(t * c.vocab_size)], c.vocab_size)) << t;
+  // Seeded sampling on the device (cuda::sample_rows) = fd::sample_token on the same logits, with each
+  // row's own (request, step): the rows, ids and steps reach the kernel in order.
+  SamplingParams tk;
+  tk.temperature = 0.8, tk.top_k = 40, tk.top_p = 0.9, tk.seed = 3;
+  SamplingParams full;
+  full.temperature = 1.3, full.seed = 4;
+  const std::vector<uint64_t> ids = {11, 12, 13, 14, 15}, steps = {0, 7, 3, 9, 1};
+  for (const SamplingParams& sp : {tk, full}) {
+    gpu->sample(0, all, sp, ids, steps, got.data());
+    for (int64_t t = 0; t < T; ++t)
+      EXPECT_EQ(got[size_t(t)], sample_token(&lg[size_t(t * c.vocab_size)], c.vocab_size, sp, ids[size_t(t)], steps[size_t(t)]))
+          << "row " << t << " top_k " << sp.top_k;
+  }
 }
 
 ModelConfig param_model(const std::pair<const char*, int>& p) {
