@@ -26,40 +26,12 @@
 #include "fastdecode/model/reference.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/device_info.h"
+#include "tests/gpu/cuda_test_util.h"
 
 namespace {
 
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// A device buffer of n elements of T, freed on destruction.
-template <typename T>
-class Dev {
- public:
-  explicit Dev(size_t n) : n_(n) { cuda_ok(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
-  template <typename H>
-  explicit Dev(const std::vector<H>& h) : Dev(h.size()) {
-    static_assert(sizeof(H) == sizeof(T));
-    cuda_ok(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() { cudaFree(p_); }
-  T* get() const { return p_; }
-  template <typename H>
-  std::vector<H> download() const {
-    static_assert(sizeof(H) == sizeof(T));
-    std::vector<H> h(n_);
-    cuda_ok(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
-    return h;
-  }
-  void fill_bytes(int byte) { cuda_ok(cudaMemset(p_, byte, n_ * sizeof(T)), "cudaMemset"); }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
+using fd::test::cuda_ok;
+using fd::test::Dev;
 
 fd::ModelConfig attn_config(int Hq, int Hkv, int D) {
   fd::ModelConfig c;

@@ -19,38 +19,15 @@
 #include "fastdecode/core/error.h"
 #include "fastdecode/model/sampler.h"
 #include "kernels/cuda/device_info.h"
+#include "tests/gpu/cuda_test_util.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/sampling_model.h"
 #include "tests/unit/sampling_cases.h"
 
 namespace {
 
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// A device buffer of n elements of T, freed on destruction.
-template <typename T>
-class Dev {
- public:
-  explicit Dev(size_t n) : n_(n) { cuda_ok(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
-    cuda_ok(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() { cudaFree(p_); }
-  T* get() const { return p_; }
-  std::vector<T> download() const {
-    std::vector<T> h(n_);
-    cuda_ok(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
-    return h;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
+using fd::test::cuda_ok;
+using fd::test::Dev;
 
 std::vector<int32_t> run_batch(const fd::test::SamplingBatch& b) {
   const Dev<float> logits(b.logits);
