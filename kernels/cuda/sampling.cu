@@ -120,9 +120,25 @@ class DeviceCtx {
     return sm_.max_key;
   }
 
+  // Block-wide rank of this thread's predicate within a tile of kThreads elements: the number of true
+  // predicates before it (in thread order) plus `running`; *total = the tile's true predicates. The caller
+  // syncs before the next tile (warp_cnt is rewritten there).
+  __device__ int64_t tile_rank(bool pred, int64_t running, int64_t* total) {
+    const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+    const unsigned bal = __ballot_sync(kFull, pred);
+    if (lane == 0) sm_.warp_cnt[warp] = __popc(bal);
+    __syncthreads();
+    int64_t off = running, tot = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < warp) off += sm_.warp_cnt[w];
+      tot += sm_.warp_cnt[w];
+    }
+    *total = tot;
+    return off + __popc(bal & ((1u << lane) - 1));
+  }
+
   // Index of the m-th (1-based) source element with key t, in index order; -1 if there are fewer.
   __device__ int32_t find_nth(uint32_t t, int64_t m) {
-    const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
     __syncthreads();
     if (threadIdx.x == 0) sm_.found = -1;
     __syncthreads();
@@ -131,15 +147,9 @@ class DeviceCtx {
     for (int64_t base = 0; base < n && running < m; base += kThreads) {  // running is uniform
       const int64_t p = base + threadIdx.x;
       const bool pred = p < n && key_of(logit_at(p)) == t;
-      const unsigned bal = __ballot_sync(kFull, pred);
-      if (lane == 0) sm_.warp_cnt[warp] = __popc(bal);
-      __syncthreads();
-      int64_t off = running, total = 0;
-      for (int w = 0; w < kWarps; ++w) {
-        if (w < warp) off += sm_.warp_cnt[w];
-        total += sm_.warp_cnt[w];
-      }
-      if (pred && off + __popc(bal & ((1u << lane) - 1)) + 1 == m) sm_.found = index_at(p);
+      int64_t total = 0;
+      const int64_t rank = tile_rank(pred, running, &total);  // every thread: it synchronises the block
+      if (pred && rank + 1 == m) sm_.found = index_at(p);
       running += total;
       __syncthreads();  // warp_cnt is rewritten next tile
     }
@@ -149,22 +159,14 @@ class DeviceCtx {
   // Copies cut's elements of the row, in index order, to the shared list, when there are at most kListCap.
   __device__ void compact(const Cut& cut) {
     if (list_n_ >= 0) return;
-    const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
     __syncthreads();
     int64_t running = 0;
     for (int64_t base = 0; base < V_ && running <= kListCap; base += kThreads) {
       const int64_t p = base + threadIdx.x;
       const float l = p < V_ ? __ldg(row_ + p) : 0.0f;
       const bool pred = p < V_ && cut.contains(key_of(l), int32_t(p));
-      const unsigned bal = __ballot_sync(kFull, pred);
-      if (lane == 0) sm_.warp_cnt[warp] = __popc(bal);
-      __syncthreads();
-      int64_t off = running, total = 0;
-      for (int w = 0; w < kWarps; ++w) {
-        if (w < warp) off += sm_.warp_cnt[w];
-        total += sm_.warp_cnt[w];
-      }
-      const int64_t pos = off + __popc(bal & ((1u << lane) - 1));
+      int64_t total = 0;
+      const int64_t pos = tile_rank(pred, running, &total);
       if (pred && pos < kListCap) sm_.list_l[pos] = l, sm_.list_i[pos] = int32_t(p);
       running += total;
       __syncthreads();

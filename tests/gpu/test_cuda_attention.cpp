@@ -32,6 +32,7 @@ namespace {
 
 using fd::test::cuda_ok;
 using fd::test::Dev;
+using fd::test::seconds_per_call;
 
 fd::ModelConfig attn_config(int Hq, int Hkv, int D) {
   fd::ModelConfig c;
@@ -282,22 +283,6 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
 }
 
 // Seconds per call of `call` on the default stream: one warm-up, then `reps` calls between two events.
-static double seconds_per_call(const std::function<void()>& call, int reps) {
-  call();
-  cudaEvent_t e0, e1;
-  cuda_ok(cudaEventCreate(&e0), "cudaEventCreate");
-  cuda_ok(cudaEventCreate(&e1), "cudaEventCreate");
-  cuda_ok(cudaEventRecord(e0, nullptr), "cudaEventRecord");
-  for (int i = 0; i < reps; ++i) call();
-  cuda_ok(cudaEventRecord(e1, nullptr), "cudaEventRecord");
-  cuda_ok(cudaEventSynchronize(e1), "cudaEventSynchronize");
-  float ms = 0;
-  cuda_ok(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return double(ms) / 1e3 / reps;
-}
-
 // Achieved K+V read bandwidth of decode_attention (every sequence at full length). Printed only: no timed
 // assertion. The first row is the reference configuration (B=256, ctx=1024, MHA 32 heads, D=128).
 TEST(CudaAttention, DecodeAttentionBandwidth) {

@@ -170,23 +170,9 @@ TEST(CudaSampling, Timing) {
       const auto call = [&] {
         fd::cuda::sample_rows(logits.get(), sh.n, sh.V, p, rids.get(), steps.get(), out.get(), nullptr);
       };
-      call();
-      cuda_ok(cudaDeviceSynchronize(), "warm-up");
-      cudaEvent_t e0, e1;
-      cuda_ok(cudaEventCreate(&e0), "cudaEventCreate");
-      cuda_ok(cudaEventCreate(&e1), "cudaEventCreate");
-      const int reps = 10;
-      cuda_ok(cudaEventRecord(e0, nullptr), "cudaEventRecord");
-      for (int i = 0; i < reps; ++i) call();
-      cuda_ok(cudaEventRecord(e1, nullptr), "cudaEventRecord");
-      cuda_ok(cudaEventSynchronize(e1), "cudaEventSynchronize");
-      float ms = 0;
-      cuda_ok(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-      cudaEventDestroy(e0);
-      cudaEventDestroy(e1);
       char buf[160];
       std::snprintf(buf, sizeof buf, "; n=%lld V=%lld %s %.1f", (long long)sh.n, (long long)sh.V, st.name,
-                    double(ms) * 1e3 / reps);
+                    fd::test::seconds_per_call(call, 10) * 1e6);
       line += buf;
     }
   }
