@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fastdecode/core/error.h"
+#include "fastdecode/core/fault.h"
 #include "fastdecode/model/weights.h"
 
 namespace fd {
@@ -35,7 +36,11 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
   std::vector<double> prob(static_cast<size_t>(k));
   const double mx = logits[idx[0]];
   double sum = 0;
-  for (int64_t i = 0; i < k; ++i) sum += prob[size_t(i)] = std::exp((double(logits[idx[size_t(i)]]) - mx) / p.temperature);
+  double temperature = p.temperature;
+#ifdef FD_FAULT_SAMPLER_IGNORES_TEMPERATURE  // planted fault: every draw at temperature 1
+  temperature = 1.0;
+#endif
+  for (int64_t i = 0; i < k; ++i) sum += prob[size_t(i)] = std::exp((double(logits[idx[size_t(i)]]) - mx) / temperature);
   for (auto& x : prob) x /= sum;
 
   // Nucleus: the smallest prefix whose mass reaches top_p.

@@ -6,6 +6,7 @@
 
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/dtype.h"
+#include "fastdecode/core/fault.h"
 
 namespace fd {
 
@@ -241,6 +242,10 @@ std::vector<zmq::message_t> RWorkerService::on_attend(const Message& m) {
   p.q = q32_.data();
   p.o = o32_.data();
   if (ns > 0) decode_attention(p, cfg_.isa, cfg_.threads, ws_);
+#ifdef FD_FAULT_ZERO_HEAD  // planted fault: query head 1's output is zeros
+  if (h.n_heads > 1)
+    for (size_t i = 0; i < ns; ++i) std::fill_n(o32_.data() + i * qrow + h.head_dim, h.head_dim, 0.0f);
+#endif
   // o goes straight into the reply message's buffer.
   zmq::message_t o(ns * qrow * proto::wire_dtype_size(wd));
   if (wd == WireDType::F16) convert_from_f32(DType::F16, o32_.data(), o.data(), o32_.size());

@@ -10,6 +10,7 @@
 
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/dtype.h"
+#include "fastdecode/core/fault.h"
 #include "fastdecode/model/reference.h"
 #include "fastdecode/sworker/rworker_client.h"
 #include "fastdecode/sworker/rworker_spawn.h"
@@ -36,6 +37,7 @@ struct Sequence {
   int64_t len = 0;  // tokens in the KV-cache
   int64_t generated = 0;
   int32_t last = 0;
+  int32_t emitted_before = -1;  // planted fault shift_tokens only: the token emitted in its place
 };
 
 // One mini-batch in flight through the layers. Its sequences are ordered by owning R-worker, so each
@@ -227,7 +229,15 @@ class FastDecodeEngine : public Engine {
       ++s.generated;
       s.last = tok[i];
       const bool eos = s.req.stop_at_eos && tok[i] == cfg_.eos_token_id;
-      out.tokens.push_back({s.req.id, tok[i], s.generated >= s.req.max_new_tokens || eos});
+      int64_t max_new = s.req.max_new_tokens;
+      int32_t emit = tok[i];
+#ifdef FD_FAULT_DROP_LAST_TOKEN  // planted fault: every request ends one token short
+      max_new = std::max<int64_t>(1, max_new - 1);
+#endif
+#ifdef FD_FAULT_SHIFT_TOKENS  // planted fault: request 0 mod 3's tokens come one step late
+      if (s.req.id % 3 == 0) std::swap(emit, s.emitted_before), emit = emit < 0 ? s.req.prompt.back() : emit;
+#endif
+      out.tokens.push_back({s.req.id, emit, s.generated >= max_new || eos});
     }
   }
 

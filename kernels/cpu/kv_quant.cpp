@@ -30,6 +30,7 @@
 
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/error.h"
+#include "fastdecode/core/fault.h"
 #include "kernels/cpu/decode_attention_impl.h"
 
 namespace fd {
@@ -162,6 +163,9 @@ void kv_quantize_block(KVDType dtype, const uint16_t* src, void* out, int H, int
           }
           pack_u4(codes[t], D, const_cast<uint8_t*>(hd.v) + size_t(t) * D / 2);
         }
+#ifdef FD_FAULT_INT4_WRONG_NIBBLE  // planted fault: head 0's first K code of the block is off by one
+        if (h == 0) const_cast<uint8_t*>(hd.k)[0] ^= 1;
+#endif
       }
       return;
     }
