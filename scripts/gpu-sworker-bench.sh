@@ -3,6 +3,8 @@
 # scripts/device-deps.sh) and runs the S-worker stages named on the command line (default: all):
 #   build      cmake --preset cuda + build
 #   tests      the gpu-labelled tests (CUDA S-Part, attention kernels, green contexts, GPU-only, FastDecode-CUDA)
+#              with FD_REQUIRE_GPU=1 (device-env.sh): no device is a failure, not a skip; prints the counts
+#   kernels    fd-kernel-bench: decode/prefill attention and sampling kernels vs their ceilings
 #   spart      fd-spart-bench: S-Part layer vs cuBLAS GEMMs alone, Llama-2-7b and Llama-3-8B, all SMs and 16 SMs,
 #              and Llama-2-7b with bf16
 #   profile    fd-bench profile --backend cuda (T(B) of the GPU S-Part with host transfers; R of the CPU kernel
@@ -17,7 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-results/gpu-sworker}"
 shift || true
-stages="${*:-build tests spart profile quickstart e2e}"
+stages="${*:-build tests kernels spart profile quickstart e2e}"
 mkdir -p "$out"
 source scripts/device-env.sh
 export CUDACXX="${CUDACXX:-/usr/local/cuda/bin/nvcc}" OMP_WAIT_POLICY=PASSIVE
@@ -30,7 +32,17 @@ if has build; then
 fi
 if has tests; then
   build/cuda/tests/fd_gpu_tests >"$out/gpu_tests.log" 2>&1 || rc=1
-  grep -E "^\[  (PASSED|FAILED)|FAILED|rel err|divergence|GB/s|SMs" "$out/gpu_tests.log" | head -60
+  grep -E "^\[  (PASSED|FAILED)|FAILED|rel err|divergence|not the reference|GB/s|SMs" "$out/gpu_tests.log" | head -60
+  n_run=$(sed -n 's/^\[==========\] \([0-9]*\) tests\? from .* ran\..*/\1/p' "$out/gpu_tests.log")
+  n_pass=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$out/gpu_tests.log")
+  n_skip=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\?, listed below.*/\1/p' "$out/gpu_tests.log")
+  n_fail=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) tests\?, listed below.*/\1/p' "$out/gpu_tests.log")
+  echo "gpu tests (FD_REQUIRE_GPU=${FD_REQUIRE_GPU:-}): ${n_run:-0} run, ${n_pass:-0} passed, ${n_skip:-0} skipped, ${n_fail:-0} failed"
+  grep -E "^\[  SKIPPED \] [^0-9]" "$out/gpu_tests.log" | sort -u | head -10
+fi
+if has kernels; then
+  $bin/fd-kernel-bench --out "$out/kernel_bench.json" >"$out/kernel_bench.log" 2>&1 || rc=1
+  cat "$out/kernel_bench.log"
 fi
 if has spart; then
   for m in llama-2-7b llama-3-8b; do

@@ -14,7 +14,17 @@ struct CudaDeviceInfo {
 
 // True when this build contains CUDA code.
 bool cuda_built();
-// Devices that answer; empty when none does or CUDA was not built (any CUDA error means none).
+
+// The devices that answer, and when none does, why: the CUDA runtime's error (no device, no driver, a
+// driver too old for this runtime, ...) or "this build has no CUDA". A device whose properties cannot be
+// read is left out and its error noted.
+struct CudaProbe {
+  std::vector<CudaDeviceInfo> devices;
+  std::string error;  // empty when every device answered
+};
+CudaProbe cuda_probe();
+
+// cuda_probe().devices: empty when none answers or CUDA was not built.
 std::vector<CudaDeviceInfo> cuda_devices();
 
 }  // namespace fd

@@ -4,6 +4,7 @@
 namespace fd {
 
 bool cuda_built() { return false; }
+CudaProbe cuda_probe() { return {{}, "this build has no CUDA (no CUDA compiler was found when it was configured)"}; }
 std::vector<CudaDeviceInfo> cuda_devices() { return {}; }
 
 }  // namespace fd

@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -42,23 +41,5 @@ class Dev {
   T* p_ = nullptr;
   size_t n_;
 };
-
-// Seconds per call of `call` (stream work on the legacy stream): one warm-up call, then reps calls timed
-// with CUDA events.
-inline double seconds_per_call(const std::function<void()>& call, int reps) {
-  call();
-  cudaEvent_t e0, e1;
-  cuda_ok(cudaEventCreate(&e0), "cudaEventCreate");
-  cuda_ok(cudaEventCreate(&e1), "cudaEventCreate");
-  cuda_ok(cudaEventRecord(e0, nullptr), "cudaEventRecord");
-  for (int i = 0; i < reps; ++i) call();
-  cuda_ok(cudaEventRecord(e1, nullptr), "cudaEventRecord");
-  cuda_ok(cudaEventSynchronize(e1), "cudaEventSynchronize");
-  float ms = 0;
-  cuda_ok(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return double(ms) / 1e3 / reps;
-}
 
 }  // namespace fd::test

@@ -26,13 +26,13 @@
 #include "fastdecode/model/reference.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/device_info.h"
+#include "tests/gpu/require_gpu.h"
 #include "tests/gpu/cuda_test_util.h"
 
 namespace {
 
 using fd::test::cuda_ok;
 using fd::test::Dev;
-using fd::test::seconds_per_call;
 
 fd::ModelConfig attn_config(int Hq, int Hkv, int D) {
   fd::ModelConfig c;
@@ -130,7 +130,7 @@ void check_decode(const Shape& sh, const std::vector<int32_t>& lens, const std::
 class CudaDecodeAttention : public ::testing::TestWithParam<Shape> {
  protected:
   void SetUp() override {
-    if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+    FD_SKIP_WITHOUT_GPU();
   }
 };
 
@@ -139,7 +139,7 @@ class CudaDecodeAttentionLargeBatch : public CudaDecodeAttention {};
 class CudaPrefillAttention : public ::testing::TestWithParam<Shape> {
  protected:
   void SetUp() override {
-    if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+    FD_SKIP_WITHOUT_GPU();
   }
 };
 
@@ -180,7 +180,7 @@ TEST_P(CudaDecodeAttentionLargeBatch, MatchesReference) {
 // A long cache with few sequences: the split count is capped (32), so a split reads ceil(len / 32) rows
 // (125 and 79 here, not a multiple of anything); a zero length gives zeros.
 TEST(CudaAttention, DecodeLongContextMatchesReference) {
-  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  FD_SKIP_WITHOUT_GPU();
   check_decode(Shape{8, 2, 128}, {4000, 0, 2500}, {1, 2, 0}, 3, 4096, 2024);
 }
 
@@ -232,7 +232,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillAttention,
 // Rows stored at (slot, pos) as fp16 bit-exactly (round to nearest even, overflow to inf, subnormals), every
 // other cache entry untouched.
 TEST(CudaAttention, AppendKvRoundTrip) {
-  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  FD_SKIP_WITHOUT_GPU();
   const int kv_dim = 2 * 64, n_slots = 4;
   const int64_t max_ctx = 16;
   const std::vector<int32_t> slots = {2, 0, 3, 2, 1, 0, 3}, pos = {0, 5, 15, 1, 7, 0, 2};
@@ -266,7 +266,7 @@ TEST(CudaAttention, AppendKvRoundTrip) {
 }
 
 TEST(CudaAttention, RejectsUnsupportedShapes) {
-  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  FD_SKIP_WITHOUT_GPU();
   // Shape checks come before any launch: null pointers never reach the device.
   EXPECT_THROW(fd::cuda::decode_attention(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 16, 6, 4, 64, nullptr, nullptr,
                                           nullptr),
@@ -282,58 +282,6 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   EXPECT_EQ(fd::cuda::decode_attention_workspace_floats(4, 8, 64, 64), 0u);  // one split: no workspace
 }
 
-// Seconds per call of `call` on the default stream: one warm-up, then `reps` calls between two events.
-// Achieved K+V read bandwidth of decode_attention (every sequence at full length). Printed only: no timed
-// assertion. The first row is the reference configuration (B=256, ctx=1024, MHA 32 heads, D=128).
-TEST(CudaAttention, DecodeAttentionBandwidth) {
-  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
-  struct Case {
-    int64_t B, ctx;
-    int Hq, Hkv, D;
-  };
-  for (const Case c : {Case{256, 1024, 32, 32, 128}, Case{256, 1024, 32, 8, 128}, Case{64, 4096, 32, 32, 128},
-                       Case{32, 1024, 32, 32, 128}, Case{256, 1024, 32, 32, 64}}) {
-    const int64_t kvd = int64_t(c.Hkv) * c.D, cache_n = c.B * c.ctx * kvd;
-    Dev<__half> kc(static_cast<size_t>(cache_n)), vc(static_cast<size_t>(cache_n));
-    kc.fill_bytes(0x3C);  // 0x3C3C: ~1.06, finite
-    vc.fill_bytes(0x3C);
-    std::vector<int32_t> slots(size_t(c.B)), lens(size_t(c.B), int32_t(c.ctx));
-    std::iota(slots.begin(), slots.end(), 0);
-    std::mt19937 rng(1);
-    Dev<float> q(uniform(size_t(c.B * c.Hq * c.D), 1.0f, rng)), out(size_t(c.B * c.Hq * c.D));
-    Dev<int32_t> ds(slots), dl(lens);
-    const size_t ws_n = fd::cuda::decode_attention_workspace_floats(c.B, c.Hq, c.D, c.ctx);
-    Dev<float> ws(ws_n);
-    auto call = [&] {
-      fd::cuda::decode_attention(q.get(), kc.get(), vc.get(), ds.get(), dl.get(), c.B, c.ctx, c.Hq, c.Hkv, c.D, out.get(),
-                                 ws.get(), nullptr);
-    };
-    for (int i = 0; i < 2; ++i) call();
-    const double s = seconds_per_call(call, 20), bytes = 2.0 * double(cache_n) * 2.0;
-    std::printf("decode_attention B=%lld ctx=%lld Hq=%d Hkv=%d D=%d: %.1f us/call, K+V %.0f GB/s (%.0f%% of 4.8 TB/s)\n",
-                (long long)c.B, (long long)c.ctx, c.Hq, c.Hkv, c.D, s * 1e6, bytes / s / 1e9, bytes / s / 4.8e12 * 100);
-  }
-}
-
-// Causal prefill throughput (4 * D * Hq FLOPs per attended (query, key) pair). Printed only.
-TEST(CudaAttention, PrefillAttentionThroughput) {
-  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
-  const int64_t n_seq = 8, len = 1024, T = n_seq * len;
-  for (const int Hkv : {32, 8}) {
-    const int Hq = 32, D = 128;
-    std::vector<int32_t> starts(size_t(n_seq + 1));
-    for (int64_t i = 0; i <= n_seq; ++i) starts[size_t(i)] = int32_t(i * len);
-    std::mt19937 rng(2);
-    Dev<float> q(uniform(size_t(T * Hq * D), 1.0f, rng)), out(size_t(T * Hq * D));
-    Dev<__half> k(size_t(T * Hkv * D)), v(size_t(T * Hkv * D));
-    k.fill_bytes(0x3C);
-    v.fill_bytes(0x3C);
-    Dev<int32_t> ds(starts);
-    auto call = [&] { fd::cuda::prefill_attention(q.get(), k.get(), v.get(), ds.get(), n_seq, len, Hq, Hkv, D, out.get(), nullptr); };
-    const double s = seconds_per_call(call, 5), flops = 4.0 * D * Hq * double(n_seq) * double(len * (len + 1) / 2);
-    std::printf("prefill_attention %lld x %lld tokens Hq=%d Hkv=%d D=%d: %.2f ms, %.1f TFLOP/s (fp32 CUDA cores)\n",
-                (long long)n_seq, (long long)len, Hq, Hkv, D, s * 1e3, flops / s / 1e12);
-  }
-}
+// Speed of these kernels: fd-kernel-bench (decode, prefill), not a test.
 
 #endif  // FD_HAVE_CUDA

@@ -19,6 +19,7 @@
 #include "fastdecode/core/error.h"
 #include "fastdecode/model/sampler.h"
 #include "kernels/cuda/device_info.h"
+#include "tests/gpu/require_gpu.h"
 #include "tests/gpu/cuda_test_util.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/sampling_model.h"
@@ -48,7 +49,7 @@ int64_t rows_for(int64_t V) {
 }  // namespace
 
 TEST(CudaSampling, SameTokensAsHostSampler) {
-  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  FD_SKIP_WITHOUT_GPU();
   const std::vector<int64_t> vocabs = {1, 2, 5, 17, 64, 300, 2048, 2049, 5000, 32000, 128256};
   const auto batches = fd::test::sampling_batches(vocabs, rows_for, 20261202);
   int64_t rows = 0, same = 0, accepted = 0, model_diff = 0;
@@ -82,7 +83,7 @@ TEST(CudaSampling, SameTokensAsHostSampler) {
 
 // Captured in a CUDA graph and replayed: the same tokens as an eager call (nothing allocated or synchronised).
 TEST(CudaSampling, GraphReplayMatchesEager) {
-  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  FD_SKIP_WITHOUT_GPU();
   const int64_t n = 64, V = 32000;
   std::mt19937_64 rng(5);
   std::vector<float> h(size_t(n * V));
@@ -137,46 +138,6 @@ TEST(CudaSampling, RejectsBadParameters) {
   EXPECT_NO_THROW(call(0, 8));  // no rows: nothing launched
 }
 
-// Microseconds per sample_rows call, printed only: full-vocabulary sampling (top_k 0, top_p 1: every pass over
-// the whole row), top-p alone (0.9) and top-k 40 + top-p 0.9 (candidates compacted to shared memory).
-TEST(CudaSampling, Timing) {
-  if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
-  struct Shape {
-    int64_t n, V;
-  };
-  std::string line = "[cuda sampling timing] us/call";
-  for (const Shape sh : {Shape{256, 32000}, Shape{1024, 128256}}) {
-    // 16 distinct rows of N(0, 3^2) logits (fp16-like ties), repeated over the batch.
-    std::mt19937_64 rng(11);
-    std::vector<float> base(size_t(16 * sh.V));
-    for (int64_t r = 0; r < 16; ++r) fd::test::fill_row(base.data() + r * sh.V, sh.V, 3, rng);
-    std::vector<float> h(size_t(sh.n * sh.V));
-    for (int64_t r = 0; r < sh.n; ++r)
-      std::copy(base.begin() + (r % 16) * sh.V, base.begin() + (r % 16 + 1) * sh.V, h.begin() + r * sh.V);
-    std::vector<uint64_t> rid(size_t(sh.n)), step(size_t(sh.n), 7);
-    for (auto& x : rid) x = rng();
-    const Dev<float> logits(h);
-    const Dev<uint64_t> rids(rid), steps(step);
-    Dev<int32_t> out(size_t(sh.n));
-    struct Setting {
-      const char* name;
-      int64_t top_k;
-      double top_p;
-    };
-    for (const Setting st :
-         {Setting{"full", 0, 1.0}, Setting{"top_p0.9", 0, 0.9}, Setting{"top_k40+top_p0.9", 40, 0.9}}) {
-      fd::SamplingParams p;
-      p.temperature = 1.0, p.top_k = st.top_k, p.top_p = st.top_p, p.seed = 1;
-      const auto call = [&] {
-        fd::cuda::sample_rows(logits.get(), sh.n, sh.V, p, rids.get(), steps.get(), out.get(), nullptr);
-      };
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "; n=%lld V=%lld %s %.1f", (long long)sh.n, (long long)sh.V, st.name,
-                    fd::test::seconds_per_call(call, 10) * 1e6);
-      line += buf;
-    }
-  }
-  std::printf("%s\n", line.c_str());
-}
+// Speed of sample_rows: fd-kernel-bench --only sampling, not a test.
 
 #endif  // FD_HAVE_CUDA

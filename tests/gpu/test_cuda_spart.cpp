@@ -8,6 +8,7 @@
 #include "fastdecode/engine/reference_engine.h"
 #include "fastdecode/sworker/spart.h"
 #include "kernels/cuda/device_info.h"
+#include "tests/gpu/require_gpu.h"
 #include "tests/unit/test_helpers.h"
 
 using namespace fd;
@@ -33,7 +34,7 @@ double rel_err(const std::vector<float>& c, const std::vector<float>& r) {
 class CudaSPartVsCpu : public ::testing::TestWithParam<std::pair<const char*, int>> {
  protected:
   void SetUp() override {
-    if (cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+    FD_SKIP_WITHOUT_GPU();
   }
 };
 

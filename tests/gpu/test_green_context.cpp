@@ -9,6 +9,7 @@
 
 #include "fastdecode/core/error.h"
 #include "kernels/cuda/device_info.h"
+#include "tests/gpu/require_gpu.h"
 #include "kernels/cuda/green_context.h"
 
 #ifdef FD_HAVE_CUDA
@@ -23,7 +24,7 @@ namespace {
 class SmLimited : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (fd::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+    FD_SKIP_WITHOUT_GPU();
   }
 };
 
