@@ -71,8 +71,24 @@ int64_t ReferenceModel::add_sequence() {
   s.live = true;
   s.k.resize(size_t(w_.cfg.num_layers));
   s.v.resize(size_t(w_.cfg.num_layers));
+  s.coded.assign(size_t(w_.cfg.num_layers), 0);
   seqs_.push_back(std::move(s));
   return int64_t(seqs_.size()) - 1;
+}
+
+void ReferenceModel::set_kv_block_codec(int64_t block_tokens, KVBlockCodec codec) {
+  FD_CHECK(!codec || block_tokens > 0, "KV block codec needs a block size > 0, got " << block_tokens);
+  FD_CHECK(total_context() == 0, "set the KV block codec before any sequence holds tokens");
+  codec_block_ = codec ? block_tokens : 0;
+  codec_ = std::move(codec);
+}
+
+void ReferenceModel::code_full_blocks(Sequence& s, int64_t layer) {
+  if (!codec_) return;
+  const int64_t kvd = w_.cfg.kv_dim(), len = int64_t(s.k[size_t(layer)].size()) / kvd;
+  int64_t& done = s.coded[size_t(layer)];
+  for (; done + codec_block_ <= len; done += codec_block_)
+    codec_(s.k[size_t(layer)].data() + done * kvd, s.v[size_t(layer)].data() + done * kvd, codec_block_, kvd);
 }
 
 ReferenceModel::Sequence& ReferenceModel::seq_at(int64_t seq) {
@@ -214,6 +230,14 @@ std::vector<float> ReferenceModel::forward(const std::vector<RefToken>& batch) {
     }
   }
 
+  // With a block codec: which sequences decode (one token here, after their prompt); see set_kv_block_codec.
+  std::vector<char> decoding(seqs_.size(), 0);
+  if (codec_) {
+    std::vector<int64_t> count(seqs_.size(), 0);
+    for (const RefToken& tok : batch) ++count[size_t(tok.seq)];
+    for (size_t s = 0; s < seqs_.size(); ++s) decoding[s] = count[s] == 1 && seqs_[s].live && seqs_[s].length > 0;
+  }
+
   std::vector<float> x(size_t(T * H));  // the residual stream [T, H]
   ref_embed(w_, tokens.data(), pos.data(), T, x.data());
   std::vector<float> q(size_t(T * qd)), k(size_t(T * kvd)), v(size_t(T * kvd)), att(size_t(T * qd));
@@ -233,6 +257,7 @@ std::vector<float> ReferenceModel::forward(const std::vector<RefToken>& batch) {
       Sequence& s = seqs_[size_t(batch[size_t(t)].seq)];
       s.k[size_t(l)].insert(s.k[size_t(l)].end(), k.begin() + t * kvd, k.begin() + (t + 1) * kvd);
       s.v[size_t(l)].insert(s.v[size_t(l)].end(), v.begin() + t * kvd, v.begin() + (t + 1) * kvd);
+      if (decoding[size_t(batch[size_t(t)].seq)]) code_full_blocks(s, l);
     }
 #pragma omp parallel for schedule(dynamic)
     for (int64_t t = 0; t < T; ++t) {
@@ -240,6 +265,8 @@ std::vector<float> ReferenceModel::forward(const std::vector<RefToken>& batch) {
       ref_decode_attention(&q[size_t(t * qd)], s.k[size_t(l)].data(), s.v[size_t(l)].data(), pos[size_t(t)] + 1, c,
                            &att[size_t(t * qd)]);
     }
+    if (codec_)
+      for (const RefToken& tok : batch) code_full_blocks(seqs_[size_t(tok.seq)], l);  // prompts: after attending
     ref_attention_output_and_mlp(c, L, att.data(), T, x.data());
   }
   for (int64_t t = 0; t < T; ++t) seqs_[size_t(batch[size_t(t)].seq)].length = pos[size_t(t)] + 1;

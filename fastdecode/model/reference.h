@@ -2,6 +2,7 @@
 // Plain loops in the spirit of llm.c's CPU reference; correctness and readability over speed.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "fastdecode/model/weights.h"
@@ -24,6 +25,15 @@ class ReferenceModel {
   // Rounds K/V through this dtype as they enter the cache (fp32 = exact, the default). With fp16 the
   // reference sees the same K/V values as an engine storing an fp16 KV-cache.
   void set_kv_dtype(DType t) { kv_dtype_ = t; }
+  // A block-quantized KV-cache (an R-worker's int8 / int4 store): each time `block_tokens` more tokens of
+  // a sequence's cache at a layer are complete, `codec` replaces that block's K and V ([block_tokens,
+  // kv_dim] each, already rounded through the KV dtype) in place by the values the store holds for it.
+  // When, as in FastDecode: a decoding token (its sequence's only token in a forward, after the prompt)
+  // sees the block it completes replaced before it attends (the worker quantizes on append, then
+  // attends); a prompt attends over the unreplaced values (the S-Part computes prefill attention over
+  // the fp16 K/V it then ships) and its full blocks are replaced after. An empty codec turns this off.
+  using KVBlockCodec = std::function<void(float* k, float* v, int64_t block_tokens, int64_t kv_dim)>;
+  void set_kv_block_codec(int64_t block_tokens, KVBlockCodec codec);
 
   // Creates an empty sequence (KV-cache) and returns its id; ids are never reused.
   int64_t add_sequence();
@@ -45,12 +55,16 @@ class ReferenceModel {
     bool live = false;
     int64_t length = 0;
     std::vector<std::vector<float>> k, v;  // per layer: [length, kv_dim]
+    std::vector<int64_t> coded;            // per layer: tokens replaced by the block codec
   };
+  void code_full_blocks(Sequence& s, int64_t layer);
   Sequence& seq_at(int64_t seq);
   const Sequence& seq_at(int64_t seq) const;
 
   ModelWeights w_;
   DType kv_dtype_ = DType::F32;
+  int64_t codec_block_ = 0;
+  KVBlockCodec codec_;
   std::vector<Sequence> seqs_;
 };
 

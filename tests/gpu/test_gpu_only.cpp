@@ -10,6 +10,7 @@
 #include "fastdecode/engine/gpu_only_engine.h"
 #include "fastdecode/engine/reference_engine.h"
 #include "kernels/cuda/device_info.h"
+#include "tests/gpu/require_gpu.h"
 #include "tests/unit/test_helpers.h"
 #include "tests/unit/token_compare.h"
 
@@ -20,25 +21,19 @@ namespace {
 
 using fd::test::Tokens;
 
+// Tokens of a run to completion; a breach of the Engine contract (a request that never finishes, a token
+// after the finished one) fails the test.
 Tokens run(Engine& e, const std::vector<Request>& reqs, int64_t* max_running = nullptr) {
-  e.add(reqs);
-  Tokens got;
-  std::map<uint64_t, bool> live;
-  while (!e.done()) {
-    const StepResult r = e.step();
-    for (const auto& t : r.tokens) {
-      got[t.request_id].push_back(t.token);
-      live[t.request_id] = !t.finished;
-    }
-    int64_t n = 0;
-    for (auto& [id, l] : live) n += l;
-    if (max_running) *max_running = std::max(*max_running, n);
-  }
-  e.shutdown();
-  return got;
+  const fd::test::EngineRun r = fd::test::run_engine(e, reqs);
+  EXPECT_TRUE(r.errors.empty()) << r.describe_errors();
+  if (max_running) *max_running = r.max_running;
+  return r.tokens;
 }
 
 constexpr double kNearTie = 5e-3;
+// bf16 rounds each activation to 2^-8 relative (8x fp16's step). PROVISIONAL, set from the H200 run of
+// this test: see docs/CORRECTNESS.md for the measured worst gap and the share of positions it admits.
+constexpr double kNearTieBf16 = 1e-2;
 
 std::vector<Request> requests(int n, int64_t gen) {
   std::vector<Request> reqs;
@@ -53,7 +48,7 @@ std::vector<Request> requests(int n, int64_t gen) {
 class GpuEngines : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    if (cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+    FD_SKIP_WITHOUT_GPU();
   }
 };
 
@@ -64,17 +59,12 @@ TEST_P(GpuEngines, GreedyTokensVsReference) {
   const auto reqs = requests(6, 64);
   auto w0 = make_random_source(3, DType::F16);
   const ModelWeights weights = load_model_weights(c, *w0);
-  auto w1 = make_random_source(3, DType::F16);
-  ReferenceEngine ref(c, *w1, SamplingParams{}, DType::F16);
-  const Tokens expect = run(ref, reqs);
   auto check = [&](const EngineConfig& ec, const char* what) {
     auto w = make_random_source(3, DType::F16);
     auto e = make_engine(ec, c, *w, SamplingParams{});
-    const Tokens got = run(*e, reqs);
-    const auto d = fd::test::first_divergence_with_gap(weights, DType::F16, reqs, expect, got);
-    std::printf("%s %s vs reference: first divergence %s\n", GetParam(), what, d.describe().c_str());
-    EXPECT_EQ(got.size(), expect.size());
-    if (d.any) EXPECT_LE(d.gap, kNearTie * d.scale) << what << ": " << d.describe();
+    const auto k = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, run(*e, reqs), kNearTie);
+    std::printf("%s %s vs reference: %s\n", GetParam(), what, k.describe().c_str());
+    EXPECT_TRUE(k.ok()) << what << ": " << k.describe();
   };
   EngineConfig go;
   go.type = "gpu-only";
@@ -99,22 +89,16 @@ TEST_P(GpuEngines, GreedyTokensVsReference) {
 // reference's own logits must be a near-tie at bf16 resolution wherever the tokens diverge (bf16 rounds
 // each activation to 2^-8 relative, 8x fp16's step).
 TEST_P(GpuEngines, Bf16GreedyTokensVsReference) {
-  constexpr double kNearTieBf16 = 4e-2;
   const ModelConfig c = load_model_config(repo_path(std::string("experiments/models/") + GetParam() + ".json"));
   const auto reqs = requests(6, 64);
   auto w0 = make_random_source(8, DType::BF16);
   const ModelWeights weights = load_model_weights(c, *w0);
-  auto w1 = make_random_source(8, DType::BF16);
-  ReferenceEngine ref(c, *w1, SamplingParams{}, DType::F16);
-  const Tokens expect = run(ref, reqs);
   auto check = [&](const EngineConfig& ec, const char* what) {
     auto w = make_random_source(8, DType::BF16);
     auto e = make_engine(ec, c, *w, SamplingParams{});
-    const Tokens got = run(*e, reqs);
-    const auto d = fd::test::first_divergence_with_gap(weights, DType::F16, reqs, expect, got);
-    std::printf("%s %s (bf16) vs reference: first divergence %s\n", GetParam(), what, d.describe().c_str());
-    EXPECT_EQ(got.size(), expect.size());
-    if (d.any) EXPECT_LE(d.gap, kNearTieBf16 * d.scale) << what << ": " << d.describe();
+    const auto k = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, run(*e, reqs), kNearTieBf16);
+    std::printf("%s %s (bf16) vs reference: %s\n", GetParam(), what, k.describe().c_str());
+    EXPECT_TRUE(k.ok()) << what << ": " << k.describe();
   };
   EngineConfig go;
   go.type = "gpu-only";
@@ -164,8 +148,11 @@ TEST_P(GpuEngines, CudaGraphsSameTokensAsEager) {
       for (size_t i = 0; i < t.size(); ++i, ++total) same += i < graphs.at(id).size() && graphs.at(id)[i] == t[i];
     std::printf("%s %s: CUDA graphs vs eager: %zu of %zu tokens equal\n", GetParam(), type, same, total);
     EXPECT_EQ(graphs.size(), eager.size());
-    const auto d = fd::test::first_divergence_with_gap(weights, DType::F16, reqs, eager, graphs);
-    if (d.any) EXPECT_LE(d.gap, kNearTie * d.scale) << type << ": " << d.describe();
+    // Each run judged against the reference on its own, every token teacher-forced.
+    for (const Tokens* t : {&eager, &graphs}) {
+      const auto k = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, *t, kNearTie);
+      EXPECT_TRUE(k.ok()) << type << (t == &eager ? " eager: " : " graphs: ") << k.describe();
+    }
   }
 }
 
@@ -174,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuEngines, ::testing::Values("tiny-llama", "ti
 // A memory budget that leaves room for 3 sequences of Llama-2-7b-shaped (1 layer) runs: 8 requests
 // run at most 3 at a time and all finish with their full length.
 TEST(GpuOnly, BatchBoundedByMemoryBudget) {
-  if (cuda_devices().empty()) GTEST_SKIP() << "no CUDA device answers";
+  FD_SKIP_WITHOUT_GPU();
   const ModelConfig c = with_layers(load_model_config(repo_path("experiments/models/llama-2-7b.json")), 1);
   const int64_t max_ctx = 64;
   // Budget for exactly 3 slots (plus half a slot of slack).
