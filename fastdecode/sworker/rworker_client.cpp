@@ -71,11 +71,13 @@ std::vector<RWorkerReply> RWorkerClient::wait(const std::vector<std::pair<size_t
   for (auto& s : socks_) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
   while (missing()) {
     const int64_t left_ms = (deadline - now_ns()) / 1'000'000;
-    if (left_ms <= 0) {
+    if (left_ms <= 0) {  // name every worker that missed: the first one late need not be the dead one
+      std::string late;
       for (const auto& r : requests)
         if (!stash_.count(r))
-          FD_THROW(who(r.first) << " missed its deadline of " << (timeout_ms >= 0 ? timeout_ms : timeout_ms_)
-                                << " ms (request " << r.second << ")");
+          late += (late.empty() ? "" : "; ") + who(r.first) + " missed its deadline of " +
+                  std::to_string(timeout_ms >= 0 ? timeout_ms : timeout_ms_) + " ms (request " + std::to_string(r.second) + ")";
+      FD_THROW(late);
     }
     try {
       zmq::poll(items.data(), items.size(), std::chrono::milliseconds(std::min<int64_t>(left_ms, 100)));
