@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer target for the R-worker's message handling with clang and runs it.
+# Builds the libFuzzer target for the R-worker's message handling with clang and runs it (the test
+# suite runs the same target for 20 s: ctest -R fuzz_rworker_bounded).
 # Usage: scripts/fuzz.sh [SECONDS]   (default 60). Installs clang and its runtime if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,4 +13,6 @@ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_
   -DFD_ENABLE_CUDA=OFF -DFD_BUILD_FUZZERS=ON -DFD_BUILD_TESTS=OFF >/dev/null
 cmake --build build/fuzz --target fuzz_rworker
 mkdir -p build/fuzz/corpus
-build/fuzz/fuzz_rworker -max_total_time="$secs" -max_len=4096 build/fuzz/corpus
+# The valid requests of seed_corpus() start the corpus (the first time; the corpus grows between runs).
+[ -n "$(ls -A build/fuzz/corpus)" ] || FD_FUZZ_SEED_CORPUS=build/fuzz/corpus build/fuzz/fuzz_rworker -runs=0 build/fuzz/corpus
+build/fuzz/fuzz_rworker -max_total_time="$secs" -max_len=8192 build/fuzz/corpus

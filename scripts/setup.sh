@@ -9,6 +9,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev              # tests and micro-benchmarks
   libzmq3-dev cppzmq-dev libopenblas-dev                  # R-worker transport, CPU S-Part backend
   python3 python3-numpy python3-pytest python3-matplotlib # NumPy reference, pytest, figures
+  clang libclang-rt-14-dev                                # the libFuzzer target (ASan/UBSan) in ctest
 )
 
 missing=()

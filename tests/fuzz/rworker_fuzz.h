@@ -108,6 +108,19 @@ inline fd::test::RawMessage mutate(const Corpus& corpus, std::mt19937_64& rng) {
   return m;
 }
 
+// For libFuzzer: a message as raw input (each frame prefixed by its 16-bit length; frames longer than
+// 65535 bytes are cut there), the inverse of split_frames.
+inline std::vector<uint8_t> join_frames(const fd::test::RawMessage& m) {
+  std::vector<uint8_t> out;
+  for (const auto& p : m.parts) {
+    const size_t len = std::min<size_t>(p.size(), 0xffff);
+    out.push_back(uint8_t(len & 0xff));
+    out.push_back(uint8_t(len >> 8));
+    out.insert(out.end(), p.begin(), p.begin() + long(len));
+  }
+  return out;
+}
+
 // For libFuzzer: splits raw input into frames, each prefixed by a 16-bit length.
 inline std::vector<proto::Frame> split_frames(const uint8_t* data, size_t n) {
   std::vector<proto::Frame> frames;
