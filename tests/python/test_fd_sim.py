@@ -28,8 +28,9 @@ def load(out: Path):
     return steps, json.loads((out / "summary.json").read_text())
 
 
-def check_consistent(steps, summary, timed=True):
-    """summary.json's numbers recomputed from steps.jsonl."""
+def check_consistent(steps, summary, timed=True, offline=True):
+    """summary.json's numbers recomputed from steps.jsonl; with `timed`, also the step clock (see
+    check_back_to_back; `offline`: every request arrived at t = 0)."""
     r = summary["results"]
     ctx = np.array([s["total_context"] for s in steps], dtype=np.float64)
     assert r["steps"] == len(steps)
@@ -53,10 +54,27 @@ def check_consistent(steps, summary, timed=True):
         assert r["tokens_per_s"] == pytest.approx(r["output_tokens"] / duration, rel=1e-9)
         assert r["peak_step_ms"] == pytest.approx(max(s["step_ms"] for s in steps), rel=1e-12)
         assert r["s_bound_steps"] == sum(s["binds"] == "S" for s in steps)
-        # consecutive steps are back to back while something runs (offline: no idle gaps)
+        check_back_to_back(steps, offline)
     prov = summary["provenance"]
     for k in ("git_commit", "host", "date_utc", "command"):
         assert k in prov
+
+
+def check_back_to_back(steps, offline):
+    """fd-sim's clock advances only by step times (a step where nothing runs, fixed-interval waiting
+    for its slot, is not recorded and takes no time), except that when nothing runs and nothing has
+    arrived it jumps to the next arrival. So each step starts where the previous one ended, unless the
+    previous step finished every sequence it ran (then, online, a later start is an idle gap). Offline
+    everything has arrived at t = 0: no gaps at all, and the first step starts at 0."""
+    if offline:
+        assert steps[0]["start_s"] == 0
+    for prev, cur in zip(steps, steps[1:]):
+        end = prev["start_s"] + prev["step_ms"] / 1e3
+        where = f"step {cur['step']} after step {prev['step']} (ended {end!r})"
+        if offline or prev["running"] > prev["finished"]:
+            assert cur["start_s"] == pytest.approx(end, rel=1e-12, abs=1e-12), where
+        else:
+            assert cur["start_s"] >= end - 1e-12, where
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +143,7 @@ def test_poisson_online_reproducible_with_latencies(fd_bin, tmp_path):
     sim(fd_bin, tmp_path / "b", *args)
     assert (tmp_path / "a" / "steps.jsonl").read_text() == (tmp_path / "b" / "steps.jsonl").read_text()
     steps, summary = load(tmp_path / "a")
-    check_consistent(steps, summary)
+    check_consistent(steps, summary, offline=False)
     r = summary["results"]
     assert r["finished_requests"] == 300
     for k in ("ttft_ms", "tpot_ms", "itl_ms", "queue_delay_ms", "e2e_latency_ms"):
@@ -145,8 +163,16 @@ def test_trace_and_profile(fd_bin, tmp_path):
     sim(fd_bin, tmp_path / "o", "--mode", "load-control", "--batch", 16, "--seq", 32, "--interval", 4,
         "--w-lim", 400, "--trace", trace, "--profile", prof, "--kv-dtype", "int8")
     steps, summary = load(tmp_path / "o")
-    check_consistent(steps, summary)
+    check_consistent(steps, summary, offline=False)
     assert max(s["total_context"] for s in steps) <= 400
+    # Each request (20 steps of ~4 ms) is done before the next arrives 100 ms later: the batch empties
+    # and the clock jumps to exactly the next arrival, the arrival of the first request admitted then.
+    first_admitted = np.cumsum([0] + [s["admitted"] for s in steps])[:-1]
+    gaps = [(s, int(k)) for p, s, k in zip(steps, steps[1:], first_admitted[1:])
+            if s["start_s"] > p["start_s"] + p["step_ms"] / 1e3 + 1e-9]
+    assert [k for _, k in gaps] == list(range(1, 40))
+    for s, k in gaps:
+        assert s["admitted"] == 1 and s["start_s"] == pytest.approx(0.1 * k, rel=1e-12)
     assert summary["results"]["finished_requests"] == 40
     for s in steps:  # N·T(n) from the table, N·W·R/P with the int8 R
         assert s["r_ms"] == pytest.approx(8 * s["total_context"] * 1e-9 * 1e3)

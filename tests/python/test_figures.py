@@ -1,17 +1,48 @@
 """analysis/figures.py from outside: the five PNGs from the committed artifacts (default --artifacts, run from
 the repository root), fig11 from fd-sim output folders (--sim-dir), and "skipped figN: why" lines instead of
 a crash when inputs are missing (exit 1 when nothing was written).
+
+And what is drawn: figures.py is imported and run in this process with Figure.savefig replaced, so each
+Figure is caught as it would be saved, and the values of its artists (line data, bar heights and
+positions, the numbers written in labels and annotations) are compared with the values read here,
+independently of figures.py's helpers, from its input files (spart_*.json, e2e.json, validation.json,
+e2e/*/steps.jsonl, fd-sim folders).
+
+Without matplotlib the module is skipped (visibly, with the reason), and every test in it fails when
+FD_REQUIRE_BINARIES is set to a non-empty value other than "0" (as ctest does).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-pytest.importorskip("matplotlib")
+# Same rule as conftest._require_binaries.
+REQUIRE = os.environ.get("FD_REQUIRE_BINARIES", "") not in ("", "0")
+try:
+    import matplotlib  # noqa: F401
+    import matplotlib.colors
+    import matplotlib.figure
+    MATPLOTLIB_MISSING = None
+except ImportError as e:
+    MATPLOTLIB_MISSING = f"matplotlib cannot be imported ({e}): analysis/figures.py is not tested"
+    if not REQUIRE:
+        pytest.skip(MATPLOTLIB_MISSING, allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _require_matplotlib():
+    if MATPLOTLIB_MISSING:
+        pytest.fail(MATPLOTLIB_MISSING + " [FD_REQUIRE_BINARIES is set]", pytrace=False)
+
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "analysis" / "figures.py"
@@ -59,13 +90,19 @@ def test_all_figures_from_committed_artifacts(tmp_path):
         check_png(out / name)
 
 
-def test_fig11_from_fd_sim_folders(tmp_path, fd_bin):
-    sim = tmp_path / "sim"
-    sim.mkdir()
+@pytest.fixture(scope="module")
+def sim_dir(fd_bin, tmp_path_factory):
+    """Two fd-sim output folders with step times (the GPU machine's profile)."""
+    sim = tmp_path_factory.mktemp("sim")
     common = ["--batch", 64, "--seq", 64, "--requests", 128, "--profile", PROFILE, "--rworkers", 1]
     for name, mode in (("all-at-once", ["--mode", "all-at-once"]), ("fixed-interval", ["--mode", "fixed-interval", "--interval", 8])):
         subprocess.run([fd_bin("fd-sim"), *map(str, mode + common), "--out", str(sim / name)], check=True,
                        capture_output=True, timeout=60)
+    return sim
+
+
+def test_fig11_from_fd_sim_folders(tmp_path, fd_bin, sim_dir):
+    sim = sim_dir
     out = tmp_path / "figs"
     proc = figures("--artifacts", ARTIFACTS, "--sim-dir", sim, "--out", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -110,3 +147,256 @@ def test_missing_inputs_are_skipped_not_a_crash(tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert skipped(proc) == set(FIGS) - {"fig3"}
     check_png(out / FIGS["fig3"])
+
+
+# ------------------------------------------------------------------------------------------------
+# what is drawn equals what the input files hold
+# ------------------------------------------------------------------------------------------------
+
+def read_json(path: Path):
+    return json.loads(path.read_text())
+
+
+def read_jsonl(path: Path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def figures_module():
+    """analysis/figures.py imported as a module (it imports fd_runs from its own folder)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("fd_figures_under_test", SCRIPT)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return mod
+
+
+def drawn(figures_module, tmp: Path, *args):
+    """Runs figures.main in this process; {PNG name: the Figure as it was when saved}. Nothing is written."""
+    caught = {}
+
+    def catch(fig, fname, *a, **k):
+        caught[Path(fname).name] = fig
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(matplotlib.figure.Figure, "savefig", catch)
+        rc = figures_module.main(["--out", str(tmp), *map(str, args)])
+    assert rc == 0
+    assert sorted(caught) == sorted(FIGS.values())
+    return caught
+
+
+@pytest.fixture(scope="module")
+def committed(figures_module, tmp_path_factory):
+    return drawn(figures_module, tmp_path_factory.mktemp("figs"), "--artifacts", ARTIFACTS)
+
+
+@pytest.fixture(scope="module")
+def from_sim(figures_module, tmp_path_factory, sim_dir):
+    return drawn(figures_module, tmp_path_factory.mktemp("figs_sim"), "--artifacts", ARTIFACTS, "--sim-dir", sim_dir)
+
+
+def same_xy(line, x, y, rel=1e-12):
+    xy = line.get_xydata()
+    assert xy.shape == (len(x), 2), (line.get_label(), xy.shape, len(x))
+    np.testing.assert_allclose(xy[:, 0], np.asarray(x, dtype=float), rtol=rel, atol=0, err_msg=line.get_label())
+    np.testing.assert_allclose(xy[:, 1], np.asarray(y, dtype=float), rtol=rel, atol=0, err_msg=line.get_label())
+
+
+def rects(ax):
+    """Bars as (x, y, width, height), in the order drawn."""
+    return [(p.get_x(), p.get_y(), p.get_width(), p.get_height()) for p in ax.patches]
+
+
+def one_line(text):
+    return " ".join(text.split())
+
+
+def test_fig3_draws_the_spart_files(committed):
+    fig = committed[FIGS["fig3"]]
+    ax1, ax2 = fig.axes
+    files = sorted(ARTIFACTS.glob("spart_*.json"))
+    assert len(files) >= 2
+    l1, l2 = ax1.get_lines(), ax2.get_lines()
+    assert len(l1) == len(l2) == 2 * len(files)
+    colors = []
+    for k, f in enumerate(files):
+        d = read_json(f)
+        rows = sorted(d["rows"], key=lambda r: r["B"])
+        B = np.array([r["B"] for r in rows], dtype=float)
+        sp = np.array([r["spart_ms"] for r in rows])
+        gm = np.array([r["gemm_ms"] for r in rows])
+        spart, gemm = l1[2 * k], l1[2 * k + 1]
+        same_xy(spart, B, sp)
+        same_xy(gemm, B, gm)
+        same_xy(l2[2 * k], B, 1e3 * sp / B)
+        same_xy(l2[2 * k + 1], B, 1e3 * gm / B)
+        who = f"{d['model']}, {d['sm_count']} SMs"
+        m = re.fullmatch(re.escape(who) + r": S-Part \(([0-9.]+)× the GEMMs at B=(\d+)\)", spart.get_label())
+        assert m, spart.get_label()
+        assert float(m.group(1)) == pytest.approx(sp[-1] / gm[-1], abs=0.005) and int(m.group(2)) == B[-1]
+        assert gemm.get_label() == who + ": cuBLAS GEMMs alone"
+        assert len({l.get_color() for l in (spart, gemm, l2[2 * k], l2[2 * k + 1])}) == 1
+        colors.append(spart.get_color())
+    assert len(set(colors)) == len(files)
+    caption = fig.texts[-1].get_text()
+    assert all(f.name in caption for f in files), caption
+
+
+def test_fig9_draws_e2e_throughput(committed):
+    fig = committed[FIGS["fig9"]]
+    (ax,) = fig.axes
+    rows = [r for r in read_json(ARTIFACTS / "e2e.json") if r["name"].endswith(("-full", "-a10"))]
+    assert {r["engine"] for r in rows} == {"fastdecode", "gpu-only"}
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    bars = rects(ax)
+    assert len(bars) == len(rows)
+    notes = [(np.array(t.xy, dtype=float), t.get_text()) for t in ax.texts]
+    seen = []
+    for (x, y, w, h), patch in zip(bars, ax.patches):
+        xc = x + w / 2
+        i = int(round(xc))
+        engine = "fastdecode" if xc < i else "gpu-only"
+        tick = ticks[i]
+        match = [r for r in rows if r["engine"] == engine and tick.split("\n")[0] == r["model"]
+                 and one_line(r["balance"]) in one_line(tick)]
+        assert len(match) == 1, (tick, engine)
+        r = match[0]
+        assert y == 0 and h == r["decode_tokens_per_s"], r["name"]
+        assert matplotlib.colors.same_color(patch.get_facecolor(), "tab:blue" if engine == "fastdecode" else "tab:orange")
+        note = [text for xy, text in notes if np.allclose(xy, (xc, h), rtol=1e-12, atol=1e-12)]
+        assert len(note) == 1, r["name"]
+        note = note[0].split("\n")
+        assert note[0] == format(round(r["decode_tokens_per_s"]), ",").replace(",", " ")
+        assert note[1] == "B=%.0f" % r["mean_batch"]
+        assert note[2:] == (["P=%d CPUs" % r["rworker_cpus"]] if r.get("rworker_cpus") else [])
+        seen.append(r["name"])
+    assert sorted(seen) == sorted(r["name"] for r in rows)
+    for tick in ticks:  # the ratio under each pair
+        pair = {r["engine"]: r["decode_tokens_per_s"] for r in rows
+                if tick.split("\n")[0] == r["model"] and one_line(r["balance"]) in one_line(tick)}
+        if len(pair) == 2:
+            assert ("FD / GPU-only = %.3f" % (pair["fastdecode"] / pair["gpu-only"])) in tick
+        else:
+            assert "FD / GPU-only" not in tick
+
+
+def test_fig15_draws_the_step_breakdown(committed):
+    fig = committed[FIGS["fig15"]]
+    ax1, ax2 = fig.axes
+    rows = [r for r in read_json(ARTIFACTS / "e2e.json")
+            if r["engine"] == "fastdecode" and r.get("breakdown_ms") and r.get("mean_step_ms")]
+    assert len(rows) >= 2
+    labels = [t.get_text() for t in ax1.get_yticklabels()]
+    assert len(labels) == len(rows)
+    for ax, unit in ((ax1, "ms"), (ax2, "%")):
+        bars = rects(ax)
+        assert len(bars) == 4 * len(rows)
+        for i, r in enumerate(rows):
+            step, bd = r["mean_step_ms"], r["breakdown_ms"]
+            s, rw, rc = bd["s_compute"], bd["r_wait"], bd["r_compute_max"]
+            other = max(step - s - rw, 0.0)  # drawn as 0 (with a message) if the parts exceed the step
+            scale = 1.0 if unit == "ms" else 100.0 / step
+            upper, lower = bars[4 * i:4 * i + 3], bars[4 * i + 3]
+            cy = [y + h / 2 for _, y, _, h in upper]
+            assert max(cy) < i < lower[1] + lower[3] / 2 and max(cy) == min(cy)
+            np.testing.assert_allclose([w for _, _, w, _ in upper], np.array([s, rw, other]) * scale, rtol=1e-12)
+            np.testing.assert_allclose([x for x, _, _, _ in upper], np.array([0, s, s + rw]) * scale, rtol=1e-12, atol=1e-12)
+            assert upper[2][0] + upper[2][2] == pytest.approx(max(step, s + rw) * scale, rel=1e-12)
+            assert (lower[0], lower[2]) == (0, pytest.approx(rc * scale, rel=1e-12))
+    notes = [t.get_text() for t in ax1.texts]
+    for i, r in enumerate(rows):
+        assert "step %.1f ms" % r["mean_step_ms"] in notes and "%.1f ms" % r["breakdown_ms"]["r_compute_max"] in notes
+        head = labels[i].split("\n")
+        assert head[0] == r["name"] and head[1] == "B=%.0f, P=%s CPUs" % (r["mean_batch"], r["rworker_cpus"])
+        steps = read_jsonl(ARTIFACTS / "e2e" / r["name"] / "steps.jsonl")
+        dec = [x for x in steps if x["prefill_tokens"] == 0 and x["decode_tokens"] > 0]
+        other = [x["step_ms"] - x["breakdown_ms"]["s_compute"] - x["breakdown_ms"]["r_wait"] for x in dec]
+        assert head[2] == "other: median %.1f, last step %.0f ms" % (sorted(other)[len(other) // 2], other[-1])
+
+
+FIG13_RUNS = ("llama-2-7b-fastdecode-p6", "llama-2-7b-fastdecode-full")  # the P = 6 and P = 12 runs, same B
+
+
+def test_fig13_draws_validation(committed):
+    fig = committed[FIGS["fig13"]]
+    (ax,) = fig.axes
+    rows = [r for r in read_json(ARTIFACTS / "validation.json") if r["run"] in FIG13_RUNS]
+    threads = sorted({r["r_threads"] for r in rows})
+    assert len(rows) == 2 * len(threads) >= 4
+    lines = ax.get_lines()
+    predicted = [l for l in lines if l.get_marker() == "s"]
+    model = [l for l in lines if l.get_linestyle() == "--"]
+    measured = [l for l in lines if l.get_label() == "measured (decode-only steps)"]
+    linear = [l for l in lines if l.get_linestyle() == ":"]
+    assert len(predicted) == len(model) == len(threads) and len(measured) == len(linear) == 1
+    assert len(lines) == 2 * len(threads) + 2
+    pmax = max(16, max(r["P"] for r in rows))
+    for k, rt in enumerate(threads):
+        sub = sorted((r for r in rows if r["r_threads"] == rt), key=lambda r: r["P"])
+        same_xy(predicted[k], [r["P"] for r in sub], [r["predicted_tok_s"] for r in sub])
+        assert f"{rt}-CPU profile ({sub[0]['profile']})" in predicted[k].get_label()
+        for r in sub:
+            assert "%.0f at P=%d" % (r["predicted_tok_s"], r["P"]) in predicted[k].get_label()
+        x = model[k].get_xdata()
+        assert x[0] == 1 and x[-1] == pytest.approx(pmax) and len(x) > 100
+        r0 = sub[0]
+        same_xy(model[k], x, [r0["B"] / (r0["N"] * max(r0["t_s_ms"] / 1e3, r0["W"] * r0["R"] / p)) for p in x])
+        for r in sub:  # the model curve passes through the predicted points of its B and W
+            if (r["B"], r["W"], r["t_s_ms"]) == (r0["B"], r0["W"], r0["t_s_ms"]):
+                assert np.interp(r["P"], x, model[k].get_ydata()) == pytest.approx(r["predicted_tok_s"], rel=1e-6)
+    meas = sorted({(r["P"], r["measured_tok_s"], r["run"]) for r in rows})
+    same_xy(measured[0], [m[0] for m in meas], [m[1] for m in meas])
+    (p0, t0, _), (p1, t1, _) = meas[0], meas[-1]
+    same_xy(linear[0], [0, pmax], [0, t0 * pmax / p0])
+    notes = [t.get_text() for t in ax.texts]
+    for p, t, run in meas:
+        pred = next(r["predicted_tok_s"] for r in rows if r["run"] == run and r["r_threads"] == threads[-1])
+        assert "%.0f\n%s\n= %.2f × MODELLED (%d-CPU R)" % (t, run, t / pred, threads[-1]) in notes
+    assert "P %d → %d: measured ×%.2f (scaling efficiency %.0f %%)" % (p0, p1, t1 / t0, 100 * (t1 / t0) / (p1 / p0)) in notes
+
+
+def test_fig11_draws_the_e2e_steps(committed):
+    fig = committed[FIGS["fig11"]]
+    ax1, ax2 = fig.axes
+    runs = [d for d in sorted((ARTIFACTS / "e2e").iterdir())
+            if (d / "steps.jsonl").is_file() and (d / "summary.json").is_file()
+            and read_json(d / "summary.json")["engine"] == "fastdecode"]
+    assert len(runs) >= 2
+    l1, l2 = ax1.get_lines(), ax2.get_lines()
+    assert len(l1) == 3 * len(runs) + 2 and len(l2) == len(runs)
+    for k, d in enumerate(runs):
+        steps = read_jsonl(d / "steps.jsonl")
+        every, pre, dec = l1[3 * k:3 * k + 3]
+        assert every.get_label() == read_json(d / "summary.json")["name"]
+        same_xy(every, [s["step"] for s in steps], [s["step_ms"] for s in steps])
+        p = [s for s in steps if s["prefill_tokens"] > 0]
+        q = [s for s in steps if s["prefill_tokens"] == 0 and s["decode_tokens"] > 0]
+        assert p and q and len(p) + len(q) == len(steps)
+        same_xy(pre, [s["step"] for s in p], [s["step_ms"] for s in p])
+        same_xy(dec, [s["step"] for s in q], [s["step_ms"] for s in q])
+        same_xy(l2[k], [s["step"] for s in steps], [s["decode_tokens"] for s in steps])
+        assert len({l.get_color() for l in (every, pre, dec, l2[k])}) == 1
+    assert all(len(l.get_xdata()) == 0 for l in l1[3 * len(runs):])  # the legend's markers only
+
+
+def test_fig11_draws_the_fd_sim_steps(from_sim, sim_dir):
+    fig = from_sim[FIGS["fig11"]]
+    ax1, ax2 = fig.axes
+    folders = sorted(d for d in sim_dir.iterdir() if (d / "steps.jsonl").is_file())
+    assert [d.name for d in folders] == ["all-at-once", "fixed-interval"]
+    l1, l2 = ax1.get_lines(), ax2.get_lines()
+    assert len(l1) == 2 * len(folders) and len(l2) == len(folders)
+    for k, d in enumerate(folders):
+        steps = read_jsonl(d / "steps.jsonl")
+        res = read_json(d / "summary.json")["results"]
+        every, peak = l1[2 * k], l1[2 * k + 1]
+        same_xy(every, [s["step"] for s in steps], [s["step_ms"] for s in steps])
+        same_xy(l2[k], [s["step"] for s in steps], [s["total_context"] for s in steps])
+        assert list(peak.get_ydata()) == [res["peak_step_ms"]] * 2 == [max(s["step_ms"] for s in steps)] * 2
+        label = every.get_label()
+        assert label.startswith("MODELLED " + d.name) and label.endswith(": %.0f tok/s" % res["tokens_per_s"])
+        assert l2[k].get_label() == label and every.get_color() == l2[k].get_color() == peak.get_color()

@@ -1,5 +1,10 @@
 #include "fastdecode/rworker/kv_store.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
 #include "fastdecode/core/dtype.h"
 #include "rworker_test_util.h"
 #include "test_helpers.h"
@@ -86,12 +91,222 @@ TEST(KVStore, QuantizedBlocksAndAccounting) {
     EXPECT_EQ(s.bytes_used(), 3 * kv_block_bytes(t, kH, kD) + kv_fp16_block_bytes(kH, kD));
     EXPECT_EQ(s.bytes_at(100), s.bytes_used());
     EXPECT_LT(kv_block_bytes(t, kH, kD), kv_fp16_block_bytes(kH, kD));
-    // The first block dequantizes close to what was stored.
-    std::vector<uint16_t> back(kv_fp16_block_bytes(kH, kD) / 2);
-    kv_dequantize_block(t, view.blocks[0], back.data(), kH, kD);
-    const float tol = t == KVDType::I8 ? 0.5f : 7.0f;  // values up to ~97: int8 step ~0.4, int4 ~6.5
-    EXPECT_NEAR(fp16_to_fp32(back[(0 * 32 + 9) * kD + 3]), fp16_to_fp32(k[(size_t(9) * kH + 0) * kD + 3]), tol);
+    // The blocks' contents: WholeBlocksMatchAnIndependentQuantizer below.
     s.free(3);
     EXPECT_EQ(s.bytes_used(), 0u);
+  }
+}
+
+// ---- Whole quantized blocks against an independent quantizer ----
+//
+// The expected blocks are computed here from the layouts and rounding documented in
+// kernels/cpu/kv_quant.cpp (its header comment; the int4 scale rule at u4_params), not with
+// kv_quantize_block:
+//   int8: K codes int8 [H][T][D], V codes [H][T][D], K scales fp32 [H][T], V scales [H][T];
+//         scale = max|row| / 127 (fp32), code = round-half-even(x / scale) in [-127, 127].
+//   int4: K codes [H][T][D/2], V codes [H][T][D/2] (per 32-channel group, byte j holds channel j in the
+//         low nibble and 16 + j in the high one), K params fp16 [H][2][D] (scale, min per channel over
+//         the block's 32 tokens), V params fp16 [H][D/32][2][T] (per group: 32 token scales, then mins);
+//         min = the smallest value (an fp16 value, so exact), scale = the smallest fp16 with
+//         15 * scale + min >= max (the fp16 rounding of (max - min) / 15, upwards),
+//         code = round-half-even((x - min) / scale) in [0, 15].
+// Quotients are computed in double, which is exact at an exact tie (the operands are fp16 values and
+// an fp16 or fp32 scale) and there the code must be the even neighbour. Within a few float ulps of a
+// half but not on it (int8: x = max/2 gives 63.5 in units of the exact max/127, not quite in units of
+// the fp32-rounded scale), the store's float arithmetic may round either way, so either neighbour is
+// accepted there, and only there.
+namespace {
+
+constexpr int kT = kKVBlockTokens;
+// Half a step, with room for a near tie rounded the other way and the fp32 arithmetic (0.1 %): a wrong
+// code is off by at least half a step more.
+constexpr double kHalfStep = 0.5 * (1 + 1e-3);
+
+struct CodeCheck {
+  int64_t codes = 0, exact_ties = 0, near_ties = 0;
+  bool ok(double q, int lo, int hi, int actual) {
+    ++codes;
+    const auto clamp = [&](double c) { return int(std::clamp(c, double(lo), double(hi))); };
+    const int expect = clamp(std::nearbyint(q));  // the default rounding mode: half to even
+    const double f = std::floor(q), off = std::fabs(q - f - 0.5);
+    if (off == 0) ++exact_ties;
+    const bool near = off > 0 && off < 0x1p-21 * std::max(1.0, std::fabs(q));  // 8 float ulps
+    near_ties += near;
+    return actual == expect || (near && (actual == clamp(f) || actual == clamp(f + 1)));
+  }
+};
+
+// The smallest fp16 value >= x (x >= 0).
+uint16_t fp16_round_up(double x) {
+  uint16_t c = fp32_to_fp16(float(x));
+  while (double(fp16_to_fp32(c)) < x) ++c;
+  while (c > 0 && double(fp16_to_fp32(uint16_t(c - 1))) >= x) --c;
+  return c;
+}
+
+template <typename U>
+U load(const uint8_t* p, size_t i) {
+  U u;
+  std::memcpy(&u, p + i * sizeof(U), sizeof(U));
+  return u;
+}
+
+// One (sequence, layer)'s appended tokens as fp16 bits, K and V as [tokens][H][D].
+struct Stream {
+  std::vector<uint16_t> k, v;
+  int64_t n = 0;
+};
+
+// Checks full block `blk_ptr` (dtype t) against tokens [32 b, 32 b + 32) of `s`: every code and every
+// scale/min against the independent quantizer, and every value kv_dequantize_block_f32 gives back within
+// half a step (the stored scale) of the fp16 input. fp16 blocks: the appended bits exactly.
+void check_block(KVDType t, const void* blk_ptr, const Stream& s, int b, int H, int D, CodeCheck& cc) {
+  const auto* blk = static_cast<const uint8_t*>(blk_ptr);
+  const auto x = [&](int kv, int h, int tok, int d) {
+    const auto& src = kv == 0 ? s.k : s.v;
+    return double(fp16_to_fp32(src[((size_t(b) * kT + tok) * H + h) * D + d]));
+  };
+  std::vector<float> deq(kv_fp16_block_bytes(H, D) / 2);
+  kv_dequantize_block_f32(t, blk_ptr, deq.data(), H, D);
+  const auto deq_at = [&](int kv, int h, int tok, int d) { return double(deq[((size_t(kv) * H + h) * kT + tok) * D + d]); };
+  int bad_code = 0, bad_param = 0, bad_deq = 0;
+  if (t == KVDType::F16) {
+    for (int kv = 0; kv < 2; ++kv)
+      for (int h = 0; h < H; ++h)
+        for (int tok = 0; tok < kT; ++tok)
+          for (int d = 0; d < D; ++d)
+            bad_code += load<uint16_t>(blk, ((size_t(kv) * H + h) * kT + tok) * D + d) !=
+                        (kv == 0 ? s.k : s.v)[((size_t(b) * kT + tok) * H + h) * D + d];
+  } else if (t == KVDType::I8) {
+    ASSERT_EQ(kv_block_bytes(t, H, D), size_t(2) * H * kT * D + size_t(2) * H * kT * 4);
+    const size_t scales = size_t(2) * H * kT * D;
+    for (int kv = 0; kv < 2; ++kv)
+      for (int h = 0; h < H; ++h)
+        for (int tok = 0; tok < kT; ++tok) {
+          double amax = 0;
+          for (int d = 0; d < D; ++d) amax = std::max(amax, std::fabs(x(kv, h, tok, d)));
+          const float scale = float(amax) / 127.0f;  // fp32, correctly rounded
+          const float got = load<float>(blk + scales, (size_t(kv) * H + h) * kT + tok);
+          bad_param += std::memcmp(&got, &scale, 4) != 0;
+          for (int d = 0; d < D; ++d) {
+            const int8_t code = load<int8_t>(blk, ((size_t(kv) * H + h) * kT + tok) * D + d);
+            bad_code += !cc.ok(x(kv, h, tok, d) / double(scale), -127, 127, code);
+            bad_deq += std::fabs(deq_at(kv, h, tok, d) - x(kv, h, tok, d)) > kHalfStep * double(scale);
+          }
+        }
+  } else {
+    ASSERT_EQ(kv_block_bytes(t, H, D), size_t(H) * kT * D + size_t(H) * 2 * D * 2 + size_t(H) * (D / 32) * 2 * kT * 2);
+    const size_t params = size_t(H) * kT * D;  // bytes of codes, K then V
+    const auto nibble = [&](int kv, int h, int tok, int d) {
+      const uint8_t byte = blk[((size_t(kv) * H + h) * kT + tok) * (D / 2) + (d / 32) * 16 + d % 16];
+      return d % 32 < 16 ? byte & 15 : byte >> 4;
+    };
+    // Counts a stored (scale, min) that differs from the one for values in [lo, hi]; returns the
+    // expected (scale, min) as values.
+    const auto group = [&](double lo, double hi, uint16_t s_got, uint16_t z_got) {
+      const uint16_t z = fp32_to_fp16(float(lo));
+      const uint16_t sc = fp16_round_up((hi - lo) / 15);
+      bad_param += (s_got != sc) + (z_got != z);
+      return std::pair<double, double>{fp16_to_fp32(sc), fp16_to_fp32(z)};
+    };
+    for (int h = 0; h < H; ++h) {
+      for (int d = 0; d < D; ++d) {  // keys: per channel over the 32 tokens
+        double lo = INFINITY, hi = -INFINITY;
+        for (int tok = 0; tok < kT; ++tok) lo = std::min(lo, x(0, h, tok, d)), hi = std::max(hi, x(0, h, tok, d));
+        const auto [sc, z] = group(lo, hi, load<uint16_t>(blk + params, size_t(h) * 2 * D + d),
+                                   load<uint16_t>(blk + params, size_t(h) * 2 * D + D + d));
+        for (int tok = 0; tok < kT; ++tok) {
+          bad_code += !cc.ok((x(0, h, tok, d) - z) / sc, 0, 15, nibble(0, h, tok, d));
+          bad_deq += std::fabs(deq_at(0, h, tok, d) - x(0, h, tok, d)) > kHalfStep * sc;
+        }
+      }
+      const size_t vpar = size_t(H) * 2 * D + size_t(h) * (D / 32) * 2 * kT;  // in fp16 units
+      for (int tok = 0; tok < kT; ++tok)  // values: per token and group of 32 channels
+        for (int g = 0; g < D / 32; ++g) {
+          double lo = INFINITY, hi = -INFINITY;
+          for (int d = g * 32; d < g * 32 + 32; ++d) lo = std::min(lo, x(1, h, tok, d)), hi = std::max(hi, x(1, h, tok, d));
+          const auto [sc, z] = group(lo, hi, load<uint16_t>(blk + params, vpar + size_t(g) * 2 * kT + tok),
+                                     load<uint16_t>(blk + params, vpar + size_t(g) * 2 * kT + kT + tok));
+          for (int d = g * 32; d < g * 32 + 32; ++d) {
+            bad_code += !cc.ok((x(1, h, tok, d) - z) / sc, 0, 15, nibble(1, h, tok, d));
+            bad_deq += std::fabs(deq_at(1, h, tok, d) - x(1, h, tok, d)) > kHalfStep * sc;
+          }
+        }
+    }
+  }
+  EXPECT_EQ(bad_code, 0) << "block " << b << ": codes that differ from the independent quantizer";
+  EXPECT_EQ(bad_param, 0) << "block " << b << ": scales/mins that differ";
+  EXPECT_EQ(bad_deq, 0) << "block " << b << ": dequantized values more than half a step off";
+}
+
+}  // namespace
+
+// Two sequences over two layers (3 KV heads, head_dim 96: three int4 value groups), appended as
+// prompts and one token at a time. Every full block the store holds is compared, K and V, every head,
+// with codes and scales computed independently above; the fp16 tails must be the appended bits.
+TEST(KVStore, WholeBlocksMatchAnIndependentQuantizer) {
+  constexpr int H = 3, D = 96;
+  for (KVDType t : {KVDType::F16, KVDType::I8, KVDType::I4}) {
+    SCOPED_TRACE(std::string(kv_dtype_name(t)));
+    KVStore s(t, 2, H, D, size_t(1) << 30);
+    std::mt19937 rng(21);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    // K: per-channel offsets and a few outlier channels (the pattern of LLM keys); V: per-head spread.
+    const auto make = [&](int64_t n, int kv) {
+      std::vector<uint16_t> out(size_t(n) * H * D);
+      for (int64_t i = 0; i < n; ++i)
+        for (int h = 0; h < H; ++h)
+          for (int d = 0; d < D; ++d) {
+            const float base = kv == 0 ? float(d % 7 - 3) * 2 + (d % 23 == 5 ? 12.f : 1.f) * nd(rng) : (1.f + h) * nd(rng);
+            out[(size_t(i) * H + h) * D + d] = fp32_to_fp16(base);
+          }
+      return out;
+    };
+    std::map<std::pair<uint64_t, int>, Stream> streams;
+    const auto append = [&](uint64_t seq, int layer, int64_t n) {
+      const auto k = make(n, 0), v = make(n, 1);
+      s.append_f16(seq, layer, k.data(), v.data(), n);
+      Stream& st = streams[{seq, layer}];
+      st.k.insert(st.k.end(), k.begin(), k.end());
+      st.v.insert(st.v.end(), v.begin(), v.end());
+      st.n += n;
+    };
+    s.add(7);
+    s.add(9);
+    append(7, 0, 45);
+    for (int i = 0; i < 55; ++i) append(7, 0, 1);  // 100 tokens: 3 full blocks, 4 in the tail
+    append(7, 1, 70);                               // 2 full, 6 in the tail
+    append(9, 0, 64);                               // exactly 2 full blocks, no tail
+    append(9, 1, 20);
+    append(9, 1, 13);                               // 1 full, 1 in the tail
+
+    CodeCheck cc;
+    int blocks = 0;
+    for (const auto& [key, st] : streams) {
+      const auto [seq, layer] = key;
+      SCOPED_TRACE("seq " + std::to_string(seq) + " layer " + std::to_string(layer));
+      ASSERT_EQ(s.length(seq, layer), st.n);
+      const SeqKVView view = s.view(seq, layer);
+      ASSERT_EQ(view.n_full, st.n / kT);
+      ASSERT_EQ(view.n_tail, st.n % kT);
+      for (int b = 0; b < view.n_full; ++b, ++blocks) check_block(t, view.blocks[b], st, b, H, D, cc);
+      // The tail: fp16, [K|V][H][32][D], exactly the appended bits.
+      int bad_tail = 0;
+      for (int r = 0; r < view.n_tail; ++r)
+        for (int h = 0; h < H; ++h)
+          for (int d = 0; d < D; ++d) {
+            const size_t src = ((size_t(view.n_full) * kT + r) * H + h) * D + d;
+            bad_tail += view.tail[(size_t(h) * kT + r) * D + d] != st.k[src];
+            bad_tail += view.tail[(size_t(H + h) * kT + r) * D + d] != st.v[src];
+          }
+      EXPECT_EQ(bad_tail, 0);
+      if (view.n_tail == 0) EXPECT_EQ(view.tail, nullptr);
+    }
+    EXPECT_EQ(blocks, 3 + 2 + 2 + 1);
+    // The latitude is rare (it would hide nothing if it were not): at most 0.2 % of the codes.
+    // (Seen: int8 36 exact and 36 near ties, int4 49 exact and none near, of 147456 codes each.)
+    EXPECT_LE(cc.near_ties * 500, cc.codes) << cc.exact_ties << " exact ties";
+    if (t != KVDType::F16) EXPECT_EQ(cc.codes, int64_t(8) * 2 * kT * H * D);
+    EXPECT_EQ(s.bytes_used(), 8 * kv_block_bytes(t, H, D) + (t == KVDType::F16 ? 3 : 4) * kv_fp16_block_bytes(H, D));
   }
 }

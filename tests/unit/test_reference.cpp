@@ -46,12 +46,30 @@ TEST(ReferenceBlocks, NormsAndLinear) {
   const std::vector<float> x = {1, -2, 3, -4}, w = {1, 1, 2, 2}, b = {0, 0, 1, 1};
   std::vector<float> y(4);
   ref_rmsnorm(x.data(), 1, 4, w.data(), 0.0, y.data());
-  const float r = 1.0f / std::sqrt(30.0f / 4);
-  EXPECT_NEAR(y[2], 2 * 3 * r, 1e-6);
+  const double r = 1.0 / std::sqrt(30.0 / 4);  // mean of squares (1 + 4 + 9 + 16) / 4
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(y[i], w[i] * x[i] * r, 1e-6) << i;
+  // LayerNorm of x: mean -0.5, deviations {1.5, -1.5, 3.5, -3.5}, biased variance 29 / 4 = 7.25. The
+  // normalized row has mean 0, and here sum_i w_i * dev_i = 1.5 - 1.5 + 7 - 7 = 0 too, so the output's
+  // mean is mean(b) = 0.5.
   ref_layernorm(x.data(), 1, 4, w.data(), b.data(), 0.0, y.data());
+  const double s = std::sqrt(7.25);
+  const double ln[4] = {1.5 / s, -1.5 / s, 2 * 3.5 / s + 1, -2 * 3.5 / s + 1};
   double mean = 0;
-  for (float v : y) mean += v;
-  EXPECT_NEAR(y[0], (1 - (-0.5)) / std::sqrt(7.25), 1e-5);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(y[i], ln[i], 1e-6) << i;
+    mean += y[i] / 4;
+  }
+  EXPECT_NEAR(mean, 0.5, 1e-6);
+  // Two rows, each normalized on its own, and eps inside the square root. Row 1 is 2 x + 10: mean 9,
+  // deviations {3, -3, 7, -7}, variance 29. With eps 0.75: var + eps = 8 for row 0 and 29.75 for row 1.
+  const std::vector<float> x2 = {1, -2, 3, -4, 12, 6, 16, 2};
+  std::vector<float> y2(8);
+  ref_layernorm(x2.data(), 2, 4, w.data(), b.data(), 0.75, y2.data());
+  const double dev[8] = {1.5, -1.5, 3.5, -3.5, 3, -3, 7, -7};
+  for (int i = 0; i < 8; ++i)
+    EXPECT_NEAR(y2[i], w[i % 4] * dev[i] / std::sqrt(i < 4 ? 8.0 : 29.75) + b[i % 4], 1e-6) << i;
+  ref_rmsnorm(x2.data(), 2, 4, w.data(), 0.5, y2.data());  // mean squares 7.5 and 110
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(y2[i], w[i % 4] * x2[i] / std::sqrt(i < 4 ? 8.0 : 110.5), 1e-6) << i;
   const std::vector<float> W = {1, 0, 0, 0, 0, 1, 1, 0, 1, 1, 1, 1};  // [3, 4]
   std::vector<float> out(6);
   const std::vector<float> xx = {1, -2, 3, -4, 1, 1, 1, 1};          // [2, 4]

@@ -1,10 +1,17 @@
 #include "fastdecode/rworker/service.h"
 
+#include <map>
 #include <random>
 
 #include "rworker_test_util.h"
 #include "test_helpers.h"
 #include "tests/fuzz/rworker_fuzz.h"
+
+// Failures print codes and message types by name (found by ADL: same namespace as the enums).
+namespace fd::proto {
+static void PrintTo(ErrorCode c, std::ostream* os) { *os << error_code_name(c); }
+static void PrintTo(MsgType t, std::ostream* os) { *os << msg_type_name(t); }
+}  // namespace fd::proto
 
 using namespace fd;
 using namespace fd::proto;
@@ -54,6 +61,85 @@ struct SeqData {
   std::vector<float> k, v;  // [tokens][kKV][kD], per layer 0 only
   int n = 0;
 };
+
+// The client's record of what a worker holds: per (sequence, layer), the K/V appended (as fp32 values of
+// the fp16 sent), to compute the reference attention from.
+using Cache = std::map<std::pair<uint64_t, uint32_t>, SeqData>;
+
+void record(SeqData& s, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v, size_t first_row, size_t rows) {
+  for (size_t j = first_row * kKV * kD; j < (first_row + rows) * kKV * kD; ++j) {
+    s.k.push_back(fp16_to_fp32(k[j]));
+    s.v.push_back(fp16_to_fp32(v[j]));
+  }
+  s.n += int(rows);
+}
+
+// APPEND_KV of counts[i] fresh random tokens to ids[i] at `layer`; recorded in `cache` when it is Ok.
+ErrorCode append_kv(Harness& w, Cache& cache, const std::vector<uint64_t>& ids, const std::vector<uint32_t>& counts,
+                    uint32_t layer) {
+  uint32_t total = 0;
+  for (uint32_t c : counts) total += c;
+  const auto k = fd::test::random_f16(size_t(total) * kKV * kD, w.rng), v = fd::test::random_f16(size_t(total) * kKV * kD, w.rng);
+  Header a = dims(MsgType::AppendKV, uint32_t(ids.size()));
+  a.layer = layer;
+  a.n_tokens = total;
+  const ErrorCode e = w.send_error(make_message(a, {bytes_of(ids), bytes_of(counts), bytes_of(k), bytes_of(v)}));
+  if (e == ErrorCode::None) {
+    size_t row = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      record(cache[{ids[i], layer}], k, v, row, counts[i]);
+      row += counts[i];
+    }
+  }
+  return e;
+}
+
+// ATTEND at `layer` for `ids` with fresh random q, k, v. On an AttendReply the new token is recorded
+// and, with `check`, every output element is compared with the double reference over the recorded
+// cache: a token the worker holds and the record lacks (or the other way round) shows there.
+ErrorCode attend(Harness& w, Cache& cache, const std::vector<uint64_t>& ids, uint32_t layer, bool check = true) {
+  const size_t ns = ids.size();
+  const auto q = fd::test::random_f16(ns * kH * kD, w.rng), k = fd::test::random_f16(ns * kKV * kD, w.rng),
+             v = fd::test::random_f16(ns * kKV * kD, w.rng);
+  Header h = dims(MsgType::Attend, uint32_t(ns));
+  h.layer = layer;
+  const auto r = w.send(make_message(h, {bytes_of(ids), bytes_of(q), bytes_of(k), bytes_of(v)}));
+  const Header rh = reply_header(r);
+  if (rh.msg_type() == MsgType::Error) return ErrorCode(rh.status);
+  EXPECT_EQ(rh.msg_type(), MsgType::AttendReply);
+  EXPECT_EQ(r.size(), 2u);
+  if (r.size() != 2 || r[1].size() != ns * kH * kD * 2) {
+    ADD_FAILURE() << "bad ATTEND reply";
+    return ErrorCode::Internal;
+  }
+  std::vector<uint16_t> o(ns * kH * kD);
+  std::memcpy(o.data(), r[1].data(), r[1].size());
+  for (size_t i = 0; i < ns; ++i) {
+    SeqData& s = cache[{ids[i], layer}];
+    record(s, k, v, i, 1);
+    if (!check) continue;
+    std::vector<float> qi(kH * kD);
+    for (int j = 0; j < kH * kD; ++j) qi[j] = fp16_to_fp32(q[i * kH * kD + j]);
+    const auto ref = fd::test::reference_attention(qi, s.k, s.v, s.n, kH, kKV, kD);
+    int bad = 0;
+    for (int j = 0; j < kH * kD; ++j) bad += std::fabs(fp16_to_fp32(o[i * kH * kD + j]) - ref[j]) > 2e-3 + 2e-3 * std::fabs(ref[j]);
+    EXPECT_EQ(bad, 0) << "sequence " << ids[i] << " (" << s.n << " tokens): outputs off the reference";
+  }
+  return ErrorCode::None;
+}
+
+// What the worker reports about its cache, to compare before and after a refused request.
+struct Usage {
+  int64_t sequences, tokens, bytes;
+  bool operator==(const Usage& o) const { return sequences == o.sequences && tokens == o.tokens && bytes == o.bytes; }
+};
+std::ostream& operator<<(std::ostream& os, const Usage& u) {
+  return os << u.sequences << " sequences, " << u.tokens << " tokens, " << u.bytes << " bytes";
+}
+Usage usage(const RWorkerService& svc) {
+  const json s = svc.stats();
+  return {s["sequences"].get<int64_t>(), s["tokens"].get<int64_t>(), s["memory_used_bytes"].get<int64_t>()};
+}
 
 }  // namespace
 
@@ -200,4 +286,100 @@ TEST(RWorkerService, FuzzHundredThousandMutatedMessages) {
       for (int d = 0; d < kD; ++d)
         ASSERT_NEAR(fp16_to_fp32(o[h * kD + d]), fp16_to_fp32(v[(h / (kH / kKV)) * kD + d]), 1e-3);
   }
+}
+
+// An ATTEND whose one-token appends need more memory than is free is refused as a whole: ERROR
+// OutOfMemory, no sequence of the request changed (checked by the worker's totals and, token by token,
+// by the reference attention of later ATTENDs over the client's record), and the worker serves
+// requests that fit, and this one once memory is freed. fp16: a new block at a sequence's 33rd token;
+// int4: the quantized block allocated when the fp16 tail fills at the 32nd.
+TEST(RWorkerService, OutOfMemoryDuringAttendChangesNothing) {
+  const size_t blk = kv_fp16_block_bytes(kKV, kD);
+  {
+    SCOPED_TRACE("fp16");
+    Harness w(KVDType::F16, 4 * blk);
+    w.hello();
+    Cache cache;
+    ASSERT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, {1, 2, 3, 4})), MsgType::Ok);
+    // Seq 1 has a full block (its next token needs a new one), 2 and 3 have room; 4 blocks, all used.
+    ASSERT_EQ(append_kv(w, cache, {1, 2, 3, 4}, {32, 10, 30, 20}, 0), ErrorCode::None);
+    const Usage full{4, 92, int64_t(4 * blk)};
+    ASSERT_EQ(usage(w.svc), full);
+    // Sequences that fit come first, so an append-as-you-go worker would change them before failing.
+    EXPECT_EQ(attend(w, cache, {2, 3, 1}, 0), ErrorCode::OutOfMemory);
+    EXPECT_EQ(usage(w.svc), full);
+    EXPECT_EQ(attend(w, cache, {2}, 1), ErrorCode::OutOfMemory);  // a first token at layer 1 needs a block
+    EXPECT_EQ(usage(w.svc), full);
+    // What fits still works, and the outputs show seqs 2 and 3 hold only what was appended before.
+    ASSERT_EQ(attend(w, cache, {3, 2}, 0), ErrorCode::None);
+    EXPECT_EQ(usage(w.svc), (Usage{4, 94, int64_t(4 * blk)}));
+    // One block free: seqs 2 and 3 at layer 1 need one each; each would fit alone, not both.
+    ASSERT_EQ(w.send_type(w.ids_msg(MsgType::FreeSeq, {4})), MsgType::Ok);
+    const Usage freed{3, 74, int64_t(3 * blk)};
+    ASSERT_EQ(usage(w.svc), freed);
+    EXPECT_EQ(attend(w, cache, {2, 3}, 1), ErrorCode::OutOfMemory);
+    EXPECT_EQ(usage(w.svc), freed);
+    // After the FREE the first refused request goes through: seq 1 gets its second block.
+    ASSERT_EQ(attend(w, cache, {2, 3, 1}, 0), ErrorCode::None);
+    EXPECT_EQ(usage(w.svc), (Usage{3, 77, int64_t(4 * blk)}));
+    ASSERT_EQ(attend(w, cache, {1, 2}, 0), ErrorCode::None);  // seq 1's second block has room
+    EXPECT_EQ(usage(w.svc), (Usage{3, 79, int64_t(4 * blk)}));
+    EXPECT_EQ(attend(w, cache, {3}, 0), ErrorCode::OutOfMemory);  // full again: seq 3 (32) needs a block
+    EXPECT_EQ(usage(w.svc), (Usage{3, 79, int64_t(4 * blk)}));
+    EXPECT_EQ((cache[{1, 0}].n), 34);
+  }
+  {
+    SCOPED_TRACE("int4");
+    const size_t q4 = kv_block_bytes(KVDType::I4, kKV, kD);
+    // Two fp16 tails (31 and 5 tokens) and one byte less than a quantized block free.
+    Harness w(KVDType::I4, 2 * blk + q4 - 1);
+    w.hello();
+    Cache cache;
+    ASSERT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, {1, 2})), MsgType::Ok);
+    ASSERT_EQ(append_kv(w, cache, {2, 1}, {5, 31}, 0), ErrorCode::None);
+    const Usage before{2, 36, int64_t(2 * blk)};
+    ASSERT_EQ(usage(w.svc), before);
+    EXPECT_EQ(attend(w, cache, {2, 1}, 0), ErrorCode::OutOfMemory);  // seq 1's 32nd token fills its block
+    EXPECT_EQ(usage(w.svc), before);
+    EXPECT_EQ(attend(w, cache, {1}, 1), ErrorCode::OutOfMemory);  // layer 1: a first tail, refused too
+    EXPECT_EQ(usage(w.svc), before);
+    // Seq 2 is still an fp16 tail, so its reference is exact: it holds its 5 tokens and no 6th.
+    ASSERT_EQ(attend(w, cache, {2}, 0), ErrorCode::None);
+    ASSERT_EQ(w.send_type(w.ids_msg(MsgType::FreeSeq, {2})), MsgType::Ok);
+    // Seq 1 (31 tokens, so the totals say) fills and quantizes its block now: no exact reference.
+    ASSERT_EQ(attend(w, cache, {1}, 0, /*check=*/false), ErrorCode::None);
+    EXPECT_EQ(usage(w.svc), (Usage{1, 32, int64_t(blk + q4)}));
+  }
+}
+
+// Duplicate sequence ids within one request: ERROR DuplicateSequence for every request type, with
+// nothing changed, also where the repeat is not adjacent and the ids before it are valid.
+TEST(RWorkerService, DuplicateIdsInOneRequestChangeNothing) {
+  Harness w;
+  w.hello();
+  Cache cache;
+  ASSERT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, {5, 6})), MsgType::Ok);
+  ASSERT_EQ(append_kv(w, cache, {5, 6}, {3, 4}, 0), ErrorCode::None);
+  const Usage u{2, 7, int64_t(2 * kv_fp16_block_bytes(kKV, kD))};
+  ASSERT_EQ(usage(w.svc), u);
+
+  EXPECT_EQ(w.send_error(w.ids_msg(MsgType::AddSeq, {7, 7})), ErrorCode::DuplicateSequence);
+  EXPECT_EQ(w.send_error(w.ids_msg(MsgType::AddSeq, {8, 9, 8})), ErrorCode::DuplicateSequence);
+  EXPECT_EQ(usage(w.svc), u);
+  EXPECT_EQ(attend(w, cache, {5, 5}, 0), ErrorCode::DuplicateSequence);
+  EXPECT_EQ(attend(w, cache, {6, 5, 6}, 0), ErrorCode::DuplicateSequence);
+  EXPECT_EQ(usage(w.svc), u);
+  EXPECT_EQ(append_kv(w, cache, {5, 5}, {1, 1}, 0), ErrorCode::DuplicateSequence);
+  EXPECT_EQ(append_kv(w, cache, {5, 6, 5}, {1, 2, 1}, 0), ErrorCode::DuplicateSequence);
+  EXPECT_EQ(append_kv(w, cache, {6, 5, 6}, {0, 2, 0}, 0), ErrorCode::DuplicateSequence);
+  EXPECT_EQ(usage(w.svc), u);
+  EXPECT_EQ(w.send_error(w.ids_msg(MsgType::FreeSeq, {5, 5})), ErrorCode::DuplicateSequence);
+  EXPECT_EQ(w.send_error(w.ids_msg(MsgType::FreeSeq, {6, 5, 6})), ErrorCode::DuplicateSequence);
+  EXPECT_EQ(usage(w.svc), u);
+
+  // Nothing was added: 7, 8 and 9 are new to the worker (an ADD of an existing id is refused).
+  EXPECT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, {7, 8, 9})), MsgType::Ok);
+  // Nothing was appended or freed: 5 and 6 hold exactly their 3 and 4 tokens.
+  ASSERT_EQ(attend(w, cache, {5, 6}, 0), ErrorCode::None);
+  EXPECT_EQ(usage(w.svc), (Usage{5, 9, u.bytes}));
 }
