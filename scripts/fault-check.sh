@@ -41,6 +41,8 @@ bdir=build/faults
 preset=default
 ctest_args=(-j "$(nproc)")
 if [ $gpu -eq 1 ]; then
+  source scripts/device-env.sh
+  export CUDACXX="${CUDACXX:-/usr/local/cuda/bin/nvcc}"
   bdir=build/cuda  # the GPU machine's build: switching the fault rebuilds device_info.cu only
   preset=cuda
   export FD_REQUIRE_GPU=1
