@@ -65,7 +65,7 @@ run_one() {  # $1: fault name or "" (clean); appends a JSON row to $results
   ctest --test-dir "$bdir" --output-on-failure "${ctest_args[@]}" >"$log" 2>&1
   rc=$?
   t1=$(date +%s)
-  failed=$(sed -n 's/^[[:space:]]*[0-9]* - \(.*\) (Failed)$/\1/p' "$log")
+  failed=$(sed -n 's/^[[:space:]]*[0-9]* - \(.*\) (Failed)\( .*\)\{0,1\}$/\1/p' "$log")
   n_failed=$(printf '%s' "$failed" | grep -c . || true)
   n_total=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -1)
   echo "   ctest exit $rc: $n_failed of ${n_total:-?} tests failed ($((t1 - t0)) s)"
@@ -98,7 +98,7 @@ gpus = sh("nvidia-smi", "--query-gpu=name", "--format=csv,noheader") if gpu else
 clean = next(r for r in rows if r["fault"] == "none")
 faulty = [r for r in rows if r["fault"] != "none"]
 ok = clean.get("build_ok") and clean.get("ctest_exit") == 0 and all(r.get("build_ok") and r.get("failed", 0) > 0 for r in faulty)
-prov = {"git_commit": commit, "date_utc": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"), "host": platform.node(),
+prov = {"git_commit": commit, "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": platform.node(),
         "cpu_model": cpu, "cpu_cores": os.cpu_count(), "gpus": [g for g in gpus.splitlines() if g],
         "command": " ".join(["scripts/fault-check.sh"] + (["--gpu"] if gpu else []) + [r["fault"] for r in faulty]),
         "suite": "ctest -L gpu with FD_REQUIRE_GPU=1 (cuda preset)" if gpu else "the whole ctest suite (default preset)"}

@@ -31,9 +31,10 @@ Tokens run(Engine& e, const std::vector<Request>& reqs, int64_t* max_running = n
 }
 
 constexpr double kNearTie = 5e-3;
-// bf16 rounds each activation to 2^-8 relative (8x fp16's step). PROVISIONAL, set from the H200 run of
-// this test: see docs/CORRECTNESS.md for the measured worst gap and the share of positions it admits.
-constexpr double kNearTieBf16 = 1e-2;
+// bf16 rounds each activation to 2^-8 relative (8x fp16's step): the bf16 S-Part's logits are within
+// 2.8e-3 of max |logit| of the fp32 stages (test_cuda_spart, H200), so a token may flip where the
+// reference's gap is below twice that. Measured on the H200 with teacher forcing: worst flip 2.34e-3.
+constexpr double kNearTieBf16 = 6e-3;
 
 std::vector<Request> requests(int n, int64_t gen) {
   std::vector<Request> reqs;
