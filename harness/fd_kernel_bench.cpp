@@ -16,6 +16,7 @@
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/sworker/cuda_model.h"
 #include "harness/cli_main.h"
+#include "harness/cuda_timing.h"
 #include "harness/provenance.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/device_info.h"
@@ -25,22 +26,7 @@ namespace {
 
 using fd::DeviceBuffer;
 
-// Milliseconds per call: one warm-up call, then `reps` calls between two events on the legacy stream.
-double ms_per_call(const std::function<void()>& call, int reps) {
-  call();
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  CUDA_CHECK(cudaEventRecord(e0, nullptr));
-  for (int i = 0; i < reps; ++i) call();
-  CUDA_CHECK(cudaEventRecord(e1, nullptr));
-  CUDA_CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  CUDA_CHECK(cudaEventDestroy(e0));
-  CUDA_CHECK(cudaEventDestroy(e1));
-  return double(ms) / reps;
-}
+double ms_per_call(const std::function<void()>& call, int reps) { return fd::cuda_ms_per_call(nullptr, reps, call); }
 
 template <typename T>
 DeviceBuffer<T> upload(const std::vector<T>& h) {

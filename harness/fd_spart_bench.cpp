@@ -8,9 +8,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <functional>
 
 #include "fastdecode/sworker/cuda_model.h"
 #include "harness/cli_main.h"
+#include "harness/cuda_timing.h"
 #include "harness/provenance.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/green_context.h"
@@ -38,9 +40,6 @@ int main(int argc, char** argv) {
     fd::cuda::SmLimitedStreams streams(int(sm_count), 1);
     cudaStream_t s = streams.stream(0);
     fd::CudaModel m(fd::load_model_weights(c, *src), s, streams.limited() ? streams.sm_count() : 0, act);
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
     const double H = double(c.hidden_size), I = double(c.intermediate_size), qd = double(c.q_dim()),
                  kvd = double(c.kv_dim());
     const double layer_params = H * (qd + 2 * kvd) + qd * H + (c.arch == fd::Arch::Llama ? 3 : 2) * H * I;
@@ -57,16 +56,7 @@ int main(int argc, char** argv) {
       m.embed(a);
       CUDA_CHECK(cudaMemsetAsync(a.a16.get(), 0, size_t(B) * size_t(qd) * 2, s));
       CUDA_CHECK(cudaMemsetAsync(a.i16.get(), 0, size_t(B) * size_t(I) * 2, s));
-      auto time = [&](auto&& body) {
-        body();  // warm-up (cuBLAS heuristics, caches)
-        CUDA_CHECK(cudaEventRecord(e0, s));
-        for (int64_t r = 0; r < reps; ++r) body();
-        CUDA_CHECK(cudaEventRecord(e1, s));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        return double(ms) / double(reps);
-      };
+      auto time = [&](const std::function<void()>& body) { return fd::cuda_ms_per_call(s, reps, body); };
       const double spart = time([&] {
         m.attention_input(a, 0, fd::CudaModel::kF16);  // as FastDecode runs it (fp16 q/k/v for the wire)
         m.attention_output_and_mlp(a, 0);

@@ -21,14 +21,7 @@ namespace {
 
 using fd::test::Tokens;
 
-// Tokens of a run to completion; a breach of the Engine contract (a request that never finishes, a token
-// after the finished one) fails the test.
-Tokens run(Engine& e, const std::vector<Request>& reqs, int64_t* max_running = nullptr) {
-  const fd::test::EngineRun r = fd::test::run_engine(e, reqs);
-  EXPECT_TRUE(r.errors.empty()) << r.describe_errors();
-  if (max_running) *max_running = r.max_running;
-  return r.tokens;
-}
+using fd::test::run_tokens;
 
 constexpr double kNearTie = 5e-3;
 // bf16 rounds each activation to 2^-8 relative (8x fp16's step): the bf16 S-Part's logits are within
@@ -63,7 +56,7 @@ TEST_P(GpuEngines, GreedyTokensVsReference) {
   auto check = [&](const EngineConfig& ec, const char* what) {
     auto w = make_random_source(3, DType::F16);
     auto e = make_engine(ec, c, *w, SamplingParams{});
-    const auto k = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, run(*e, reqs), kNearTie);
+    const auto k = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, run_tokens(*e, reqs), kNearTie);
     std::printf("%s %s vs reference: %s\n", GetParam(), what, k.describe().c_str());
     EXPECT_TRUE(k.ok()) << what << ": " << k.describe();
   };
@@ -97,7 +90,7 @@ TEST_P(GpuEngines, Bf16GreedyTokensVsReference) {
   auto check = [&](const EngineConfig& ec, const char* what) {
     auto w = make_random_source(8, DType::BF16);
     auto e = make_engine(ec, c, *w, SamplingParams{});
-    const auto k = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, run(*e, reqs), kNearTieBf16);
+    const auto k = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, run_tokens(*e, reqs), kNearTieBf16);
     std::printf("%s %s (bf16) vs reference: %s\n", GetParam(), what, k.describe().c_str());
     EXPECT_TRUE(k.ok()) << what << ": " << k.describe();
   };
@@ -141,7 +134,7 @@ TEST_P(GpuEngines, CudaGraphsSameTokensAsEager) {
       }
       auto w = make_random_source(3, DType::F16);
       auto e = make_engine(ec, c, *w, SamplingParams{});
-      return run(*e, reqs);
+      return run_tokens(*e, reqs);
     };
     const Tokens eager = run_with(false), graphs = run_with(true);
     size_t same = 0, total = 0;
@@ -177,8 +170,9 @@ TEST(GpuOnly, BatchBoundedByMemoryBudget) {
   auto e = make_engine(ec, c, *w, SamplingParams{});
   EXPECT_EQ(e->info().at("slots"), 3);
   EXPECT_THROW(e->add({{1, std::vector<int32_t>(60, 1), 10, false}}), Error);  // 69 positions > max_context 64
-  int64_t max_running = 0;
-  const Tokens got = run(*e, requests(8, 10), &max_running);
+  fd::test::EngineRun stats;
+  const Tokens got = run_tokens(*e, requests(8, 10), &stats);
+  const int64_t max_running = stats.max_running;
   EXPECT_EQ(got.size(), 8u);
   for (const auto& [id, t] : got) EXPECT_EQ(t.size(), 10u) << id;
   EXPECT_LE(max_running, 3);

@@ -19,14 +19,7 @@ namespace {
 
 using fd::test::Tokens;
 
-// Tokens of a run to completion; a breach of the Engine contract (a request that never finishes, a token
-// after the finished one) fails the test.
-Tokens run(Engine& e, const std::vector<Request>& reqs, int64_t* steps = nullptr) {
-  const fd::test::EngineRun r = fd::test::run_engine(e, reqs);
-  EXPECT_TRUE(r.errors.empty()) << r.describe_errors();
-  if (steps) *steps = r.steps;
-  return r.tokens;
-}
+using fd::test::run_tokens;
 
 std::vector<Request> requests(const ModelConfig& c) {
   std::vector<Request> r;
@@ -73,17 +66,17 @@ TEST_P(FastDecodeVsReference, SameGreedyTokens) {
   // The reference with its KV rounded to fp16 sees exactly the K/V values the R-workers store.
   auto w1 = make_random_source(3, DType::F16);
   ReferenceEngine ref16(c, *w1, SamplingParams{}, DType::F16);
-  const auto expect = run(ref16, reqs);
+  const auto expect = run_tokens(ref16, reqs);
   auto w0 = make_random_source(3, DType::F16);
   ReferenceEngine ref32(c, *w0, SamplingParams{});
-  const auto exact = run(ref32, reqs);
+  const auto exact = run_tokens(ref32, reqs);
   for (int64_t mb : {2, 1}) {
     SCOPED_TRACE("mini_batches " + std::to_string(mb));
     auto w = make_random_source(3, DType::F16);
     auto fd = make_engine(fastdecode_config(mb), c, *w, SamplingParams{});
-    int64_t steps = 0;
-    const auto got = run(*fd, reqs, &steps);
-    EXPECT_GE(steps, 64);
+    fd::test::EngineRun stats;
+    const auto got = run_tokens(*fd, reqs, &stats);
+    EXPECT_GE(stats.steps, 64);
     EXPECT_EQ(got, expect) << "first divergence from the fp16-KV reference: " << first_divergence(got, expect);
     // Against the exact fp32 reference the tokens agree too on these models (fp16 KV rounding moves
     // logits by ~1e-3, far below their top-2 gaps); a divergence here is reported, not hidden.
@@ -102,10 +95,10 @@ TEST(FastDecodeEngine, SamplingMatchesReferenceToo) {
   const auto reqs = requests(c);
   auto w1 = make_random_source(3, DType::F16);
   ReferenceEngine ref(c, *w1, sp, DType::F16);
-  const auto expect = run(ref, reqs);
+  const auto expect = run_tokens(ref, reqs);
   auto w2 = make_random_source(3, DType::F16);
   auto fd = make_engine(fastdecode_config(2), c, *w2, sp);
-  EXPECT_EQ(run(*fd, reqs), expect);
+  EXPECT_EQ(run_tokens(*fd, reqs), expect);
 }
 
 TEST(FastDecodeEngine, DeadRWorkerFailsTheStepNamingIt) {
@@ -152,7 +145,7 @@ TEST_P(FastDecodeVsReference, Fp16WireTokens) {
   ec.wire_dtype = "fp16";
   auto w = make_random_source(3, DType::F16);
   auto e = make_engine(ec, c, *w, SamplingParams{});
-  const auto check = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, run(*e, reqs), 5e-3);
+  const auto check = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, run_tokens(*e, reqs), 5e-3);
   std::printf("%s fp16 wire: %s\n", GetParam(), check.describe().c_str());
   EXPECT_TRUE(check.ok()) << check.describe();
 }
@@ -195,7 +188,7 @@ TEST_P(FastDecodeVsReference, JoiningRequestsPrefillBudgetAndEos) {
   wc.cfg = c;
   auto w1 = make_random_source(3, DType::F16);
   ReferenceEngine ref(c, *w1, SamplingParams{}, DType::F16);
-  const Tokens expect = run(ref, all);
+  const Tokens expect = run_tokens(ref, all);
   EngineConfig ec = fastdecode_config(2);
   ec.prefill_tokens = 12;
   auto w = make_random_source(3, DType::F16);
@@ -256,7 +249,7 @@ TEST_P(QuantizedKV, TokensMatchReferenceWithTheSameQuantizedBlocks) {
   ec.rworkers.kv_dtype = kvname;
   auto w = make_random_source(3, DType::F16);
   auto e = make_engine(ec, c, *w, SamplingParams{});
-  const Tokens got = run(*e, reqs);
+  const Tokens got = run_tokens(*e, reqs);
   const auto check = fd::test::check_greedy_tokens(weights, quantized, reqs, got, 1e-4);
   // Control: the fp16-KV reference (no block codec) is a different model of these tokens.
   const auto plain = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, got, 1e-4);

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "fastdecode/engine/engine.h"
 #include "fastdecode/model/reference.h"
 
@@ -91,6 +93,16 @@ inline EngineRun run_engine(Engine& e, const std::vector<Request>& reqs,
     if (!finished[id]) run.errors.push_back("request " + std::to_string(id) + " never finished");
   e.shutdown();
   return run;
+}
+
+// The tokens of run_engine(e, reqs); a breach of the Engine contract fails the calling test. `stats`,
+// when given, gets the whole record.
+inline Tokens run_tokens(Engine& e, const std::vector<Request>& reqs, EngineRun* stats = nullptr) {
+  EngineRun r = run_engine(e, reqs);
+  EXPECT_TRUE(r.errors.empty()) << r.describe_errors();
+  Tokens t = r.tokens;
+  if (stats) *stats = std::move(r);
+  return t;
 }
 
 // How the reference stores its KV (it must hold what the engine's cache holds, so tokens can be exact).
