@@ -285,6 +285,27 @@ TEST(RWorkerService, FuzzHundredThousandMutatedMessages) {
     for (int h = 0; h < kH; ++h)
       for (int d = 0; d < kD; ++d)
         ASSERT_NEAR(fp16_to_fp32(o[h * kD + d]), fp16_to_fp32(v[(h / (kH / kKV)) * kD + d]), 1e-3);
+    // A 40-token prompt (one full block: quantized in the int4 store, from blocks the fuzzing recycled)
+    // then a decode step: the fuzzed worker answers bit for bit as a fresh one given the same messages.
+    Harness fresh(t, size_t(64) << 20);
+    fresh.hello();
+    Header ap = dims(MsgType::AppendKV, 1);
+    ap.n_tokens = 40;
+    const auto pk = fd::test::random_f16(size_t(40) * kKV * kD, w.rng), pv = fd::test::random_f16(pk.size(), w.rng);
+    const auto q2 = fd::test::random_f16(kH * kD, w.rng), k2 = fd::test::random_f16(kKV * kD, w.rng),
+               v2 = fd::test::random_f16(kKV * kD, w.rng);
+    const std::vector<uint64_t> id2 = {999998};
+    std::vector<std::vector<uint8_t>> answers;
+    for (Harness* x : {&w, &fresh}) {
+      ASSERT_EQ(x->send_type(x->ids_msg(MsgType::AddSeq, id2)), MsgType::Ok);
+      ASSERT_EQ(x->send_type(make_message(ap, {bytes_of(id2), bytes_of(std::vector<uint32_t>{40}), bytes_of(pk), bytes_of(pv)})),
+                MsgType::Ok);
+      const auto r2 = x->send(make_message(dims(MsgType::Attend, 1), {bytes_of(id2), bytes_of(q2), bytes_of(k2), bytes_of(v2)}));
+      ASSERT_EQ(reply_header(r2).msg_type(), MsgType::AttendReply);
+      const auto* b = static_cast<const uint8_t*>(r2[1].data());
+      answers.emplace_back(b, b + r2[1].size());
+    }
+    EXPECT_EQ(answers[0], answers[1]) << "the fuzzed worker's attention differs from a fresh worker's";
   }
 }
 
