@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh default
+scripts/build.sh default fd-bench fd-rworker  # only what the run needs (scripts/test.sh builds the rest)
 build/default/bin/fd-bench run experiments/quickstart.json "$@"
