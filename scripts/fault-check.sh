@@ -67,7 +67,8 @@ run_one() {  # $1: fault name or "" (clean); appends a JSON row to $results
   t1=$(date +%s)
   failed=$(sed -n 's/^[[:space:]]*[0-9]* - \(.*\) (Failed)\( .*\)\{0,1\}$/\1/p' "$log")
   n_failed=$(printf '%s' "$failed" | grep -c . || true)
-  n_total=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -1)
+  # "N% tests passed, K tests failed out of T", or "100% tests passed out of T" when some were skipped
+  n_total=$(sed -n 's/.*tests \(passed\|failed\) out of \([0-9]*\).*/\2/p' "$log" | tail -1)
   echo "   ctest exit $rc: $n_failed of ${n_total:-?} tests failed ($((t1 - t0)) s)"
   printf '%s\n' "$failed" | head -8 | sed 's/^/     /'
   results=$(python3 -c '

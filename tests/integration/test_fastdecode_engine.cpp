@@ -1,5 +1,6 @@
 // The FastDecode engine on the CPU backend with R-worker processes over TCP loopback against the
 // reference engine: same greedy tokens for the tiny Llama, OPT and GQA models over >= 64 steps.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 
@@ -260,4 +261,9 @@ TEST_P(QuantizedKV, TokensMatchReferenceWithTheSameQuantizedBlocks) {
 
 INSTANTIATE_TEST_SUITE_P(Models, QuantizedKV,
                          ::testing::Combine(::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa"),
-                                            ::testing::Values("int8", "int4")));
+                                            ::testing::Values("int8", "int4")),
+                         [](const auto& info) {
+                           std::string n = std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
