@@ -13,5 +13,5 @@ ctest --test-dir build/default --output-on-failure -j "$(nproc)" "$@" 2>&1 | tee
 rc=${PIPESTATUS[0]}
 set -e
 skipped=$(grep -c '(Skipped)' build/default/ctest.log || true)
-echo "test.sh: ctest exit $rc; $skipped tests skipped (listed above under 'did not run'; GPU tests skip without a device)"
+echo "test.sh: ctest exit $rc; $skipped tests skipped (listed above under 'did not run': GPU tests without a device, CPU ISAs this CPU lacks)"
 exit "$rc"
