@@ -1,5 +1,7 @@
 #include "harness/experiment.h"
 
+#include "harness/engines.h"
+
 #include <filesystem>
 
 namespace fd {

@@ -6,7 +6,7 @@
 
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/dtype.h"
-#include "fastdecode/sworker/spart.h"
+#include "fastdecode/spart/spart.h"
 #include "harness/provenance.h"
 #include "kernels/cpu/decode_attention.h"
 

@@ -1,5 +1,7 @@
 #include "harness/runner.h"
 
+#include "harness/engines.h"
+
 #include <unistd.h>
 
 #include <algorithm>

@@ -10,7 +10,7 @@
 
 #include "fastdecode/core/json_util.h"
 #include "fastdecode/model/model_config.h"
-#include "fastdecode/model/sampler.h"
+#include "fastdecode/core/sampling.h"
 #include "fastdecode/model/weights.h"
 
 namespace fd {
@@ -102,15 +102,6 @@ struct EngineConfig {
   double gpu_memory_gb = 0;
   int64_t gpu_sm_count = 0;
 };
-
-// Validates the "engine" object (unknown keys and bad values are ConfigErrors naming the key).
-EngineConfig parse_engine_config(StrictObject o);
-// The config with defaults filled in (echoed in summary.json).
-json engine_config_to_json(const EngineConfig& ec);
-// Names accepted by "engine.type".
-std::vector<std::string> engine_types();
-std::unique_ptr<Engine> make_engine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights,
-                                    const SamplingParams& sampling);
 
 // Checks a request against a model (shared by engines and the harness's up-front validation).
 void validate_request(const Request& r, const ModelConfig& model);

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "fastdecode/rworker/server.h"
-#include "harness/cli_main.h"
+#include "fastdecode/core/cli_main.h"
 
 namespace {
 

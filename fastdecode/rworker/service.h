@@ -10,7 +10,7 @@
 #include <zmq_addon.hpp>
 
 #include "fastdecode/core/json_util.h"
-#include "fastdecode/protocol/wire.h"
+#include "fastdecode/wire/wire.h"
 #include "fastdecode/rworker/kv_store.h"
 
 namespace fd {

@@ -8,7 +8,7 @@
 
 #include "fastdecode/core/error.h"
 #include "fastdecode/core/json_util.h"
-#include "fastdecode/model/weights.h"
+#include "fastdecode/core/splitmix64.h"
 
 namespace fd {
 

@@ -12,9 +12,9 @@
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/fault.h"
 #include "fastdecode/model/reference.h"
-#include "fastdecode/sworker/rworker_client.h"
+#include "fastdecode/wire/rworker_client.h"
 #include "fastdecode/sworker/rworker_spawn.h"
-#include "fastdecode/sworker/spart.h"
+#include "fastdecode/spart/spart.h"
 
 namespace fd {
 

@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include "fastdecode/model/sampler.h"
+#include "fastdecode/core/sampling.h"
 
 namespace fd::cuda {
 

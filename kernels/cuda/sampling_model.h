@@ -36,7 +36,7 @@
 #include "fastdecode/core/error.h"
 #include "fastdecode/core/host_device.h"
 #include "fastdecode/core/splitmix64.h"
-#include "fastdecode/model/sampler.h"
+#include "fastdecode/core/sampling.h"
 
 // The row driver below is a host-device template that calls either the kernel's __device__ context or the
 // host model's; nvcc would warn about the host instantiation path it never emits.

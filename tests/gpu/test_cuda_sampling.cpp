@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "fastdecode/core/error.h"
-#include "fastdecode/model/sampler.h"
+#include "fastdecode/core/sampling.h"
 #include "kernels/cuda/device_info.h"
 #include "tests/gpu/require_gpu.h"
 #include "tests/gpu/cuda_test_util.h"

@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <map>
 
-#include "fastdecode/engine/reference_engine.h"
-#include "fastdecode/sworker/spart.h"
+#include "baselines/reference/reference_engine.h"
+#include "fastdecode/spart/spart.h"
 #include "kernels/cuda/device_info.h"
 #include "tests/gpu/require_gpu.h"
 #include "tests/unit/test_helpers.h"

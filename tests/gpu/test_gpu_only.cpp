@@ -7,10 +7,11 @@
 #include <cstdio>
 #include <map>
 
-#include "fastdecode/engine/gpu_only_engine.h"
-#include "fastdecode/engine/reference_engine.h"
+#include "baselines/gpu_only/gpu_only_engine.h"
+#include "baselines/reference/reference_engine.h"
 #include "kernels/cuda/device_info.h"
 #include "tests/gpu/require_gpu.h"
+#include "harness/engines.h"
 #include "tests/unit/test_helpers.h"
 #include "tests/unit/token_compare.h"
 

@@ -7,9 +7,10 @@
 #include <signal.h>
 
 #include "fastdecode/core/dtype.h"
-#include "fastdecode/engine/reference_engine.h"
+#include "baselines/reference/reference_engine.h"
 #include "kernels/cpu/decode_attention.h"
 #include "fastdecode/sworker/rworker_spawn.h"
+#include "harness/engines.h"
 #include "tests/unit/test_helpers.h"
 #include "tests/unit/token_compare.h"
 

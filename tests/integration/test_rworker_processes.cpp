@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <random>
 
-#include "fastdecode/sworker/rworker_client.h"
+#include "fastdecode/wire/rworker_client.h"
 #include "fastdecode/sworker/rworker_spawn.h"
 #include "tests/unit/rworker_test_util.h"
 #include "tests/unit/test_helpers.h"

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "fastdecode/core/dtype.h"
-#include "fastdecode/protocol/wire.h"
+#include "fastdecode/wire/wire.h"
 
 namespace fd::test {
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "fastdecode/core/splitmix64.h"
-#include "fastdecode/model/sampler.h"
+#include "fastdecode/core/sampling.h"
 
 namespace fd::test {
 

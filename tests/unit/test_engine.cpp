@@ -1,8 +1,9 @@
-#include "fastdecode/engine/gpu_only_engine.h"
-#include "fastdecode/engine/reference_engine.h"
+#include "baselines/gpu_only/gpu_only_engine.h"
+#include "baselines/reference/reference_engine.h"
 
 #include <map>
 
+#include "harness/engines.h"
 #include "test_helpers.h"
 
 using namespace fd;

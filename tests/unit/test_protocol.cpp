@@ -1,4 +1,4 @@
-#include "fastdecode/protocol/wire.h"
+#include "fastdecode/wire/wire.h"
 
 #include "rworker_test_util.h"
 #include "test_helpers.h"

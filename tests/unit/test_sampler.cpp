@@ -1,4 +1,4 @@
-#include "fastdecode/model/sampler.h"
+#include "fastdecode/core/sampling.h"
 
 #include <algorithm>
 #include <cmath>

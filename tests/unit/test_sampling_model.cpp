@@ -12,7 +12,7 @@
 
 #include "fastdecode/core/error.h"
 #include "fastdecode/core/splitmix64.h"
-#include "fastdecode/model/sampler.h"
+#include "fastdecode/core/sampling.h"
 #include "kernels/cuda/sampling_model.h"
 #include "sampling_cases.h"
 

@@ -1,0 +1,89 @@
+#include "baselines/reference/reference_engine.h"
+
+#include "fastdecode/core/clock.h"
+
+namespace fd {
+
+ReferenceEngine::ReferenceEngine(const ModelConfig& model, TensorSource& weights, const SamplingParams& sampling,
+                                 DType kv_dtype)
+    : model_(load_model_weights(model, weights)), sampling_(sampling) {
+  model_.set_kv_dtype(kv_dtype);
+}
+
+void ReferenceEngine::add(const std::vector<Request>& requests) {
+  for (const auto& r : requests) {
+    validate_request(r, model_.config());
+    if (running_.count(r.id)) FD_THROW("request " << r.id << " is already running");
+  }
+  queued_.insert(queued_.end(), requests.begin(), requests.end());
+}
+
+void ReferenceEngine::emit(Running& r, const float* logits, StepResult& out) {
+  const int64_t V = model_.config().vocab_size;
+  const int32_t tok = sample_token(logits, V, sampling_, r.req.id, uint64_t(r.generated));
+  ++r.generated;
+  r.last_token = tok;
+  const bool eos = r.req.stop_at_eos && tok == model_.config().eos_token_id;
+  const bool finished = r.generated >= r.req.max_new_tokens || eos;
+  out.tokens.push_back({r.req.id, tok, finished});
+}
+
+StepResult ReferenceEngine::step() {
+  StepResult out;
+  const int64_t V = model_.config().vocab_size;
+
+  // Decode: every running sequence feeds its last token (batched in one forward).
+  if (!running_.empty()) {
+    const int64_t t0 = now_ns();
+    std::vector<RefToken> batch;
+    for (auto& [id, r] : running_) batch.push_back({r.seq, r.last_token, true});
+    const std::vector<float> logits = model_.forward(batch);
+    size_t row = 0;
+    for (auto& [id, r] : running_) {
+      emit(r, &logits[row++ * size_t(V)], out);
+      out.total_context += model_.sequence_length(r.seq);
+    }
+    out.decode_tokens = int64_t(batch.size());
+    out.spans.push_back({"reference", "decode", t0, now_ns() - t0});
+  }
+
+  // Prefill: every queued request's prompt in one forward; logits only at each prompt's last token.
+  std::vector<Running> fresh;
+  if (!queued_.empty()) {
+    const int64_t t0 = now_ns();
+    std::vector<RefToken> batch;
+    while (!queued_.empty()) {
+      Running r;
+      r.req = std::move(queued_.front());
+      queued_.pop_front();
+      r.seq = model_.add_sequence();
+      for (size_t i = 0; i < r.req.prompt.size(); ++i)
+        batch.push_back({r.seq, r.req.prompt[i], i + 1 == r.req.prompt.size()});
+      fresh.push_back(std::move(r));
+    }
+    const std::vector<float> logits = model_.forward(batch);
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      emit(fresh[i], &logits[i * size_t(V)], out);
+      out.total_context += model_.sequence_length(fresh[i].seq);
+    }
+    out.prefill_tokens = int64_t(batch.size());
+    out.spans.push_back({"reference", "prefill", t0, now_ns() - t0});
+  }
+  for (auto& r : fresh) running_.emplace(r.req.id, std::move(r));
+
+  // Finished sequences free their KV-cache at once.
+  for (const auto& t : out.tokens) {
+    if (!t.finished) continue;
+    model_.free_sequence(running_.at(t.request_id).seq);
+    running_.erase(t.request_id);
+  }
+  return out;
+}
+
+void ReferenceEngine::shutdown() {
+  for (auto& [id, r] : running_) model_.free_sequence(r.seq);
+  running_.clear();
+  queued_.clear();
+}
+
+}  // namespace fd

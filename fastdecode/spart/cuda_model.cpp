@@ -1,0 +1,242 @@
+#include "fastdecode/spart/cuda_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "fastdecode/core/dtype.h"
+#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/spart_kernels.h"
+
+namespace fd {
+
+namespace {
+
+// Uploads the concatenation of `parts` (fp32 host) as the 16-bit type t.
+DeviceBuffer<uint16_t> upload_16(DType t, std::initializer_list<const std::vector<float>*> parts, size_t& bytes) {
+  size_t n = 0;
+  for (auto* p : parts) n += p->size();
+  std::vector<uint16_t> h(n);
+  size_t off = 0;
+  for (auto* p : parts) {
+    convert_from_f32(t, p->data(), h.data() + off, p->size());
+    off += p->size();
+  }
+  DeviceBuffer<uint16_t> d(std::max<size_t>(n, 1));
+  if (n) CUDA_CHECK(cudaMemcpy(d.get(), h.data(), n * 2, cudaMemcpyHostToDevice));
+  bytes += n * 2;
+  return d;
+}
+
+DeviceBuffer<float> upload_f32(std::initializer_list<const std::vector<float>*> parts, size_t& bytes) {
+  std::vector<float> h;
+  for (auto* p : parts) h.insert(h.end(), p->begin(), p->end());
+  DeviceBuffer<float> d(std::max<size_t>(1, h.size()));
+  if (!h.empty()) CUDA_CHECK(cudaMemcpy(d.get(), h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  bytes += h.size() * 4;
+  return d;
+}
+
+}  // namespace
+
+CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_target, DType act)
+    : cfg_(w.cfg), stream_(stream), act_(act) {
+  const ModelConfig& c = cfg_;
+  cuda::check_act_dtype(act, "CUDA S-Part");
+  act_cuda_ = act == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const auto upload_act = [act](std::initializer_list<const std::vector<float>*> parts, size_t& bytes) {
+    return upload_16(act, parts, bytes);
+  };
+  CUBLAS_CHECK(cublasCreate(&blas_));
+  CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+  if (sm_count_target > 0) CUBLAS_CHECK(cublasSetSmCountTarget(blas_, sm_count_target));
+  // An explicit workspace: cuBLAS then never allocates inside a step (required under graph capture).
+  blas_workspace_.resize(size_t(32) << 20);
+  CUBLAS_CHECK(cublasSetWorkspace(blas_, blas_workspace_.get(), blas_workspace_.size()));
+  size_t& b = weight_bytes_;
+  for (const LayerWeights& L : w.layers) {
+    Layer d;
+    d.wqkv = upload_act({&L.wq, &L.wk, &L.wv}, b);
+    d.wo = upload_act({&L.wo}, b);
+    d.wgu = c.arch == Arch::Llama ? upload_act({&L.w_gate, &L.w_up}, b) : upload_act({&L.w_up}, b);
+    d.wdown = upload_act({&L.w_down}, b);
+    d.attn_norm_w = upload_f32({&L.attn_norm_w}, b), d.mlp_norm_w = upload_f32({&L.mlp_norm_w}, b);
+    d.has_bias = !L.bq.empty();
+    if (d.has_bias) {
+      d.attn_norm_b = upload_f32({&L.attn_norm_b}, b), d.mlp_norm_b = upload_f32({&L.mlp_norm_b}, b);
+      d.bqkv = upload_f32({&L.bq, &L.bk, &L.bv}, b), d.bo = upload_f32({&L.bo}, b);
+      d.b_up = upload_f32({&L.b_up}, b), d.b_down = upload_f32({&L.b_down}, b);
+    }
+    layers_.push_back(std::move(d));
+  }
+  embed_ = upload_act({&w.embed}, b);
+  if (!w.pos_embed.empty()) pos_embed_ = upload_act({&w.pos_embed}, b);
+  if (!w.lm_head.empty()) lm_head_ = upload_act({&w.lm_head}, b);
+  final_norm_w_ = upload_f32({&w.final_norm_w}, b);
+  if (!w.final_norm_b.empty()) final_norm_b_ = upload_f32({&w.final_norm_b}, b);
+  std::vector<float> inv(size_t(c.head_dim / 2));
+  for (size_t i = 0; i < inv.size(); ++i)  // as the reference: double, then fp32
+    inv[i] = float(1.0 / std::pow(c.rope_theta, double(2 * i) / double(c.head_dim)));
+  inv_freq_ = upload_f32({&inv}, b);
+  // The uploads above are synchronous copies on the legacy stream; work on `stream_` (non-blocking, maybe
+  // a green context's) is not ordered after them, so wait for them here.
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+CudaModel::~CudaModel() {
+  if (blas_) cublasDestroy(blas_);
+  if (staging_) cudaFreeHost(staging_);
+}
+
+void CudaModel::upload(void* dst, const void* src, size_t bytes) const {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaStreamSynchronize(stream_));  // the staging buffer's previous copy is done
+  if (staging_bytes_ < bytes) {
+    if (staging_) cudaFreeHost(staging_);
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    CUDA_CHECK(cudaMallocHost(&staging_, std::max<size_t>(bytes, 1 << 16)));
+    staging_bytes_ = std::max<size_t>(bytes, 1 << 16);
+  }
+  std::memcpy(staging_, src, bytes);
+  CUDA_CHECK(cudaMemcpyAsync(dst, staging_, bytes, cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaModel::sample(DevActs& a, int64_t n, const SamplingParams& sp, const std::vector<uint64_t>& request_ids,
+                       const std::vector<uint64_t>& steps, int32_t* out) const {
+  const int64_t V = cfg_.vocab_size;
+  if (!sp.greedy()) {
+    FD_CHECK(request_ids.size() >= size_t(n) && steps.size() >= size_t(n), "sample: an id and a step per row");
+    a.request_ids.resize(size_t(std::max<int64_t>(n, 1))), a.steps.resize(size_t(std::max<int64_t>(n, 1)));
+    upload(a.request_ids.get(), request_ids.data(), size_t(n) * 8);
+    upload(a.steps.get(), steps.data(), size_t(n) * 8);
+  }
+  logits(a, n);
+  if (sp.greedy()) {
+    cuda::argmax_rows(a.logits.get(), n, V, a.out_tokens.get(), stream_);
+  } else {
+    cuda::sample_rows(a.logits.get(), n, V, sp, a.request_ids.get(), a.steps.get(), a.out_tokens.get(), stream_);
+  }
+  CUDA_CHECK(cudaMemcpyAsync(out, a.out_tokens.get(), size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void GraphCache::run(uint64_t key, const std::function<void()>& body) {
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    cudaGraph_t g = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
+    try {
+      body();
+    } catch (...) {
+      cudaStreamEndCapture(s_, &g);
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(s_, &g));
+    cudaGraphExec_t e = nullptr;
+    const cudaError_t r = cudaGraphInstantiate(&e, g, 0);
+    cudaGraphDestroy(g);
+    CUDA_CHECK(r);
+    it = graphs_.emplace(key, e).first;
+  }
+  CUDA_CHECK(cudaGraphLaunch(it->second, s_));
+}
+
+void GraphCache::clear() {
+  for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);
+  graphs_.clear();
+}
+
+void CudaModel::ensure(DevActs& a, int64_t T, int64_t capacity) const {
+  const ModelConfig& c = cfg_;
+  a.T = T;
+  const int64_t want = std::max<int64_t>({T, capacity, 1});
+  if (want <= a.capacity) return;
+  a.capacity = want;
+  ++a.generation;
+  const size_t t = size_t(want), H = size_t(c.hidden_size), I = size_t(c.intermediate_size);
+  const size_t qd = size_t(c.q_dim()), kvd = size_t(c.kv_dim());
+  a.x.resize(t * H), a.h16.resize(t * H), a.sel.resize(t * H);
+  a.qkv16.resize(t * (qd + 2 * kvd)), a.q.resize(t * qd), a.att.resize(t * qd), a.a16.resize(t * qd), a.q16.resize(t * qd);
+  a.k.resize(t * kvd), a.v.resize(t * kvd), a.k16.resize(t * kvd), a.v16.resize(t * kvd);
+  a.gu16.resize(t * 2 * I), a.i16.resize(t * I);
+  a.tokens.resize(t), a.rows.resize(t), a.out_tokens.resize(t), a.pos.resize(t), a.starts.resize(t + 1);
+}
+
+void CudaModel::embed(DevActs& a) const {
+  cuda::embed(a.tokens.get(), a.pos.get(), embed_.get(), pos_embed_.size() ? pos_embed_.get() : nullptr, act_, 2, a.T,
+              cfg_.hidden_size, a.x.get(), stream_);
+}
+
+void CudaModel::norm(float* x, const float* add_bias, const float* w, const float* b, int64_t T, void* out) const {
+  if (cfg_.arch == Arch::Llama)
+    cuda::rmsnorm(x, add_bias, w, float(cfg_.norm_eps), T, cfg_.hidden_size, out, act_, stream_);
+  else
+    cuda::layernorm(x, add_bias, w, b, float(cfg_.norm_eps), T, cfg_.hidden_size, out, act_, stream_);
+}
+
+void CudaModel::attention_from_f32(DevActs& a) const {
+  cuda::cast(a.att.get(), DType::F32, a.a16.get(), act_, a.T * cfg_.q_dim(), stream_);
+}
+
+// Row-major y = x · W^T as column-major: Y^T (out x T) = op(W) · X^T with W viewed as [in x out] col-major.
+void CudaModel::gemm(const void* x, int64_t T, int64_t in, const void* W, int64_t out, void* y, bool y_fp32,
+                     float beta) const {
+  const float one = 1.0f;
+  CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(T), int(in), &one, W, act_cuda_, int(in), x,
+                            act_cuda_, int(in), &beta, y, y_fp32 ? CUDA_R_32F : act_cuda_, int(out), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaModel::attention_input(DevActs& a, int layer, unsigned outputs) const {
+  const ModelConfig& c = cfg_;
+  const Layer& L = layers_[size_t(layer)];
+  const int64_t T = a.T, H = c.hidden_size, ld = c.q_dim() + 2 * c.kv_dim();
+  norm(a.x.get(), nullptr, L.attn_norm_w.get(), L.attn_norm_b.get(), T, a.h16.get());
+  gemm(a.h16.get(), T, H, L.wqkv.get(), ld, a.qkv16.get());
+  const bool f32 = outputs & kF32, f16 = outputs & kF16;
+  cuda::qkv_post(a.qkv16.get(), act_, L.has_bias ? L.bqkv.get() : nullptr, a.pos.get(),
+                 c.arch == Arch::Llama ? inv_freq_.get() : nullptr, T, c.num_heads, c.num_kv_heads, c.head_dim,
+                 f32 ? a.q.get() : nullptr, f32 ? a.k.get() : nullptr, f32 ? a.v.get() : nullptr,
+                 f16 ? a.q16.get() : nullptr, f16 ? a.k16.get() : nullptr, f16 ? a.v16.get() : nullptr, stream_);
+}
+
+void CudaModel::attention_output_and_mlp(DevActs& a, int layer) const {
+  const ModelConfig& c = cfg_;
+  const Layer& L = layers_[size_t(layer)];
+  const int64_t T = a.T, H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim();
+  gemm(a.a16.get(), T, qd, L.wo.get(), H, a.x.get(), true, 1.0f);  // x += o-proj
+  // (+ the o-proj bias, stored back into x), then the MLP's norm, in one pass.
+  norm(a.x.get(), L.has_bias ? L.bo.get() : nullptr, L.mlp_norm_w.get(), L.mlp_norm_b.get(), T, a.h16.get());
+  if (c.arch == Arch::Llama) {
+    gemm(a.h16.get(), T, H, L.wgu.get(), 2 * I, a.gu16.get());
+    cuda::silu_mul(a.gu16.get(), act_, T, I, a.i16.get(), stream_);
+  } else {
+    gemm(a.h16.get(), T, H, L.wgu.get(), I, a.gu16.get());
+    cuda::relu_bias(a.gu16.get(), act_, L.b_up.get(), T, I, a.i16.get(), stream_);
+  }
+  gemm(a.i16.get(), T, I, L.wdown.get(), H, a.x.get(), true, 1.0f);  // x += down-proj
+  if (L.has_bias) cuda::add_bias_rows(a.x.get(), L.b_down.get(), T, H, stream_);
+}
+
+void CudaModel::layer_gemms_only(DevActs& a, int layer) const {
+  const ModelConfig& c = cfg_;
+  const Layer& L = layers_[size_t(layer)];
+  const int64_t T = a.T, H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim();
+  gemm(a.h16.get(), T, H, L.wqkv.get(), qd + 2 * c.kv_dim(), a.qkv16.get());
+  gemm(a.a16.get(), T, qd, L.wo.get(), H, a.h16.get());
+  gemm(a.h16.get(), T, H, L.wgu.get(), c.arch == Arch::Llama ? 2 * I : I, a.gu16.get());
+  gemm(a.i16.get(), T, I, L.wdown.get(), H, a.h16.get());
+}
+
+void CudaModel::logits(DevActs& a, int64_t n) const {
+  const ModelConfig& c = cfg_;
+  a.logits.resize(size_t(std::max<int64_t>(n, 1) * c.vocab_size));
+  cuda::gather_rows(a.x.get(), a.rows.get(), n, c.hidden_size, a.sel.get(), stream_);
+  norm(a.sel.get(), nullptr, final_norm_w_.get(), final_norm_b_.size() ? final_norm_b_.get() : nullptr, n, a.h16.get());
+  gemm(a.h16.get(), n, c.hidden_size, lm_head_.size() ? lm_head_.get() : embed_.get(), c.vocab_size, a.logits.get(),
+       true);
+}
+
+}  // namespace fd

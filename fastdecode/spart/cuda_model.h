@@ -1,0 +1,177 @@
+// The model's weight stages on a CUDA device (CUDA builds only; included by spart_cuda.cpp and the GPU-only
+// engine). 16-bit weights and activations (GEMM inputs and outputs), fp16 or bf16 (the model's `act`
+// type), fp32 accumulation inside the GEMMs (cuBLAS GemmEx, compute 32F), an fp32 residual stream, fp32
+// logits. Fused GEMMs: one [q|k|v] projection and, for Llama, one [gate|up] projection. The o- and
+// down-projections add their product straight into the fp32 residual (GEMM with an fp32 C and beta = 1),
+// so no kernel reads and writes the residual just to add; the elementwise work after a GEMM is one
+// kernel (bias + RoPE + split; norm; activation).
+// Everything runs on one stream; nothing is allocated per step once a batch size has been seen.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fastdecode/core/error.h"
+#include "fastdecode/core/sampling.h"
+#include "fastdecode/model/weights.h"
+
+#define CUDA_CHECK(stmt)                                                                                         \
+  do {                                                                                                           \
+    const cudaError_t e_ = (stmt);                                                                               \
+    if (e_ != cudaSuccess) FD_THROW(__FILE__ << ":" << __LINE__ << ": " #stmt ": " << cudaGetErrorString(e_));   \
+  } while (0)
+#define CUBLAS_CHECK(stmt)                                                                                       \
+  do {                                                                                                           \
+    const cublasStatus_t e_ = (stmt);                                                                            \
+    if (e_ != CUBLAS_STATUS_SUCCESS) FD_THROW(__FILE__ << ":" << __LINE__ << ": " #stmt ": cuBLAS status " << int(e_)); \
+  } while (0)
+
+namespace fd {
+
+// A device buffer of T, grown (never shrunk) by resize; freed on destruction.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) { resize(n); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (p_) cudaFree(p_);
+  }
+  void resize(size_t n) {
+    if (n <= n_) return;
+    if (p_) cudaFree(p_);
+    p_ = nullptr;
+    n_ = 0;
+    CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)));
+    n_ = n;
+  }
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Activations of one batch of T rows on the device. The *16 buffers hold the model's 16-bit activation
+// type (fp16 or bf16), except q16/k16/v16, which are fp16 (the wire and the prefill attention's type).
+struct DevActs {
+  int64_t T = 0;
+  int64_t capacity = 0;     // rows the buffers hold (ensure grows it)
+  uint64_t generation = 0;  // bumped whenever ensure reallocates (graphs captured on older buffers are stale)
+  DeviceBuffer<float> x, q, k, v, att, sel, logits;
+  DeviceBuffer<uint16_t> h16, a16, i16, qkv16, gu16;
+  DeviceBuffer<__half> q16, k16, v16;
+  DeviceBuffer<int32_t> tokens, rows, starts, out_tokens;
+  DeviceBuffer<int64_t> pos;
+  DeviceBuffer<uint64_t> request_ids, steps;  // per sampled row: the draw's (request, step)
+};
+
+// CUDA graphs of a stream's work, keyed by an integer: captured from `body` on first use, replayed
+// after. The body must neither synchronise nor allocate (CudaModel's cuBLAS handle has a fixed workspace),
+// and the buffers it touches must keep their addresses while the graph lives: clear() when they change.
+// Graphs pay off where launches, not the kernels, take the time: decode batches of at most kMaxRows rows,
+// padded to a power of two (bucket).
+class GraphCache {
+ public:
+  static constexpr int64_t kMaxRows = 128;
+  static int64_t bucket(int64_t rows) {
+    int64_t b = 1;
+    while (b < rows) b *= 2;
+    return b;
+  }
+  explicit GraphCache(cudaStream_t s) : s_(s) {}
+  ~GraphCache() { clear(); }
+  GraphCache(const GraphCache&) = delete;
+  GraphCache& operator=(const GraphCache&) = delete;
+  void run(uint64_t key, const std::function<void()>& body);
+  void clear();
+  size_t size() const { return graphs_.size(); }
+
+ private:
+  cudaStream_t s_;
+  std::map<uint64_t, cudaGraphExec_t> graphs_;
+};
+
+class CudaModel {
+ public:
+  // Uploads the weights (as `act`: fp16 or bf16) to the current device; all work goes to `stream`.
+  // sm_count_target > 0: the stream runs on that many SMs (a green context); cuBLAS sizes its grids for them.
+  CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_target = 0, DType act = DType::F16);
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  cudaStream_t stream() const { return stream_; }
+  size_t weight_bytes() const { return weight_bytes_; }
+  DType act_dtype() const { return act_; }
+
+  // Sizes a's buffers for max(T, capacity) rows (allocates only when T exceeds what a has seen; then
+  // a.generation changes) and sets a.T = T.
+  void ensure(DevActs& a, int64_t T, int64_t capacity = 0) const;
+  // a.x = embeddings of a.tokens at a.pos (both already on the device).
+  void embed(DevActs& a) const;
+  // q, k, v = projections of norm(a.x) (+ bias, + RoPE at a.pos), contiguous, into a.q/a.k/a.v (fp32)
+  // and/or a.q16/a.k16/a.v16 (fp16) as `outputs` says.
+  enum Outputs : unsigned { kF32 = 1, kF16 = 2 };
+  void attention_input(DevActs& a, int layer, unsigned outputs = kF32) const;
+  // a.x += o-proj(a.a16) (+ bias); a.x += MLP(norm(a.x)). a.a16 holds the attention output (act type).
+  void attention_output_and_mlp(DevActs& a, int layer) const;
+  // a.logits [n, V] = LM head of final-norm(a.x[a.rows[0..n)]).
+  void logits(DevActs& a, int64_t n) const;
+  // Next tokens for a.x[a.rows[0..n)], sampled on the device (only n token ids come down): greedy as an
+  // argmax, otherwise cuda::sample_rows, which draws as fd::sample_token with (request_ids[i], steps[i]).
+  void sample(DevActs& a, int64_t n, const SamplingParams& sp, const std::vector<uint64_t>& request_ids,
+              const std::vector<uint64_t>& steps, int32_t* out) const;
+  // Copies host → device through the pinned staging buffer (the source may change once this returns).
+  void upload(void* dst, const void* src, size_t bytes) const;
+  // a.a16 = the fp32 attention output a.att (T rows) in the act type.
+  void attention_from_f32(DevActs& a) const;
+  // The GEMMs of one layer alone ([q|k|v], o, [gate|up], down on a's buffers, all with 16-bit outputs):
+  // the ceiling the S-Part layer is benchmarked against (fd-spart-bench).
+  void layer_gemms_only(DevActs& a, int layer) const;
+  // y[T, out] = x[T, in] · W[out, in]^T (+ beta · y), x and W of the act type, fp32 accumulation; y of the
+  // act type or fp32 (y_fp32).
+  void gemm(const void* x, int64_t T, int64_t in, const void* W, int64_t out, void* y, bool y_fp32 = false,
+            float beta = 0.0f) const;
+
+ private:
+  struct Layer {
+    DeviceBuffer<uint16_t> wqkv, wo, wgu, wdown;  // act type; wgu: [gate|up] (Llama) or up (OPT)
+    DeviceBuffer<float> attn_norm_w, attn_norm_b, mlp_norm_w, mlp_norm_b, bqkv, bo, b_up, b_down;
+    bool has_bias = false;
+  };
+  // out (act type) = norm(x), after x += add_bias when given.
+  void norm(float* x, const float* add_bias, const float* w, const float* b, int64_t T, void* out) const;
+
+  ModelConfig cfg_;
+  cudaStream_t stream_;
+  cublasHandle_t blas_ = nullptr;
+  DeviceBuffer<uint8_t> blas_workspace_;
+  std::vector<Layer> layers_;
+  DeviceBuffer<uint16_t> embed_, pos_embed_, lm_head_;
+  DType act_ = DType::F16;
+  cudaDataType_t act_cuda_ = CUDA_R_16F;
+  DeviceBuffer<float> final_norm_w_, final_norm_b_, inv_freq_;
+  size_t weight_bytes_ = 0;
+  mutable void* staging_ = nullptr;  // pinned
+  mutable size_t staging_bytes_ = 0;
+};
+
+}  // namespace fd

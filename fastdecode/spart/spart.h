@@ -1,0 +1,97 @@
+// The S-Part: every stage of the model that touches weights, batched over all running sequences.
+// Attention over the KV-cache is not here: the R-workers do it. Stages are named after the model.
+//
+// Activations live in the backend, in numbered slots (one per mini-batch in flight, one for prefill):
+// on the GPU the residual stream of a slot stays in device memory for the whole step, and only what
+// must cross to the R-workers crosses: q, k, v out and the attention output in, in the wire dtype,
+// through host buffers the backend allocates (pinned on CUDA). Rows keep the order given to embed().
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fastdecode/core/dtype.h"
+#include "fastdecode/core/sampling.h"
+#include "fastdecode/model/weights.h"
+
+namespace fd {
+
+// Host memory from a backend (page-locked on CUDA), freed on destruction.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(void* p, size_t n, std::function<void(void*)> free) : p_(p), n_(n), free_(std::move(free)) {}
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  HostBuffer(HostBuffer&& o) noexcept { swap(o); }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    swap(o);
+    return *this;
+  }
+  ~HostBuffer() {
+    if (p_ && free_) free_(p_);
+  }
+  uint8_t* data() const { return static_cast<uint8_t*>(p_); }
+  size_t size() const { return n_; }
+
+ private:
+  void swap(HostBuffer& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    std::swap(free_, o.free_);
+  }
+  void* p_ = nullptr;
+  size_t n_ = 0;
+  std::function<void(void*)> free_;
+};
+
+// A run of attention-output rows in host memory (one R-worker's reply), `rows` rows in the wire dtype.
+struct HostRows {
+  const void* data = nullptr;
+  int64_t rows = 0;
+};
+
+class SPart {
+ public:
+  virtual ~SPart() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual std::string describe() const = 0;  // backend and GEMM, for summary.json
+  // Host memory for q/k/v and attention tensors exchanged with R-workers (grown, never shrunk).
+  virtual HostBuffer alloc_host(size_t bytes) = 0;
+  // Slot `slot` holds the T tokens at positions pos: x = their embeddings.
+  virtual void embed(int slot, const int32_t* tokens, const int64_t* pos, int64_t T) = 0;
+  // q [T, q_dim], k, v [T, kv_dim] = projections of norm(x) (+ RoPE), written to host memory in dtype
+  // (F32 or F16); q may be null (prefill needs only k and v on the host).
+  virtual void attention_input(int slot, int layer, DType dt, void* q, void* k, void* v) = 0;
+  // The slot's attention output = the given host rows, concatenated in order (T rows in all).
+  virtual void set_attention(int slot, DType dt, const std::vector<HostRows>& parts) = 0;
+  // The slot's attention output = causal attention of the last attention_input over packed prompts:
+  // rows starts[i]..starts[i+1]-1 are sequence i at positions 0..; K and V rounded to fp16 first (as
+  // the R-workers will store them).
+  virtual void prefill_attention(int slot, const std::vector<int64_t>& starts) = 0;
+  // x += o-projection of the slot's attention output; x += MLP(norm(x)).
+  virtual void attention_output_and_mlp(int slot, int layer) = 0;
+  // logits [rows.size(), vocab] of final-norm(x[rows]).
+  virtual void logits(int slot, const std::vector<int32_t>& rows, float* out) = 0;
+  // Next tokens for x[rows]: greedy on the backend's device where it can, else logits and fd::sample_token
+  // with (request_ids[i], steps[i]); identical to sampling the logits() rows.
+  virtual void sample(int slot, const std::vector<int32_t>& rows, const SamplingParams& sp,
+                      const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out);
+};
+
+// fp32 on the CPU: the reference model's stages (fastdecode/model/reference.h). The embedded default
+// when no GPU answers.
+std::unique_ptr<SPart> make_cpu_spart(ModelWeights weights);
+struct CudaSPartOptions {
+  int sm_count = 0;         // > 0: run on that many SMs (a CUDA green context: hardware-balance emulation)
+  DType act = DType::F16;   // 16-bit weights and activations: fp16 or bf16
+  bool cuda_graphs = false; // decode stages of at most 128 rows replayed from CUDA graphs (batch padded)
+};
+// 16-bit weights on the first CUDA device, cuBLAS GEMMs with fp32 accumulation, activations resident in
+// device memory. Throws fd::Error when no device answers or the build has no CUDA.
+std::unique_ptr<SPart> make_cuda_spart(ModelWeights weights, const CudaSPartOptions& options = {});
+
+}  // namespace fd

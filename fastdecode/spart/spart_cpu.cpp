@@ -1,0 +1,136 @@
+// The CPU S-Part backend: the reference model's stages with OpenBLAS GEMMs (fp32) where OpenBLAS was
+// found at configure time, the reference GEMM otherwise.
+#include <cstdlib>
+#include <cstring>
+
+#include "fastdecode/model/reference.h"
+#include "fastdecode/spart/spart.h"
+
+#ifdef FD_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace fd {
+
+void SPart::sample(int slot, const std::vector<int32_t>& rows, const SamplingParams& sp,
+                   const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out) {
+  const int64_t V = config().vocab_size;
+  std::vector<float> lg(rows.size() * size_t(V));
+  logits(slot, rows, lg.data());
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = sample_token(&lg[i * size_t(V)], V, sp, request_ids[i], steps[i]);
+}
+
+#ifdef FD_HAVE_OPENBLAS
+// y[T, out] = x[T, in] · W[out, in]^T (+ bias): one SGEMM, W read once for the whole batch.
+static void blas_linear(const float* x, int64_t T, int64_t in, const float* W, const float* bias, int64_t out, float* y) {
+  if (bias)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t o = 0; o < out; ++o) y[t * out + o] = bias[o];
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(out), int(in), 1.0f, x, int(in), W, int(in),
+              bias ? 1.0f : 0.0f, y, int(out));
+}
+constexpr LinearFn kLinear = blas_linear;
+constexpr const char* kGemm = "OpenBLAS sgemm";
+#else
+constexpr LinearFn kLinear = ref_linear;
+constexpr const char* kGemm = "reference loops (OpenBLAS not found at configure time)";
+#endif
+
+namespace {
+
+// Writes n fp32 values to host memory in dt (F32 or F16).
+void store(const float* src, size_t n, DType dt, void* dst) {
+  if (dt == DType::F32) std::memcpy(dst, src, n * 4);
+  else convert_from_f32(dt, src, dst, n);
+}
+
+class CpuSPart : public SPart {
+ public:
+  explicit CpuSPart(ModelWeights w) : w_(std::move(w)) {}
+  const ModelConfig& config() const override { return w_.cfg; }
+  std::string describe() const override { return std::string("cpu fp32, GEMM: ") + kGemm; }
+
+  HostBuffer alloc_host(size_t bytes) override {
+    return HostBuffer(std::malloc(std::max<size_t>(bytes, 1)), bytes, [](void* p) { std::free(p); });
+  }
+
+  void embed(int slot, const int32_t* tokens, const int64_t* pos, int64_t T) override {
+    Slot& s = at(slot);
+    const ModelConfig& c = w_.cfg;
+    s.T = T;
+    s.pos.assign(pos, pos + T);
+    s.x.resize(size_t(T * c.hidden_size));
+    s.q.resize(size_t(T * c.q_dim()));
+    s.att.resize(s.q.size());
+    s.k.resize(size_t(T * c.kv_dim()));
+    s.v.resize(s.k.size());
+    ref_embed(w_, tokens, pos, T, s.x.data());
+  }
+
+  void attention_input(int slot, int layer, DType dt, void* q, void* k, void* v) override {
+    Slot& s = at(slot);
+    ref_attention_input(w_.cfg, w_.layers[size_t(layer)], s.x.data(), s.pos.data(), s.T, s.q.data(), s.k.data(),
+                        s.v.data(), kLinear);
+    if (q) store(s.q.data(), s.q.size(), dt, q);
+    store(s.k.data(), s.k.size(), dt, k);
+    store(s.v.data(), s.v.size(), dt, v);
+  }
+
+  void set_attention(int slot, DType dt, const std::vector<HostRows>& parts) override {
+    Slot& s = at(slot);
+    const size_t qd = size_t(w_.cfg.q_dim());
+    size_t row = 0;
+    for (const HostRows& p : parts) {
+      FD_CHECK(row + size_t(p.rows) <= size_t(s.T), "set_attention: more rows than the slot holds");
+      if (dt == DType::F32) std::memcpy(&s.att[row * qd], p.data, size_t(p.rows) * qd * 4);
+      else convert_to_f32(dt, p.data, &s.att[row * qd], size_t(p.rows) * qd);
+      row += size_t(p.rows);
+    }
+    FD_CHECK(row == size_t(s.T), "set_attention: " << row << " rows for a slot of " << s.T);
+  }
+
+  void prefill_attention(int slot, const std::vector<int64_t>& starts) override {
+    Slot& s = at(slot);
+    const ModelConfig& c = w_.cfg;
+    const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+    for (auto* buf : {&s.k, &s.v})  // attention sees the KV as the R-worker will store it (fp16)
+      for (auto& e : *buf) e = fp16_to_fp32(fp32_to_fp16(e));
+    for (size_t i = 0; i + 1 < starts.size(); ++i)
+      for (int64_t t = starts[i]; t < starts[i + 1]; ++t)
+        ref_decode_attention(&s.q[size_t(t * qd)], &s.k[size_t(starts[i] * kvd)], &s.v[size_t(starts[i] * kvd)],
+                             t - starts[i] + 1, c, &s.att[size_t(t * qd)]);
+  }
+
+  void attention_output_and_mlp(int slot, int layer) override {
+    Slot& s = at(slot);
+    ref_attention_output_and_mlp(w_.cfg, w_.layers[size_t(layer)], s.att.data(), s.T, s.x.data(), kLinear);
+  }
+
+  void logits(int slot, const std::vector<int32_t>& rows, float* out) override {
+    Slot& s = at(slot);
+    const size_t H = size_t(w_.cfg.hidden_size);
+    std::vector<float> sel(rows.size() * H);
+    for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&sel[i * H], &s.x[size_t(rows[i]) * H], H * 4);
+    ref_lm_head(w_, sel.data(), int64_t(rows.size()), out, kLinear);
+  }
+
+ private:
+  struct Slot {
+    int64_t T = 0;
+    std::vector<int64_t> pos;
+    std::vector<float> x, q, k, v, att;
+  };
+  Slot& at(int slot) {
+    FD_CHECK(slot >= 0 && slot < 16, "S-Part slot " << slot << " out of range");
+    if (size_t(slot) >= slots_.size()) slots_.resize(size_t(slot) + 1);
+    return slots_[size_t(slot)];
+  }
+  ModelWeights w_;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace
+
+std::unique_ptr<SPart> make_cpu_spart(ModelWeights weights) { return std::make_unique<CpuSPart>(std::move(weights)); }
+
+}  // namespace fd

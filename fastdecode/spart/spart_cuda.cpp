@@ -1,0 +1,184 @@
+// The CUDA S-Part backend: CudaModel's stages (fp16 weights, fused QKV and gate|up GEMMs, fp32
+// accumulation and residual) with each slot's activations resident in device memory. Per layer only
+// q/k/v go down and the attention output comes up, in the wire dtype, through pinned host buffers;
+// greedy sampling runs on the device (only token ids come down), other sampling downloads the logits.
+// With cuda_graphs, the two stages between R-Part round trips (attention_input, attention_output_and_mlp)
+// of a batch of at most GraphCache::kMaxRows rows are replayed from a graph per (slot, stage, layer,
+// padded rows): one launch instead of five to eight, which is what such batches wait on.
+#include <algorithm>
+#include <cstring>
+
+#include "fastdecode/spart/cuda_model.h"
+#include "fastdecode/spart/spart.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/device_info.h"
+#include "kernels/cuda/green_context.h"
+#include "kernels/cuda/spart_kernels.h"
+
+namespace fd {
+
+namespace {
+
+class CudaSPart : public SPart {
+ public:
+  CudaSPart(ModelWeights w, const CudaSPartOptions& o) : cfg_(w.cfg), graphs_on_(o.cuda_graphs) {
+    const auto devs = cuda_devices();
+    if (devs.empty()) FD_THROW("CUDA S-Part: no CUDA device answers");
+    CUDA_CHECK(cudaSetDevice(0));
+    device_name_ = devs[0].name;
+    streams_ = std::make_unique<cuda::SmLimitedStreams>(o.sm_count, 1);
+    stream_ = streams_->stream(0);
+    model_ = std::make_unique<CudaModel>(w, stream_, streams_->limited() ? streams_->sm_count() : 0, o.act);
+  }
+  ~CudaSPart() override {
+    graphs_.clear();
+    model_.reset();
+    slots_.clear();
+  }
+
+  const ModelConfig& config() const override { return cfg_; }
+  std::string describe() const override {
+    return "cuda (" + device_name_ + ", " + std::to_string(streams_->sm_count()) +
+           " SMs): " + std::string(dtype_name(model_->act_dtype())) +
+           " weights and GEMM inputs, fp32 accumulation (cuBLAS GemmEx), fused QKV and gate|up GEMMs, residual added "
+           "in the GEMM, activations resident on the device" + std::string(graphs_on_ ? ", CUDA graphs" : "");
+  }
+
+  HostBuffer alloc_host(size_t bytes) override {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(bytes, 1)));
+    return HostBuffer(p, bytes, [](void* q) { cudaFreeHost(q); });
+  }
+
+  void embed(int slot, const int32_t* tokens, const int64_t* pos, int64_t T) override {
+    DevActs& a = at(slot);
+    const uint64_t gen = a.generation;
+    model_->ensure(a, T, graphed(T) ? GraphCache::bucket(T) : 0);  // padding rows for the graphs
+    if (a.generation != gen) graphs_for(slot).clear();             // captured on the old buffers
+    upload(a.tokens.get(), tokens, size_t(T) * 4);
+    upload(a.pos.get(), pos, size_t(T) * 8);
+    model_->embed(a);
+  }
+
+  void attention_input(int slot, int layer, DType dt, void* q, void* k, void* v) override {
+    DevActs& a = at(slot);
+    const ModelConfig& c = cfg_;
+    const size_t T = size_t(a.T), qd = size_t(c.q_dim()), kvd = size_t(c.kv_dim());
+    FD_CHECK(dt == DType::F16 || dt == DType::F32, "CUDA S-Part: host tensors are fp32 or fp16");
+    // A prefill (no q wanted on the host) also keeps fp32 q and fp16 k/v for prefill_attention.
+    unsigned outputs = dt == DType::F16 ? CudaModel::kF16 : CudaModel::kF32;
+    if (!q) outputs |= CudaModel::kF32 | CudaModel::kF16;
+    run(slot, a, 0, layer, outputs, [&] { model_->attention_input(a, layer, outputs); });
+    const size_t es = dt == DType::F16 ? 2 : 4;
+    const void* dq = dt == DType::F16 ? static_cast<const void*>(a.q16.get()) : a.q.get();
+    const void* dk = dt == DType::F16 ? static_cast<const void*>(a.k16.get()) : a.k.get();
+    const void* dv = dt == DType::F16 ? static_cast<const void*>(a.v16.get()) : a.v.get();
+    if (q) CUDA_CHECK(cudaMemcpyAsync(q, dq, T * qd * es, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(k, dk, T * kvd * es, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(v, dv, T * kvd * es, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void set_attention(int slot, DType dt, const std::vector<HostRows>& parts) override {
+    DevActs& a = at(slot);
+    const size_t qd = size_t(cfg_.q_dim()), es = dt == DType::F16 ? 2 : 4;
+    const bool direct = dt == DType::F16 && model_->act_dtype() == DType::F16;
+    size_t row = 0;
+    for (const HostRows& p : parts) {
+      FD_CHECK(row + size_t(p.rows) <= size_t(a.T), "set_attention: more rows than the slot holds");
+      // fp16 parts land in the act buffer directly when the model's act type is fp16, else in q16 (free
+      // now: q went to the R-workers) and are cast; fp32 parts land in att and are cast.
+      void* dst = dt == DType::F32 ? static_cast<void*>(a.att.get() + row * qd)
+                  : direct    ? static_cast<void*>(a.a16.get() + row * qd)
+                              : static_cast<void*>(a.q16.get() + row * qd);
+      CUDA_CHECK(cudaMemcpyAsync(dst, p.data, size_t(p.rows) * qd * es, cudaMemcpyHostToDevice, stream_));
+      row += size_t(p.rows);
+    }
+    FD_CHECK(row == size_t(a.T), "set_attention: " << row << " rows for a slot of " << a.T);
+    if (dt == DType::F32) model_->attention_from_f32(a);
+    else if (!direct) cuda::cast(a.q16.get(), DType::F16, a.a16.get(), model_->act_dtype(), a.T * cfg_.q_dim(), stream_);
+    // The sources may be freed once this returns (they are the R-workers' reply messages).
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void prefill_attention(int slot, const std::vector<int64_t>& starts) override {
+    DevActs& a = at(slot);
+    const ModelConfig& c = cfg_;
+    std::vector<int32_t> s32(starts.begin(), starts.end());
+    int64_t max_len = 0;
+    for (size_t i = 0; i + 1 < starts.size(); ++i) max_len = std::max(max_len, starts[i + 1] - starts[i]);
+    upload(a.starts.get(), s32.data(), s32.size() * 4);  // q (fp32), k16, v16: from attention_input(q = null)
+    cuda::prefill_attention(a.q.get(), a.k16.get(), a.v16.get(), a.starts.get(), int64_t(starts.size()) - 1, max_len,
+                            int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), a.att.get(), stream_);
+    model_->attention_from_f32(a);
+  }
+
+  void attention_output_and_mlp(int slot, int layer) override {
+    DevActs& a = at(slot);
+    run(slot, a, 1, layer, 0, [&] { model_->attention_output_and_mlp(a, layer); });
+  }
+
+  void logits(int slot, const std::vector<int32_t>& rows, float* out) override {
+    DevActs& a = at(slot);
+    upload(a.rows.get(), rows.data(), rows.size() * 4);
+    model_->logits(a, int64_t(rows.size()));
+    CUDA_CHECK(cudaMemcpyAsync(out, a.logits.get(), rows.size() * size_t(cfg_.vocab_size) * 4, cudaMemcpyDeviceToHost,
+                               stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void sample(int slot, const std::vector<int32_t>& rows, const SamplingParams& sp,
+              const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out) override {
+    DevActs& a = at(slot);
+    upload(a.rows.get(), rows.data(), rows.size() * 4);
+    model_->sample(a, int64_t(rows.size()), sp, request_ids, steps, out);
+  }
+
+ private:
+  DevActs& at(int slot) {
+    FD_CHECK(slot >= 0 && slot < 16, "S-Part slot " << slot << " out of range");
+    while (slots_.size() <= size_t(slot)) slots_.push_back(std::make_unique<DevActs>());
+    return *slots_[size_t(slot)];
+  }
+  void upload(void* dst, const void* src, size_t bytes) { model_->upload(dst, src, bytes); }
+  bool graphed(int64_t T) const { return graphs_on_ && T <= GraphCache::kMaxRows; }
+  GraphCache& graphs_for(int slot) {
+    auto& g = graphs_[slot];
+    if (!g) g = std::make_unique<GraphCache>(stream_);
+    return *g;
+  }
+  // Runs a stage's device work for a's rows: eagerly, or from the graph of (stage, layer, outputs,
+  // padded rows), with a.T set to the padded rows while it runs (the padding rows compute on whatever
+  // they hold; every stage is row-independent, and only a.T rows are read back).
+  template <class F>
+  void run(int slot, DevActs& a, unsigned stage, int layer, unsigned outputs, F&& body) {
+    if (!graphed(a.T)) return body();
+    const int64_t T = a.T, Tb = GraphCache::bucket(T);
+    const uint64_t key = uint64_t(Tb) << 32 | uint64_t(layer) << 4 | uint64_t(outputs) << 1 | stage;
+    a.T = Tb;
+    try {
+      graphs_for(slot).run(key, body);
+    } catch (...) {
+      a.T = T;
+      throw;
+    }
+    a.T = T;
+  }
+
+  ModelConfig cfg_;
+  std::string device_name_;
+  std::unique_ptr<cuda::SmLimitedStreams> streams_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CudaModel> model_;
+  std::vector<std::unique_ptr<DevActs>> slots_;
+  bool graphs_on_ = false;
+  std::map<int, std::unique_ptr<GraphCache>> graphs_;  // per slot
+};
+
+}  // namespace
+
+std::unique_ptr<SPart> make_cuda_spart(ModelWeights weights, const CudaSPartOptions& options) {
+  return std::make_unique<CudaSPart>(std::move(weights), options);
+}
+
+}  // namespace fd

@@ -1,0 +1,131 @@
+// fd-bench: runs experiment configs and writes a run folder (summary.json, steps.jsonl, trace.json,
+// requests.jsonl).
+#include <cstdio>
+#include <filesystem>
+
+#include "fastdecode/sched/perf_model.h"
+#include "fastdecode/core/cli_main.h"
+#include "harness/experiment.h"
+#include "harness/provenance.h"
+#include "harness/profile.h"
+#include "harness/runner.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"fd-bench: run FastDecode experiment configs (see docs/EXPERIMENTS.md)", "fd-bench"};
+  app.require_subcommand(1);
+  std::string config, out;
+  bool quiet = false, check = false;
+  CLI::App* run = app.add_subcommand("run", "Run one experiment config and write its run folder");
+  run->add_option("config", config, "Experiment config (JSON)")->required();
+  run->add_option("--out", out, "Run folder (default: <output.dir>/<name>/<UTC time>)");
+  run->add_flag("--quiet", quiet, "No progress line");
+  run->add_flag("--check", check, "Validate the config, print it with defaults filled in, and exit");
+  // plan: the paper's performance model on a measured profile (docs/SCHEDULING.md).
+  std::string profile_path, model_path, kv_dtype = "fp16", plan_json;
+  int64_t seq = 0, layers = 0;
+  double latency_ms = 0, cpus_available = 0;
+  CLI::App* plan = app.add_subcommand("plan", "Choose the batch B and the R-worker CPU count P from a profile (modelled)");
+  plan->add_option("--profile", profile_path, "profile.json: T(B) table and R per KV dtype")->required();
+  plan->add_option("--model", model_path, "Model config (HF config.json); N = its layers")->required();
+  plan->add_option("--seq", seq, "Generated sequence length S")->required()->check(CLI::PositiveNumber);
+  plan->add_option("--layers", layers, "Override N (default: the model's full depth)")->check(CLI::PositiveNumber);
+  plan->add_option("--latency-ms", latency_ms, "Latency bound L for a whole sequence: largest B with 2·N·S·T(B) <= L")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--cpus-available", cpus_available, "R-worker CPUs you have (default: as many as the plan needs)")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--kv-dtype", kv_dtype, "Which R of the profile to use")->capture_default_str();
+  plan->add_option("--json", plan_json, "Also write the plan as JSON here");
+  // profile: T(B) of the S-Part backend and R of the R-worker kernel on this machine.
+  std::string prof_model, prof_out;
+  int64_t prof_context = 2048, prof_reps = 5;
+  std::vector<int64_t> prof_batches = {1, 2, 4, 8, 16, 32, 64};
+  std::vector<std::string> prof_dtypes = {"fp16", "int8", "int4"};
+  std::string prof_backend = "cpu";
+  int64_t prof_r_threads = 1;
+  CLI::App* profile = app.add_subcommand("profile", "Measure T(B) (S-Part) and R (R-worker kernel, per CPU) -> profile.json");
+  profile->add_option("--backend", prof_backend, "S-Part backend for T(B)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  profile->add_option("--r-threads", prof_r_threads, "CPUs measuring R together (R is per CPU; use the R-worker CPU count)")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
+  profile->add_option("--model", prof_model, "Model config (HF config.json)")->required();
+  profile->add_option("--batches", prof_batches, "Batch sizes for T(B)")->capture_default_str();
+  profile->add_option("--kv-dtypes", prof_dtypes, "KV dtypes for R")->capture_default_str();
+  profile->add_option("--context", prof_context, "Context per sequence for R")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--reps", prof_reps, "Repetitions (median)")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--out", prof_out, "profile.json to write")->required();
+  return fd::guarded_main(app, argc, argv, [&]() {
+    if (*profile) {
+      const fd::json prof = fd::measure_profile(fd::load_model_config(prof_model), prof_batches, prof_dtypes,
+                                                prof_context, int(prof_reps), prof_backend, int(prof_r_threads),
+                                                fd::join_args(argc, argv));
+      fd::write_json_file(prof_out, prof);
+      std::printf("%s\nwrote %s\n", prof.dump(1).c_str(), prof_out.c_str());
+      return 0;
+    }
+    if (*plan) {
+      const fd::Profile prof = fd::load_profile(profile_path);
+      const fd::ModelConfig m = fd::load_model_config(model_path);
+      auto r = prof.r_s_per_token_layer.find(kv_dtype);
+      if (r == prof.r_s_per_token_layer.end())
+        throw fd::ConfigError(profile_path + ": r_s_per_token_layer has no entry for kv dtype '" + kv_dtype + "'");
+      fd::PlanInput in;
+      in.t = prof.t;
+      in.r_s_per_token_layer = r->second;
+      in.layers = layers > 0 ? layers : m.full_num_layers;
+      in.seq = seq;
+      if (latency_ms > 0) in.latency_s = latency_ms / 1e3;
+      if (cpus_available > 0) in.cpus_available = cpus_available;
+      const fd::Plan p = fd::make_plan(in);
+      std::printf("MODELLED from %s (model %s, N = %lld layers, S = %lld, R[%s] = %.3g s/token/layer):\n",
+                  profile_path.c_str(), m.name.c_str(), (long long)in.layers, (long long)seq, kv_dtype.c_str(), in.r_s_per_token_layer);
+      if (p.batch == 0) {
+        std::printf("  no B in the profile's range [%g, %g] meets 2·N·S·T(B) <= %.1f ms\n", in.t.b_first(), in.t.b_last(), latency_ms);
+      } else {
+        std::printf("  B = %lld (%s rule); T(B) = %.3f ms per layer; E(B) = %.0f /s (max %.0f)\n", (long long)p.batch,
+                    p.batch_rule.c_str(), p.t_b_s * 1e3, p.e_b, p.e_max);
+        std::printf("  sequence latency 2·N·S·T(B) = %.1f s\n", p.seq_latency_s);
+        std::printf("  CPUs needed P = B·S·R/(2·T(B)) = %.1f; using %.0f\n", p.cpus_needed, p.cpus_used);
+        std::printf("  tokens/s: S-bound %.0f, R-bound %.0f -> %.0f (%s binds)\n", p.tokens_per_s_s_bound,
+                    p.tokens_per_s_r_bound, p.tokens_per_s, p.binds.c_str());
+      }
+      if (!plan_json.empty()) {
+        fd::json j = fd::to_json(p);
+        j["modelled"] = true;
+        j["inputs"] = {{"profile", profile_path}, {"model", m.name}, {"layers", in.layers}, {"seq", seq},
+                       {"kv_dtype", kv_dtype}, {"r_s_per_token_layer", in.r_s_per_token_layer},
+                       {"latency_ms", latency_ms}, {"cpus_available", cpus_available}};
+        fd::write_json_file(plan_json, j);
+      }
+      return 0;
+    }
+    const fd::ExperimentConfig e = fd::load_experiment(config);
+    if (check) {
+      std::printf("%s\n", e.resolved().dump(2).c_str());
+      return 0;
+    }
+    if (out.empty())
+      out = (std::filesystem::path(e.output_dir) / e.name / fd::utc_timestamp("%Y%m%d-%H%M%S")).string();
+    std::fprintf(stderr, "fd-bench: %s: model %s (%lld of %lld layers), engine %s, %lld requests -> %s\n",
+                 e.name.c_str(), e.model.name.c_str(), (long long)e.model.num_layers,
+                 (long long)e.model.full_num_layers, e.engine.type.c_str(), (long long)e.workload.requests,
+                 out.c_str());
+    fd::RunOptions opt;
+    opt.out_dir = out;
+    opt.command_line = fd::join_args(argc, argv);
+    opt.progress = !quiet;
+    const fd::json s = fd::run_experiment(e, opt);
+    const fd::json& r = s["results"];
+    std::printf("%s: %lld output tokens in %.2f s = %.1f tokens/s; step p50 %.2f ms, p99 %.2f ms; "
+                "TTFT p50 %.1f ms; TPOT p50 %.2f ms\nrun folder: %s\n",
+                e.name.c_str(), (long long)r["output_tokens"].get<int64_t>(), r["duration_s"].get<double>(),
+                r["output_throughput"].get<double>(), r["step_ms"]["p50"].get<double>(),
+                r["step_ms"]["p99"].get<double>(), r["ttft_ms"]["p50"].get<double>(),
+                r["tpot_ms"]["p50"].get<double>(), out.c_str());
+    if (!r["step_breakdown_ms_mean"].empty()) {
+      std::printf("step breakdown (mean ms per step):");
+      for (const auto& [k, v] : r["step_breakdown_ms_mean"].items()) std::printf(" %s %.2f", k.c_str(), v.get<double>());
+      std::printf("\n");
+    }
+    for (const auto& n : s["notes"]) std::printf("note: %s\n", n.get<std::string>().c_str());
+    return 0;
+  });
+}
