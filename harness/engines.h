@@ -1,5 +1,7 @@
-// The engines the harness can run, by name: the one place that names them (harness/engines.cpp).
+// The engines the harness can run, by name: harness/engines.cpp is the one place that names them. Each
+// engine owns its config section (parse, echo) and its factory; this table only binds them to names.
 #pragma once
+#include <any>
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,13 +10,20 @@
 
 namespace fd {
 
-// Validates the "engine" object (unknown keys and bad values are ConfigErrors naming the key).
-EngineConfig parse_engine_config(StrictObject o);
-// The config with defaults filled in (echoed in summary.json).
-json engine_config_to_json(const EngineConfig& ec);
+// The experiment's "engine" object: the type, the keys common to all engines, and the engine's own
+// config (its type's XConfig, held by value).
+struct EngineSpec {
+  std::string type = "reference";
+  int64_t threads = 0;  // OpenMP threads for the engine's own CPU compute; 0 = all cores
+  std::any config;      // e.g. FastDecodeConfig for "fastdecode"
+};
+
+// Validates the "engine" object: unknown keys and bad values are ConfigErrors naming the key.
+EngineSpec parse_engine_spec(StrictObject o);
+// The section with defaults filled in (echoed in summary.json).
+json engine_spec_to_json(const EngineSpec& spec);
 // Names accepted by "engine.type".
 std::vector<std::string> engine_types();
-std::unique_ptr<Engine> make_engine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights,
-                                    const SamplingParams& sampling);
+std::unique_ptr<Engine> make_engine(const EngineSpec& spec, const EngineContext& ctx);
 
 }  // namespace fd

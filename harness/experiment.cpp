@@ -1,7 +1,5 @@
 #include "harness/experiment.h"
 
-#include "harness/engines.h"
-
 #include <filesystem>
 
 namespace fd {
@@ -142,7 +140,7 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
     top.get_raw("schedule");
   }
 
-  e.engine = parse_engine_config(top.get_object("engine"));
+  e.engine = parse_engine_spec(top.get_object("engine"));
 
   if (top.has("hardware")) {
     StrictObject h = top.get_object("hardware");
@@ -208,7 +206,7 @@ json ExperimentConfig::resolved() const {
         {"interval", schedule.interval}, {"micro_batch", schedule.micro_batch}, {"w_lim", schedule.w_lim},
         {"max_running", schedule.max_running}, {"min_gap", schedule.min_gap},
         {"kv_capacity_tokens", schedule.kv_capacity_tokens}}},
-      {"engine", engine_config_to_json(engine)},
+      {"engine", engine_spec_to_json(engine)},
       {"hardware",
        {{"gpu", {{"memory_gb", hardware.gpu_memory_gb}, {"sm_count", hardware.gpu_sm_count}}},
         {"rworkers", {{"count", hardware.rworkers}, {"threads", hardware.rworker_threads}}}}},

@@ -6,6 +6,7 @@
 
 #include "fastdecode/engine/engine.h"
 #include "fastdecode/sched/schedule.h"
+#include "harness/engines.h"
 
 namespace fd {
 
@@ -34,17 +35,6 @@ struct WorkloadConfig {
   bool stop_at_eos = false;
 };
 
-// Hardware-balance emulation (DESIGN §8), applied by the runner to every engine of a run: GPU memory
-// budget and SM count for GPU work (gpu-only; fastdecode with backend cuda), R-worker count and threads
-// for spawned R-workers (pinned to disjoint cores). A value of 0 means "not set".
-struct HardwareConfig {
-  double gpu_memory_gb = 0;
-  int64_t gpu_sm_count = 0;
-  int64_t rworkers = 0;
-  int64_t rworker_threads = 0;
-  bool any() const { return gpu_memory_gb > 0 || gpu_sm_count > 0 || rworkers > 0 || rworker_threads > 0; }
-};
-
 struct ExperimentConfig {
   std::string file;  // the config file it came from
   std::string name;
@@ -55,8 +45,8 @@ struct ExperimentConfig {
   WorkloadConfig workload;
   SchedulerConfig schedule;
   SamplingParams sampling;
-  EngineConfig engine;
-  HardwareConfig hardware;
+  EngineSpec engine;
+  HardwareBalance hardware;  // "hardware": the balance emulation, handed to the engine (docs/EXPERIMENTS.md)
   std::string output_dir = "results";  // parent folder of run folders
   json raw;                            // the file as read
   json resolved() const;               // the config with defaults filled in (echoed in summary.json)

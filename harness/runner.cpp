@@ -107,45 +107,6 @@ struct RequestTrack {
 
 }  // namespace
 
-// schedule.kv_capacity_tokens derived from the R-workers' memory (their HELLO replies in engine_info):
-// worker w holds C_w = memory_w / (layers x bytes per token per layer) tokens of full blocks; each
-// sequence also holds at most one fp16 partial block per layer (slack s_w tokens), and at most
-// W / min(prompt + 1) sequences run at a W load, so C'_w = C_w / (1 + s_w / min(prompt + 1)); placement
-// by least projected load keeps a worker within one sequence (max_len) of the mean: the cap is
-// P x (min_w C'_w - max_len). Returns 0 for engines without R-workers, -1 (with a note) when no
-// request fits.
-int64_t rworker_kv_capacity(const json& info, const ModelConfig& model, const std::vector<SchedRequest>& reqs,
-                            std::string* note) {
-  if (!info.contains("rworkers") || reqs.empty()) return 0;
-  int64_t min_p1 = INT64_MAX, max_len = 0;
-  for (const auto& r : reqs) min_p1 = std::min(min_p1, r.prompt_len + 1), max_len = std::max(max_len, r.prompt_len + r.max_gen_len);
-  double min_c = 1e300;
-  const auto& ws = info.at("rworkers");
-  for (const auto& w : ws) {
-    const json& h = w.at("hello");
-    const double per_token = double(model.num_layers) * h.at("kv_bytes_per_token_per_layer").get<double>();
-    const double slack = h.at("kv_tail_block_bytes").get<double>() * double(model.num_layers) / per_token;
-    const double c = std::floor(h.at("memory_limit_bytes").get<double>() / per_token);
-    min_c = std::min(min_c, c / (1.0 + slack / double(min_p1)));
-  }
-  const int64_t cap = int64_t(double(ws.size()) * (std::floor(min_c) - double(max_len)));
-  char buf[320];
-  std::snprintf(buf, sizeof buf,
-                "schedule.kv_capacity_tokens = %lld, derived from the R-workers' memory (%zu workers, at most %.0f "
-                "tokens each after partial-block slack; minus one longest sequence each for placement imbalance)",
-                (long long)cap, ws.size(), std::floor(min_c));
-  *note = buf;
-  if (cap < max_len) {
-    std::snprintf(buf, sizeof buf,
-                  "the R-workers' KV memory holds %lld tokens in the worst case, less than one request of %lld "
-                  "tokens: raise engine.rworkers.memory_gb (or set schedule.kv_capacity_tokens)",
-                  (long long)cap, (long long)max_len);
-    *note = buf;
-    return -1;
-  }
-  return cap;
-}
-
 json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   const fs::path dir = opt.out_dir;
   if (fs::exists(dir / "summary.json"))
@@ -175,14 +136,9 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
 
   auto weights = open_weights(e);
   const int64_t load0 = now_ns();
-  // Hardware balance (DESIGN §8) applied the same way to every engine: GPU memory and SMs for whatever
-  // runs on the GPU, R-worker count and cores (pinned, so the count is exact) for spawned R-workers.
-  EngineConfig ec = e.engine;
-  ec.gpu_memory_gb = e.hardware.gpu_memory_gb;
-  ec.gpu_sm_count = e.hardware.gpu_sm_count;
-  if (e.hardware.rworkers > 0) ec.rworkers.spawn = e.hardware.rworkers, ec.rworkers.pin = true;
-  if (e.hardware.rworker_threads > 0) ec.rworkers.threads = e.hardware.rworker_threads;
-  std::unique_ptr<Engine> engine = make_engine(ec, e.model, *weights, e.sampling);
+  // The hardware balance goes to the engine as it is: each engine applies what concerns it (GPU memory
+  // and SMs for its GPU work, R-worker count and cores for spawned R-workers).
+  std::unique_ptr<Engine> engine = make_engine(e.engine, {e.model, *weights, e.sampling, e.hardware});
   const double load_s = double(now_ns() - load0) / 1e9;
   const json engine_info = engine->info();
 
@@ -191,9 +147,14 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   SchedulerConfig sc = e.schedule;
   sc.deferred_starts = true;  // the engine may start an admitted request later (prefill budget, slots)
   std::string capacity_note;
-  if (sc.kv_capacity_tokens == 0) {
-    sc.kv_capacity_tokens = rworker_kv_capacity(engine_info, e.model, sched_requests, &capacity_note);
-    if (sc.kv_capacity_tokens < 0) throw ConfigError(e.file + ": " + capacity_note);
+  if (sc.kv_capacity_tokens == 0 && !sched_requests.empty()) {  // what the engine can hold (0: not bounded)
+    int64_t min_prompt = INT64_MAX, max_len = 0;
+    for (const auto& r : sched_requests)
+      min_prompt = std::min(min_prompt, r.prompt_len), max_len = std::max(max_len, r.prompt_len + r.max_gen_len);
+    const EngineCapacity cap = engine->capacity(min_prompt, max_len);
+    if (!cap.error.empty()) throw ConfigError(e.file + ": " + cap.error);
+    sc.kv_capacity_tokens = cap.kv_tokens;
+    capacity_note = cap.note;
   }
   Scheduler sched(sc);
   for (const auto& r : sched_requests) sched.submit(r);
@@ -325,14 +286,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   json notes = json::array();
   if (!capacity_note.empty()) notes.push_back(capacity_note);
   results["kv_capacity_tokens"] = sc.kv_capacity_tokens;
-  const bool on_gpu = e.engine.type == "gpu-only" || (e.engine.type == "fastdecode" && e.engine.backend == "cuda");
-  if ((e.hardware.gpu_memory_gb > 0 || e.hardware.gpu_sm_count > 0) && !on_gpu)
-    notes.push_back("hardware.gpu is not applied: the " + e.engine.type + " engine runs nothing on a GPU here");
-  if (e.hardware.gpu_memory_gb > 0 && e.engine.type == "fastdecode")
-    notes.push_back("hardware.gpu.memory_gb does not bound FastDecode: its KV-cache lives on the R-workers");
-  if (e.engine.type == "fastdecode")
-    notes.push_back("rworker tracks in trace.json: each span's duration is the R-worker's own compute time; its "
-                    "placement (ending when the reply was in hand) is approximate");
+  for (const std::string& n : engine->notes()) notes.push_back(n);
   json summary = {{"name", e.name},   {"engine", engine->name()}, {"engine_info", engine_info}, {"config_file", e.file},
                   {"config", e.resolved()}, {"provenance", prov}, {"model", model},
                   {"results", results}, {"notes", notes}};

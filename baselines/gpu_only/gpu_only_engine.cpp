@@ -27,20 +27,22 @@ struct Seq {
 
 class GpuOnlyEngine : public Engine {
  public:
-  GpuOnlyEngine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights, const SamplingParams& sp)
-      : ec_(ec), cfg_(model), sampling_(sp) {
+  GpuOnlyEngine(const GpuOnlyConfig& ec, const EngineContext& ctx)
+      : ec_(ec), cfg_(ctx.model), sampling_(ctx.sampling) {
+    const ModelConfig& model = ctx.model;
+    TensorSource& weights = ctx.weights;
     const auto devs = cuda_devices();
     if (devs.empty()) FD_THROW("gpu-only engine: no CUDA device answers");
     CUDA_CHECK(cudaSetDevice(0));
     device_name_ = devs[0].name;
-    streams_ = std::make_unique<cuda::SmLimitedStreams>(int(ec.gpu_sm_count), 1);
+    streams_ = std::make_unique<cuda::SmLimitedStreams>(int(ctx.hardware.gpu_sm_count), 1);
     stream_ = streams_->stream(0);
     model_ = std::make_unique<CudaModel>(load_model_weights(model, weights), stream_,
                                          streams_->limited() ? streams_->sm_count() : 0, dtype_from_name(ec.dtype));
     max_ctx_ = ec.max_context > 0 ? ec.max_context : cfg_.max_position_embeddings;
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    budget_bytes_ = ec.gpu_memory_gb > 0 ? ec.gpu_memory_gb * 1e9 : double(total_b);
+    budget_bytes_ = ctx.hardware.gpu_memory_gb > 0 ? ctx.hardware.gpu_memory_gb * 1e9 : double(total_b);
     slots_ = gpu_only_slots(cfg_, budget_bytes_, max_ctx_);
     if (slots_ < 1)
       FD_THROW("gpu-only engine: " << budget_bytes_ / 1e9 << " GB of GPU memory hold the full-depth weights of "
@@ -117,6 +119,13 @@ class GpuOnlyEngine : public Engine {
   }
 
   bool done() const override { return queued_.empty() && running_.empty(); }
+
+  // Bounded by slots (it queues requests beyond them itself), not by a KV token budget.
+  EngineCapacity capacity(int64_t, int64_t) const override {
+    EngineCapacity c;
+    c.slots = slots_;
+    return c;
+  }
 
   StepResult step() override {
     StepResult out;
@@ -315,7 +324,7 @@ class GpuOnlyEngine : public Engine {
     out.tokens.push_back({s.req.id, tok, s.generated >= s.req.max_new_tokens || eos});
   }
 
-  EngineConfig ec_;
+  GpuOnlyConfig ec_;
   ModelConfig cfg_;
   SamplingParams sampling_;
   std::string device_name_;
@@ -340,9 +349,8 @@ class GpuOnlyEngine : public Engine {
 
 }  // namespace
 
-std::unique_ptr<Engine> make_gpu_only_engine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights,
-                                             const SamplingParams& sampling) {
-  return std::make_unique<GpuOnlyEngine>(ec, model, weights, sampling);
+std::unique_ptr<Engine> make_gpu_only_engine(const GpuOnlyConfig& c, const EngineContext& ctx) {
+  return std::make_unique<GpuOnlyEngine>(c, ctx);
 }
 
 }  // namespace fd

@@ -16,7 +16,19 @@ int64_t gpu_only_slots(const ModelConfig& model, double memory_bytes, int64_t ma
 // Device memory one decode row (one running sequence) takes besides its KV-cache: activations and logits.
 double gpu_only_row_bytes(const ModelConfig& model);
 
-std::unique_ptr<Engine> make_gpu_only_engine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights,
-                                             const SamplingParams& sampling);
+// The "engine" section with type "gpu-only". GPU memory and SMs come from the run's HardwareBalance.
+struct GpuOnlyConfig {
+  // Prompt tokens prefilled per step at most (whole prompts, at least one); the rest start later.
+  int64_t prefill_tokens = 16384;
+  int64_t max_context = 0;  // cache positions reserved per sequence (0 = the model's max_position_embeddings)
+  // Greedy decode steps of at most 128 rows replayed from one CUDA graph per batch size (padded to a
+  // power of two).
+  bool cuda_graphs = true;
+  std::string dtype = "fp16";  // 16-bit weights and activations: fp16 | bf16 (fp32 accumulation)
+  static GpuOnlyConfig parse(StrictObject& o);  // the section's own keys (not type / threads)
+  json to_json() const;
+};
+
+std::unique_ptr<Engine> make_gpu_only_engine(const GpuOnlyConfig& c, const EngineContext& ctx);
 
 }  // namespace fd

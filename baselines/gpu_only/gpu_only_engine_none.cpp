@@ -3,7 +3,7 @@
 
 namespace fd {
 
-std::unique_ptr<Engine> make_gpu_only_engine(const EngineConfig&, const ModelConfig&, TensorSource&, const SamplingParams&) {
+std::unique_ptr<Engine> make_gpu_only_engine(const GpuOnlyConfig&, const EngineContext&) {
   FD_THROW("this build has no CUDA (configure with the `cuda` preset on a machine with nvcc): engine \"gpu-only\" is unavailable");
 }
 

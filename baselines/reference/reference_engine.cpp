@@ -4,6 +4,21 @@
 
 namespace fd {
 
+ReferenceEngineConfig ReferenceEngineConfig::parse(StrictObject& o) {
+  ReferenceEngineConfig c;
+  c.kv_dtype = dtype_from_name(o.get_enum("kv_dtype", {"fp32", "fp16", "bf16"}, std::string("fp32")));
+  return c;
+}
+
+json ReferenceEngineConfig::to_json() const { return {{"kv_dtype", std::string(dtype_name(kv_dtype))}}; }
+
+std::unique_ptr<Engine> make_reference_engine(const ReferenceEngineConfig& c, const EngineContext& ctx) {
+  auto e = std::make_unique<ReferenceEngine>(ctx.model, ctx.weights, ctx.sampling, c.kv_dtype);
+  if (ctx.hardware.gpu_memory_gb > 0 || ctx.hardware.gpu_sm_count > 0)
+    e->add_note("hardware.gpu is not applied: the reference engine runs nothing on a GPU here");
+  return e;
+}
+
 ReferenceEngine::ReferenceEngine(const ModelConfig& model, TensorSource& weights, const SamplingParams& sampling,
                                  DType kv_dtype)
     : model_(load_model_weights(model, weights)), sampling_(sampling) {

@@ -9,6 +9,14 @@
 
 namespace fd {
 
+// The "engine" section with type "reference".
+struct ReferenceEngineConfig {
+  DType kv_dtype = DType::F32;  // K/V rounded through it as they are cached (fp16: what an fp16 cache holds)
+  static ReferenceEngineConfig parse(StrictObject& o);  // the section's own keys (not type / threads)
+  json to_json() const;
+};
+std::unique_ptr<Engine> make_reference_engine(const ReferenceEngineConfig& c, const EngineContext& ctx);
+
 class ReferenceEngine : public Engine {
  public:
   // kv_dtype: K/V are rounded through it as they enter the cache (fp32: exact). fp16 gives the
@@ -20,6 +28,7 @@ class ReferenceEngine : public Engine {
   StepResult step() override;
   bool done() const override { return queued_.empty() && running_.empty(); }
   void shutdown() override;
+  void add_note(std::string n) { notes_.push_back(std::move(n)); }
 
  private:
   struct Running {

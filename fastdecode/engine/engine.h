@@ -46,6 +46,15 @@ struct StepResult {
   std::map<std::string, double> breakdown_ms;
 };
 
+// How much an engine can hold, for the harness's admission: typed, so the harness needs to know nothing
+// of any engine.
+struct EngineCapacity {
+  int64_t kv_tokens = 0;  // KV tokens it holds in the worst case for the workload; 0 = not bounded here
+  int64_t slots = 0;      // sequences it runs at once at most (it queues the rest); 0 = no fixed bound
+  std::string note;       // how kv_tokens was derived (printed by the runner)
+  std::string error;      // set when one request of the workload cannot fit at all: what to change
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -61,46 +70,32 @@ class Engine {
   virtual bool done() const = 0;
   // Frees resources; the engine may not be used afterwards. Idempotent.
   virtual void shutdown() = 0;
+  // What it can hold for a workload whose prompts have at least `min_prompt` tokens and whose sequences
+  // reach at most `max_len` positions (prompt + projected generation); see EngineCapacity.
+  virtual EngineCapacity capacity(int64_t min_prompt, int64_t max_len) const { return {}; }
+  // Remarks for summary.json on how the run's config and hardware apply to this engine (e.g. a GPU
+  // budget it does not use), each a sentence.
+  const std::vector<std::string>& notes() const { return notes_; }
+
+ protected:
+  std::vector<std::string> notes_;
 };
 
-// R-workers of the FastDecode engine: spawned locally, or reached at endpoints started by the user.
-struct RWorkersConfig {
-  std::vector<std::string> endpoints;  // when set, use these and spawn nothing
-  int64_t spawn = 2;                   // local fd-rworker processes otherwise
-  int64_t threads = 1;                 // compute threads per spawned worker
-  std::string kv_dtype = "fp16";       // fp16 | int8 | int4 (spawned workers)
-  double memory_gb = 1.0;              // KV memory per spawned worker
-  bool pin = false;                    // pin spawned worker i to CPUs [i*threads, (i+1)*threads)
-  int64_t timeout_ms = 60000;          // per-step deadline of every R-worker reply
-  std::string binary;                  // fd-rworker to spawn; default: next to the running program
+// Hardware the engine may use: the experiment's "hardware" object, the same for every engine of a run
+// (hardware-balance emulation, docs/EXPERIMENTS.md). Each engine applies what concerns it. 0 = not set.
+struct HardwareBalance {
+  double gpu_memory_gb = 0;    // GPU memory budget (GB = 1e9 bytes) for its GPU work; 0 = the device's
+  int64_t gpu_sm_count = 0;    // SMs its GPU work may use (a CUDA green context); 0 = all
+  int64_t rworkers = 0;        // spawned R-workers, pinned to disjoint cores; 0 = the engine's own count
+  int64_t rworker_threads = 0; // compute threads (cores) per spawned R-worker
 };
 
-// Engine settings from the experiment config's "engine" object.
-struct EngineConfig {
-  std::string type = "reference";
-  int64_t threads = 0;  // CPU threads for the engine's own compute; 0 = all cores
-  std::string kv_dtype = "fp32";  // reference engine: K/V rounded through this as they are cached
-  // fastdecode and gpu-only engines: prompt tokens prefilled per step at most (whole prompts, at least
-  // one); the rest start on the following steps
-  int64_t prefill_tokens = 16384;
-  // fastdecode engine
-  std::string backend = "cpu";   // S-Part backend: cpu | cuda ("auto" in a config: cuda when a GPU answers)
-  int64_t mini_batches = 2;      // 2 = the two mini-batch pipeline; 1 = no overlap
-  std::string wire_dtype = "fp32";
-  RWorkersConfig rworkers;
-  // gpu-only engine: cache positions reserved per sequence (0 = the model's max_position_embeddings)
-  int64_t max_context = 0;
-  // gpu-only engine and the fastdecode engine's cuda backend: decode batches of at most 128 rows replayed
-  // from CUDA graphs, one per batch size padded to a power of two (gpu-only: the whole greedy step;
-  // fastdecode: each S-Part stage between R-Part round trips)
-  bool cuda_graphs = true;
-  // gpu-only engine and the fastdecode engine's cuda backend: 16-bit type of the GPU weights and
-  // activations, fp16 | bf16 (accumulation and the residual stream are fp32 either way)
-  std::string dtype = "fp16";
-  // Hardware balance (DESIGN §8), set from the experiment's "hardware.gpu" for every engine of a run:
-  // GPU memory budget (GB = 1e9 bytes; 0 = the device's) and SMs the engine's GPU work may use (0 = all).
-  double gpu_memory_gb = 0;
-  int64_t gpu_sm_count = 0;
+// What an engine is made with besides its own config section.
+struct EngineContext {
+  const ModelConfig& model;
+  TensorSource& weights;
+  SamplingParams sampling{};
+  HardwareBalance hardware{};
 };
 
 // Checks a request against a model (shared by engines and the harness's up-front validation).

@@ -15,6 +15,7 @@
 #include "fastdecode/wire/rworker_client.h"
 #include "fastdecode/sworker/rworker_spawn.h"
 #include "fastdecode/spart/spart.h"
+#include "kernels/cuda/device_info.h"
 
 namespace fd {
 
@@ -62,14 +63,32 @@ void reserve(SPart& sp, HostBuffer& b, size_t bytes) {
   if (b.size() < bytes) b = sp.alloc_host(std::max(bytes, b.size() + b.size() / 2));
 }
 
+// The config as this engine runs it: backend "auto" decided (cuda when a GPU answers), the wire dtype's
+// default filled in, the hardware balance applied to spawned R-workers.
+FastDecodeConfig resolve(FastDecodeConfig c, const HardwareBalance& hw) {
+  if (c.backend == "auto") c.backend = cuda_devices().empty() ? "cpu" : "cuda";
+  if (c.wire_dtype.empty()) c.wire_dtype = c.backend == "cuda" ? "fp16" : "fp32";
+  if (hw.rworkers > 0) c.rworkers.spawn = hw.rworkers, c.rworkers.pin = true;
+  if (hw.rworker_threads > 0) c.rworkers.threads = hw.rworker_threads;
+  return c;
+}
+
 class FastDecodeEngine : public Engine {
  public:
-  FastDecodeEngine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights, const SamplingParams& sp)
-      : ec_(ec), cfg_(model), sampling_(sp),
-        spart_(ec.backend == "cuda" ? make_cuda_spart(load_model_weights(model, weights),
-                                                                    {int(ec.gpu_sm_count), dtype_from_name(ec.dtype), ec.cuda_graphs})
-                                    : make_cpu_spart(load_model_weights(model, weights))),
-        wire_(ec.wire_dtype == "fp16" ? WireDType::F16 : WireDType::F32) {
+  FastDecodeEngine(const FastDecodeConfig& config, const EngineContext& ctx)
+      : ec_(resolve(config, ctx.hardware)), cfg_(ctx.model), sampling_(ctx.sampling),
+        spart_(ec_.backend == "cuda"
+                   ? make_cuda_spart(load_model_weights(ctx.model, ctx.weights),
+                                     {int(ctx.hardware.gpu_sm_count), dtype_from_name(ec_.dtype), ec_.cuda_graphs})
+                   : make_cpu_spart(load_model_weights(ctx.model, ctx.weights))),
+        wire_(ec_.wire_dtype == "fp16" ? WireDType::F16 : WireDType::F32) {
+    const FastDecodeConfig& ec = ec_;
+    if ((ctx.hardware.gpu_memory_gb > 0 || ctx.hardware.gpu_sm_count > 0) && ec.backend != "cuda")
+      notes_.push_back("hardware.gpu is not applied: the fastdecode engine runs nothing on a GPU here");
+    if (ctx.hardware.gpu_memory_gb > 0)
+      notes_.push_back("hardware.gpu.memory_gb does not bound FastDecode: its KV-cache lives on the R-workers");
+    notes_.push_back("rworker tracks in trace.json: each span's duration is the R-worker's own compute time; its "
+                     "placement (ending when the reply was in hand) is approximate");
     if (cfg_.head_dim % 32 != 0 || cfg_.head_dim > 256)
       FD_THROW("fastdecode engine: model " << cfg_.name << " has head_dim " << cfg_.head_dim
                                            << "; the R-worker kernels need a multiple of 32, at most 256");
@@ -109,8 +128,39 @@ class FastDecodeEngine : public Engine {
   json info() const override {
     json w = json::array();
     for (size_t i = 0; i < endpoints_.size(); ++i) w.push_back({{"endpoint", endpoints_[i]}, {"hello", hello_[i]}});
-    return {{"s_part", spart_->describe()}, {"mini_batches", ec_.mini_batches}, {"wire_dtype", ec_.wire_dtype},
-            {"rworkers_spawned", !spawned_.empty()}, {"rworkers", w}};
+    return {{"backend", ec_.backend},          {"s_part", spart_->describe()}, {"mini_batches", ec_.mini_batches},
+            {"wire_dtype", ec_.wire_dtype},    {"rworkers_spawned", !spawned_.empty()}, {"rworkers", w}};
+  }
+
+  // The R-workers' KV memory (from their HELLO replies): worker w holds C_w = memory_w / (layers x bytes
+  // per token per layer) tokens of full blocks; each sequence also holds at most one fp16 partial block
+  // per layer (slack s_w tokens), and at most W / min(prompt + 1) sequences run at a W load, so
+  // C'_w = C_w / (1 + s_w / min(prompt + 1)); placement by least projected load keeps a worker within one
+  // sequence (max_len) of the mean: the capacity is P x (min_w C'_w - max_len).
+  EngineCapacity capacity(int64_t min_prompt, int64_t max_len) const override {
+    EngineCapacity cap;
+    double min_c = 1e300;
+    for (const json& h : hello_) {
+      const double per_token = double(cfg_.num_layers) * h.at("kv_bytes_per_token_per_layer").get<double>();
+      const double slack = h.at("kv_tail_block_bytes").get<double>() * double(cfg_.num_layers) / per_token;
+      const double c = std::floor(h.at("memory_limit_bytes").get<double>() / per_token);
+      min_c = std::min(min_c, c / (1.0 + slack / double(min_prompt + 1)));
+    }
+    cap.kv_tokens = int64_t(double(hello_.size()) * (std::floor(min_c) - double(max_len)));
+    char buf[320];
+    std::snprintf(buf, sizeof buf,
+                  "schedule.kv_capacity_tokens = %lld, derived from the R-workers' memory (%zu workers, at most %.0f "
+                  "tokens each after partial-block slack; minus one longest sequence each for placement imbalance)",
+                  (long long)cap.kv_tokens, hello_.size(), std::floor(min_c));
+    cap.note = buf;
+    if (cap.kv_tokens < max_len) {
+      std::snprintf(buf, sizeof buf,
+                    "the R-workers' KV memory holds %lld tokens in the worst case, less than one request of %lld "
+                    "tokens: raise engine.rworkers.memory_gb (or set schedule.kv_capacity_tokens)",
+                    (long long)cap.kv_tokens, (long long)max_len);
+      cap.error = buf;
+    }
+    return cap;
   }
 
   void add(const std::vector<Request>& requests) override {
@@ -414,7 +464,7 @@ class FastDecodeEngine : public Engine {
     pending_frees_.clear();
   }
 
-  EngineConfig ec_;
+  FastDecodeConfig ec_;
   ModelConfig cfg_;
   SamplingParams sampling_;
   std::unique_ptr<SPart> spart_;
@@ -440,9 +490,8 @@ class FastDecodeEngine : public Engine {
 
 }  // namespace
 
-std::unique_ptr<Engine> make_fastdecode_engine(const EngineConfig& ec, const ModelConfig& model, TensorSource& weights,
-                                               const SamplingParams& sampling) {
-  return std::make_unique<FastDecodeEngine>(ec, model, weights, sampling);
+std::unique_ptr<Engine> make_fastdecode_engine(const FastDecodeConfig& c, const EngineContext& ctx) {
+  return std::make_unique<FastDecodeEngine>(c, ctx);
 }
 
 }  // namespace fd

@@ -11,7 +11,7 @@
 #include "baselines/reference/reference_engine.h"
 #include "kernels/cuda/device_info.h"
 #include "tests/gpu/require_gpu.h"
-#include "harness/engines.h"
+#include "fastdecode/sworker/fastdecode_engine.h"
 #include "tests/unit/test_helpers.h"
 #include "tests/unit/token_compare.h"
 
@@ -23,6 +23,16 @@ namespace {
 using fd::test::Tokens;
 
 using fd::test::run_tokens;
+
+// FastDecode with the CUDA S-Part and 2 local R-workers.
+FastDecodeConfig cuda_fastdecode() {
+  FastDecodeConfig f;
+  f.backend = "cuda";
+  f.rworkers.spawn = 2;
+  f.rworkers.memory_gb = 0.2;
+  f.rworkers.binary = std::string(FD_BIN_DIR) + "/fd-rworker";
+  return f;
+}
 
 constexpr double kNearTie = 5e-3;
 // bf16 rounds each activation to 2^-8 relative (8x fp16's step): the bf16 S-Part's logits are within
@@ -54,29 +64,24 @@ TEST_P(GpuEngines, GreedyTokensVsReference) {
   const auto reqs = requests(6, 64);
   auto w0 = make_random_source(3, DType::F16);
   const ModelWeights weights = load_model_weights(c, *w0);
-  auto check = [&](const EngineConfig& ec, const char* what) {
+  auto check = [&](auto make, const char* what) {
     auto w = make_random_source(3, DType::F16);
-    auto e = make_engine(ec, c, *w, SamplingParams{});
+    auto e = make(EngineContext{c, *w});
     const auto k = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, run_tokens(*e, reqs), kNearTie);
     std::printf("%s %s vs reference: %s\n", GetParam(), what, k.describe().c_str());
     EXPECT_TRUE(k.ok()) << what << ": " << k.describe();
   };
-  EngineConfig go;
-  go.type = "gpu-only";
+  GpuOnlyConfig go;
   go.max_context = 128;
   go.cuda_graphs = false;
-  check(go, "gpu-only");
+  check([&](const EngineContext& x) { return make_gpu_only_engine(go, x); }, "gpu-only");
   go.cuda_graphs = true;  // the same kernels replayed from graphs (batch padded): the same tokens
-  check(go, "gpu-only (CUDA graphs)");
-  EngineConfig fdc;
-  fdc.type = "fastdecode";
-  fdc.backend = "cuda";
-  fdc.rworkers.spawn = 2;
-  fdc.rworkers.memory_gb = 0.2;
-  fdc.rworkers.binary = std::string(FD_BIN_DIR) + "/fd-rworker";
+  check([&](const EngineContext& x) { return make_gpu_only_engine(go, x); }, "gpu-only (CUDA graphs)");
+  FastDecodeConfig fdc = cuda_fastdecode();
   for (const char* wire : {"fp16", "fp32"}) {
     fdc.wire_dtype = wire;
-    check(fdc, wire[2] == '1' ? "fastdecode (cuda, fp16 wire)" : "fastdecode (cuda, fp32 wire)");
+    check([&](const EngineContext& x) { return make_fastdecode_engine(fdc, x); },
+          wire[2] == '1' ? "fastdecode (cuda, fp16 wire)" : "fastdecode (cuda, fp32 wire)");
   }
 }
 
@@ -88,27 +93,21 @@ TEST_P(GpuEngines, Bf16GreedyTokensVsReference) {
   const auto reqs = requests(6, 64);
   auto w0 = make_random_source(8, DType::BF16);
   const ModelWeights weights = load_model_weights(c, *w0);
-  auto check = [&](const EngineConfig& ec, const char* what) {
+  auto check = [&](auto make, const char* what) {
     auto w = make_random_source(8, DType::BF16);
-    auto e = make_engine(ec, c, *w, SamplingParams{});
+    auto e = make(EngineContext{c, *w});
     const auto k = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, run_tokens(*e, reqs), kNearTieBf16);
     std::printf("%s %s (bf16) vs reference: %s\n", GetParam(), what, k.describe().c_str());
     EXPECT_TRUE(k.ok()) << what << ": " << k.describe();
   };
-  EngineConfig go;
-  go.type = "gpu-only";
+  GpuOnlyConfig go;
   go.max_context = 128;
   go.dtype = "bf16";
-  check(go, "gpu-only");
-  EngineConfig fdc;
-  fdc.type = "fastdecode";
-  fdc.backend = "cuda";
+  check([&](const EngineContext& x) { return make_gpu_only_engine(go, x); }, "gpu-only");
+  FastDecodeConfig fdc = cuda_fastdecode();
   fdc.dtype = "bf16";
   fdc.wire_dtype = "fp16";
-  fdc.rworkers.spawn = 2;
-  fdc.rworkers.memory_gb = 0.2;
-  fdc.rworkers.binary = std::string(FD_BIN_DIR) + "/fd-rworker";
-  check(fdc, "fastdecode (cuda, fp16 wire)");
+  check([&](const EngineContext& x) { return make_fastdecode_engine(fdc, x); }, "fastdecode (cuda, fp16 wire)");
 }
 
 // CUDA graphs replay the eager step's kernels on a batch padded to a power of two: the real rows'
@@ -122,19 +121,19 @@ TEST_P(GpuEngines, CudaGraphsSameTokensAsEager) {
   const ModelWeights weights = load_model_weights(c, *w0);
   for (const char* type : {"gpu-only", "fastdecode"}) {
     auto run_with = [&](bool graphs) {
-      EngineConfig ec;
-      ec.type = type;
-      ec.max_context = 128;
-      ec.cuda_graphs = graphs;
-      if (ec.type == "fastdecode") {  // each mini-batch's S-Part stages from graphs (rows padded)
-        ec.backend = "cuda";
-        ec.wire_dtype = "fp16";
-        ec.rworkers.spawn = 2;
-        ec.rworkers.memory_gb = 0.2;
-        ec.rworkers.binary = std::string(FD_BIN_DIR) + "/fd-rworker";
-      }
       auto w = make_random_source(3, DType::F16);
-      auto e = make_engine(ec, c, *w, SamplingParams{});
+      std::unique_ptr<Engine> e;
+      if (std::string(type) == "fastdecode") {  // each mini-batch's S-Part stages from graphs (rows padded)
+        FastDecodeConfig fc = cuda_fastdecode();
+        fc.wire_dtype = "fp16";
+        fc.cuda_graphs = graphs;
+        e = make_fastdecode_engine(fc, {c, *w});
+      } else {
+        GpuOnlyConfig go;
+        go.max_context = 128;
+        go.cuda_graphs = graphs;
+        e = make_gpu_only_engine(go, {c, *w});
+      }
       return run_tokens(*e, reqs);
     };
     const Tokens eager = run_with(false), graphs = run_with(true);
@@ -162,14 +161,15 @@ TEST(GpuOnly, BatchBoundedByMemoryBudget) {
   // Budget for exactly 3 slots (plus half a slot of slack).
   const double slot = double(c.kv_bytes_per_token(2, true)) * double(max_ctx);
   const double weights = double(with_layers(c, c.full_num_layers).num_params()) * 2;
-  EngineConfig ec;
-  ec.type = "gpu-only";
+  GpuOnlyConfig ec;
   ec.max_context = max_ctx;
-  ec.gpu_memory_gb = (weights + double(1ull << 30) + 3.5 * slot) / 1e9;
-  ASSERT_EQ(gpu_only_slots(c, ec.gpu_memory_gb * 1e9, max_ctx), 3);
+  HardwareBalance hw;
+  hw.gpu_memory_gb = (weights + double(1ull << 30) + 3.5 * slot) / 1e9;
+  ASSERT_EQ(gpu_only_slots(c, hw.gpu_memory_gb * 1e9, max_ctx), 3);
   auto w = make_random_source(4, DType::F16);
-  auto e = make_engine(ec, c, *w, SamplingParams{});
+  auto e = make_gpu_only_engine(ec, {c, *w, SamplingParams{}, hw});
   EXPECT_EQ(e->info().at("slots"), 3);
+  EXPECT_EQ(e->capacity(1, 64).slots, 3);
   EXPECT_THROW(e->add({{1, std::vector<int32_t>(60, 1), 10, false}}), Error);  // 69 positions > max_context 64
   fd::test::EngineRun stats;
   const Tokens got = run_tokens(*e, requests(8, 10), &stats);

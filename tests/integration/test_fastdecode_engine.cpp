@@ -10,7 +10,7 @@
 #include "baselines/reference/reference_engine.h"
 #include "kernels/cpu/decode_attention.h"
 #include "fastdecode/sworker/rworker_spawn.h"
-#include "harness/engines.h"
+#include "fastdecode/sworker/fastdecode_engine.h"
 #include "tests/unit/test_helpers.h"
 #include "tests/unit/token_compare.h"
 
@@ -35,9 +35,8 @@ std::vector<Request> requests(const ModelConfig& c) {
   return r;
 }
 
-EngineConfig fastdecode_config(int64_t mini_batches) {
-  EngineConfig ec;
-  ec.type = "fastdecode";
+FastDecodeConfig fastdecode_config(int64_t mini_batches) {
+  FastDecodeConfig ec;
   ec.mini_batches = mini_batches;
   ec.rworkers.spawn = 2;
   ec.rworkers.threads = 1;
@@ -75,7 +74,7 @@ TEST_P(FastDecodeVsReference, SameGreedyTokens) {
   for (int64_t mb : {2, 1}) {
     SCOPED_TRACE("mini_batches " + std::to_string(mb));
     auto w = make_random_source(3, DType::F16);
-    auto fd = make_engine(fastdecode_config(mb), c, *w, SamplingParams{});
+    auto fd = make_fastdecode_engine(fastdecode_config(mb), {c, *w, SamplingParams{}});
     fd::test::EngineRun stats;
     const auto got = run_tokens(*fd, reqs, &stats);
     EXPECT_GE(stats.steps, 64);
@@ -99,17 +98,17 @@ TEST(FastDecodeEngine, SamplingMatchesReferenceToo) {
   ReferenceEngine ref(c, *w1, sp, DType::F16);
   const auto expect = run_tokens(ref, reqs);
   auto w2 = make_random_source(3, DType::F16);
-  auto fd = make_engine(fastdecode_config(2), c, *w2, sp);
+  auto fd = make_fastdecode_engine(fastdecode_config(2), {c, *w2, sp});
   EXPECT_EQ(run_tokens(*fd, reqs), expect);
 }
 
 TEST(FastDecodeEngine, DeadRWorkerFailsTheStepNamingIt) {
   const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama.json"));
-  EngineConfig ec = fastdecode_config(2);
+  FastDecodeConfig ec = fastdecode_config(2);
   ec.rworkers.endpoints = {"tcp://127.0.0.1:1"};  // nothing listens there
   ec.rworkers.timeout_ms = 300;
   auto w = make_random_source(3, DType::F16);
-  const std::string msg = fd::test::error_message([&] { make_engine(ec, c, *w, SamplingParams{}); });
+  const std::string msg = fd::test::error_message([&] { make_fastdecode_engine(ec, {c, *w, SamplingParams{}}); });
   EXPECT_THAT(msg, ::testing::HasSubstr("R-worker 0 (tcp://127.0.0.1:1) missed its deadline of 300 ms"));
 }
 
@@ -117,11 +116,11 @@ TEST(FastDecodeEngine, WorkerKilledMidRunFailsTheStepNamingIt) {
   const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama.json"));
   SpawnedRWorker a(std::string(FD_BIN_DIR) + "/fd-rworker", {"--threads", "1", "--memory-gb", "0.1", "--name", "a"});
   SpawnedRWorker b(std::string(FD_BIN_DIR) + "/fd-rworker", {"--threads", "1", "--memory-gb", "0.1", "--name", "b"});
-  EngineConfig ec = fastdecode_config(2);
+  FastDecodeConfig ec = fastdecode_config(2);
   ec.rworkers.endpoints = {a.endpoint(), b.endpoint()};
   ec.rworkers.timeout_ms = 500;
   auto w = make_random_source(3, DType::F16);
-  auto e = make_engine(ec, c, *w, SamplingParams{});
+  auto e = make_fastdecode_engine(ec, {c, *w, SamplingParams{}});
   e->add(requests(c));
   e->step();  // prefill: sequences placed on both workers
   e->step();
@@ -143,10 +142,10 @@ TEST_P(FastDecodeVsReference, Fp16WireTokens) {
   }
   auto w0 = make_random_source(3, DType::F16);
   const ModelWeights weights = load_model_weights(c, *w0);
-  EngineConfig ec = fastdecode_config(2);
+  FastDecodeConfig ec = fastdecode_config(2);
   ec.wire_dtype = "fp16";
   auto w = make_random_source(3, DType::F16);
-  auto e = make_engine(ec, c, *w, SamplingParams{});
+  auto e = make_fastdecode_engine(ec, {c, *w, SamplingParams{}});
   const auto check = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, run_tokens(*e, reqs), 5e-3);
   std::printf("%s fp16 wire: %s\n", GetParam(), check.describe().c_str());
   EXPECT_TRUE(check.ok()) << check.describe();
@@ -191,10 +190,10 @@ TEST_P(FastDecodeVsReference, JoiningRequestsPrefillBudgetAndEos) {
   auto w1 = make_random_source(3, DType::F16);
   ReferenceEngine ref(c, *w1, SamplingParams{}, DType::F16);
   const Tokens expect = run_tokens(ref, all);
-  EngineConfig ec = fastdecode_config(2);
+  FastDecodeConfig ec = fastdecode_config(2);
   ec.prefill_tokens = 12;
   auto w = make_random_source(3, DType::F16);
-  auto e = make_engine(ec, c, *w, SamplingParams{});
+  auto e = make_fastdecode_engine(ec, {c, *w, SamplingParams{}});
   const fd::test::EngineRun got = fd::test::run_engine(*e, first, arrivals, ec.prefill_tokens);
   EXPECT_TRUE(got.errors.empty()) << got.describe_errors();
   EXPECT_EQ(got.tokens, expect) << "first divergence from the reference engine: " << first_divergence(got.tokens, expect);
@@ -247,10 +246,10 @@ TEST_P(QuantizedKV, TokensMatchReferenceWithTheSameQuantizedBlocks) {
                                         v[t * kvd + j] = back[size_t(((H + h) * n + t) * D + d)];
                                       }
                                   }};
-  EngineConfig ec = fastdecode_config(2);
+  FastDecodeConfig ec = fastdecode_config(2);
   ec.rworkers.kv_dtype = kvname;
   auto w = make_random_source(3, DType::F16);
-  auto e = make_engine(ec, c, *w, SamplingParams{});
+  auto e = make_fastdecode_engine(ec, {c, *w, SamplingParams{}});
   const Tokens got = run_tokens(*e, reqs);
   const auto check = fd::test::check_greedy_tokens(weights, quantized, reqs, got, 1e-4);
   // Control: the fp16-KV reference (no block codec) is a different model of these tokens.

@@ -1,5 +1,6 @@
 #include "baselines/gpu_only/gpu_only_engine.h"
 #include "baselines/reference/reference_engine.h"
+#include "fastdecode/sworker/fastdecode_engine.h"
 
 #include <map>
 
@@ -108,7 +109,7 @@ TEST(Engine, StopsAtEosWhenAsked) {
 
 TEST(Engine, FactoryAndSamplingDeterminism) {
   const ModelConfig c = cfg("tiny-llama");
-  EngineConfig ec;
+  const EngineSpec spec = parse_engine_spec(StrictObject(json{{"type", "reference"}}, "x.json", "engine"));
   SamplingParams sp;
   sp.temperature = 1.0;
   sp.top_p = 0.9;
@@ -116,7 +117,7 @@ TEST(Engine, FactoryAndSamplingDeterminism) {
   std::vector<std::map<uint64_t, std::vector<int32_t>>> runs;
   for (int i = 0; i < 2; ++i) {
     auto src = make_random_source(2, DType::F16);
-    auto e = make_engine(ec, c, *src, sp);
+    auto e = make_engine(spec, {c, *src, sp});
     EXPECT_EQ(e->name(), "reference");
     // Different batch composition in the two runs: the draws depend only on (seed, request, step).
     if (i == 0) e->add({{0, {10, 11}, 8, false}, {1, {12, 13, 14}, 8, false}});
@@ -138,16 +139,17 @@ TEST(GpuOnlySlots, MemoryBoundedAtFullDepth) {
   EXPECT_EQ(gpu_only_slots(c, 24e9, 2048), 8);
   EXPECT_EQ(gpu_only_slots(c, 14e9, 1024), 0);  // the weights alone do not leave room
   // The engine type parses, rejects R-worker keys, and says what the build lacks when it has no CUDA.
-  EXPECT_EQ(parse_engine_config(StrictObject(json{{"type", "gpu-only"}, {"max_context", 1100}}, "x.json", "engine")).max_context, 1100);
-  EXPECT_THROW(parse_engine_config(StrictObject(json{{"type", "gpu-only"}, {"rworkers", json::object()}}, "x.json", "engine")),
-               ConfigError);
+  auto parse = [](json j) { return parse_engine_spec(StrictObject(j, "x.json", "engine")); };
+  auto gpu_only = [&](json j) { return std::any_cast<GpuOnlyConfig>(parse(j).config); };
+  EXPECT_EQ(gpu_only(json{{"type", "gpu-only"}, {"max_context", 1100}}).max_context, 1100);
+  EXPECT_THROW(parse(json{{"type", "gpu-only"}, {"rworkers", json::object()}}), ConfigError);
   // The GPU weight and activation type: fp16 (default) or bf16; with the fastdecode engine only on the
   // cuda (or auto) backend, since the cpu backend computes in fp32.
-  auto parse = [](json j) { return parse_engine_config(StrictObject(j, "x.json", "engine")); };
-  EXPECT_EQ(parse(json{{"type", "gpu-only"}}).dtype, "fp16");
-  EXPECT_EQ(parse(json{{"type", "gpu-only"}, {"dtype", "bf16"}}).dtype, "bf16");
+  EXPECT_EQ(gpu_only(json{{"type", "gpu-only"}}).dtype, "fp16");
+  EXPECT_EQ(gpu_only(json{{"type", "gpu-only"}, {"dtype", "bf16"}}).dtype, "bf16");
   EXPECT_THROW(parse(json{{"type", "gpu-only"}, {"dtype", "fp32"}}), ConfigError);
-  EXPECT_EQ(parse(json{{"type", "fastdecode"}, {"backend", "cuda"}, {"dtype", "bf16"}}).dtype, "bf16");
+  EXPECT_EQ(std::any_cast<FastDecodeConfig>(parse(json{{"type", "fastdecode"}, {"backend", "cuda"}, {"dtype", "bf16"}}).config).dtype,
+            "bf16");
   EXPECT_THROW(parse(json{{"type", "fastdecode"}, {"dtype", "bf16"}}), ConfigError);
   EXPECT_THROW(parse(json{{"type", "fastdecode"}, {"backend", "cpu"}, {"dtype", "bf16"}}), ConfigError);
   EXPECT_THROW(parse(json{{"type", "reference"}, {"dtype", "bf16"}}), ConfigError);

@@ -1,5 +1,7 @@
 #include "harness/experiment.h"
 
+#include "fastdecode/sworker/fastdecode_engine.h"
+
 #include <algorithm>
 
 #include "harness/runner.h"
@@ -34,8 +36,11 @@ TEST(Experiment, ParsesQuickstart) {
   const ExperimentConfig e = load_experiment(repo_path("experiments/quickstart.json"));
   EXPECT_EQ(e.name, "quickstart");
   EXPECT_EQ(e.engine.type, "fastdecode");
-  EXPECT_EQ(e.engine.rworkers.spawn, 2);
-  EXPECT_TRUE(e.engine.rworkers.endpoints.empty());
+  const auto& fd = std::any_cast<const FastDecodeConfig&>(e.engine.config);
+  EXPECT_EQ(fd.rworkers.spawn, 2);
+  EXPECT_TRUE(fd.rworkers.endpoints.empty());
+  // "auto" stays in the config; the engine decides when it is made (where the GPU is asked).
+  EXPECT_EQ(fd.backend, "auto");
   EXPECT_EQ(e.model.name, "small-llama");
   EXPECT_GT(e.workload.requests, 0);
   EXPECT_FALSE(e.workload.prompt_len.fixed());

@@ -2,6 +2,19 @@
 
 namespace fd {
 
+GpuOnlyConfig GpuOnlyConfig::parse(StrictObject& o) {
+  GpuOnlyConfig c;
+  c.max_context = o.get_int("max_context", 1, 1 << 24, 0);
+  c.cuda_graphs = o.get_bool("cuda_graphs", true);
+  c.dtype = o.get_enum("dtype", {"fp16", "bf16"}, std::string("fp16"));
+  c.prefill_tokens = o.get_int("prefill_tokens", 1, 1 << 24, 16384);
+  return c;
+}
+
+json GpuOnlyConfig::to_json() const {
+  return {{"max_context", max_context}, {"cuda_graphs", cuda_graphs}, {"dtype", dtype}, {"prefill_tokens", prefill_tokens}};
+}
+
 double gpu_only_row_bytes(const ModelConfig& c) {
   const double H = double(c.hidden_size), I = double(c.intermediate_size), qd = double(c.q_dim()),
                kvd = double(c.kv_dim()), V = double(c.vocab_size);

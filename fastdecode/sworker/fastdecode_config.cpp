@@ -1,0 +1,57 @@
+// The FastDecode engine's config section: strict parsing and the echo in summary.json.
+#include "fastdecode/sworker/fastdecode_engine.h"
+
+namespace fd {
+
+FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
+  FastDecodeConfig c;
+  c.backend = o.get_enum("backend", {"cpu", "cuda", "auto"}, std::string("cpu"));
+  c.mini_batches = o.get_int("mini_batches", 1, 2, 2);
+  c.wire_dtype = o.has("wire_dtype") ? o.get_enum("wire_dtype", {"fp32", "fp16"}, std::string()) : std::string();
+  for (const char* k : {"dtype", "cuda_graphs"})
+    if (o.has(k) && c.backend == "cpu")
+      o.fail(k, "applies to the cuda (or auto) backend; the cpu backend runs the S-Part in fp32 on the CPU");
+  c.dtype = o.get_enum("dtype", {"fp16", "bf16"}, std::string("fp16"));
+  c.cuda_graphs = o.get_bool("cuda_graphs", true);
+  c.prefill_tokens = o.get_int("prefill_tokens", 1, 1 << 24, 16384);
+  if (o.has("rworkers")) {
+    StrictObject r = o.get_object("rworkers");
+    RWorkersConfig& rw = c.rworkers;
+    const json& eps = r.get_raw("endpoints");
+    if (!eps.is_null()) {
+      if (!eps.is_array() || eps.empty()) r.fail("endpoints", "expected a non-empty list of endpoints");
+      for (const auto& e : eps) {
+        if (!e.is_string() || e.get<std::string>().empty()) r.fail("endpoints", "every endpoint must be a string");
+        rw.endpoints.push_back(e.get<std::string>());
+      }
+      for (const char* k : {"spawn", "threads", "kv_dtype", "memory_gb", "binary", "pin"})
+        if (r.has(k)) r.fail(k, "applies to spawned R-workers; not allowed with endpoints");
+    }
+    rw.spawn = r.get_int("spawn", 1, 256, 2);
+    rw.threads = r.get_int("threads", 1, 4096, 1);
+    rw.kv_dtype = r.get_enum("kv_dtype", {"fp16", "int8", "int4"}, std::string("fp16"));
+    rw.memory_gb = r.get_number("memory_gb", 0.001, 1e6, 1.0);
+    rw.timeout_ms = r.get_int("timeout_ms", 10, 3600000, 60000);
+    rw.binary = r.get_string("binary", "");
+    rw.pin = r.get_bool("pin", false);
+    r.finish();
+  } else {
+    o.get_raw("rworkers");
+  }
+  return c;
+}
+
+json FastDecodeConfig::to_json() const {
+  json j = {{"backend", backend}, {"mini_batches", mini_batches},
+            {"wire_dtype", wire_dtype.empty() ? (backend == "cpu" ? "fp32" : backend == "cuda" ? "fp16" : "auto") : wire_dtype},
+            {"prefill_tokens", prefill_tokens}};
+  if (backend != "cpu") j["dtype"] = dtype, j["cuda_graphs"] = cuda_graphs;
+  const RWorkersConfig& r = rworkers;
+  j["rworkers"] = r.endpoints.empty()
+                      ? json{{"spawn", r.spawn}, {"threads", r.threads}, {"kv_dtype", r.kv_dtype}, {"memory_gb", r.memory_gb},
+                             {"timeout_ms", r.timeout_ms}, {"binary", r.binary}, {"pin", r.pin}}
+                      : json{{"endpoints", r.endpoints}, {"timeout_ms", r.timeout_ms}};
+  return j;
+}
+
+}  // namespace fd
