@@ -11,7 +11,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/green_context.h"
-#include "kernels/cuda/spart_kernels.h"
+#include "kernels/cuda/sampling.h"
 
 namespace fd {
 
@@ -169,12 +169,30 @@ class GpuOnlyEngine : public Engine {
     model_->embed(a);
     for (int64_t l = 0; l < cfg_.num_layers; ++l) {
       model_->attention_input(a, int(l), CudaModel::kF32);
-      cuda::append_kv(a.k.get(), a.v.get(), d_slots, d_pos, Tb, max_ctx_, int(cfg_.kv_dim()), k_cache_[size_t(l)].get(),
-                      v_cache_[size_t(l)].get(), stream_);
+      cuda::append_kv({.k = a.k.get(),
+                       .v = a.v.get(),
+                       .slots = d_slots,
+                       .pos = d_pos,
+                       .T = Tb,
+                       .max_ctx = max_ctx_,
+                       .kv_dim = int(cfg_.kv_dim()),
+                       .k_cache = k_cache_[size_t(l)].get(),
+                       .v_cache = v_cache_[size_t(l)].get()},
+                      stream_);
       if (timed) CUDA_CHECK(cudaEventRecord(events_[size_t(2 + 2 * l)], stream_));
-      cuda::decode_attention(a.q.get(), k_cache_[size_t(l)].get(), v_cache_[size_t(l)].get(), d_slots, d_lens, Tb,
-                             max_ctx_, int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), a.att.get(),
-                             workspace_.get(), stream_);
+      cuda::decode_attention({.q = a.q.get(),
+                              .k_cache = k_cache_[size_t(l)].get(),
+                              .v_cache = v_cache_[size_t(l)].get(),
+                              .slots = d_slots,
+                              .lens = d_lens,
+                              .B = Tb,
+                              .max_ctx = max_ctx_,
+                              .Hq = int(cfg_.num_heads),
+                              .Hkv = int(cfg_.num_kv_heads),
+                              .D = int(cfg_.head_dim),
+                              .out = a.att.get(),
+                              .workspace = workspace_.get()},
+                             stream_);
       if (timed) CUDA_CHECK(cudaEventRecord(events_[size_t(3 + 2 * l)], stream_));
       model_->attention_from_f32(a);
       model_->attention_output_and_mlp(a, int(l));
@@ -295,10 +313,26 @@ class GpuOnlyEngine : public Engine {
     model_->embed(pre_);
     for (int64_t l = 0; l < cfg_.num_layers; ++l) {
       model_->attention_input(pre_, int(l), CudaModel::kF32 | CudaModel::kF16);
-      cuda::append_kv(pre_.k.get(), pre_.v.get(), aux_.get(), aux_.get() + T, T, max_ctx_, int(cfg_.kv_dim()),
-                      k_cache_[size_t(l)].get(), v_cache_[size_t(l)].get(), stream_);
-      cuda::prefill_attention(pre_.q.get(), pre_.k16.get(), pre_.v16.get(), pre_.starts.get(), int64_t(fresh.size()),
-                              max_len, int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), pre_.att.get(),
+      cuda::append_kv({.k = pre_.k.get(),
+                       .v = pre_.v.get(),
+                       .slots = aux_.get(),
+                       .pos = aux_.get() + T,
+                       .T = T,
+                       .max_ctx = max_ctx_,
+                       .kv_dim = int(cfg_.kv_dim()),
+                       .k_cache = k_cache_[size_t(l)].get(),
+                       .v_cache = v_cache_[size_t(l)].get()},
+                      stream_);
+      cuda::prefill_attention({.q = pre_.q.get(),
+                               .k = pre_.k16.get(),
+                               .v = pre_.v16.get(),
+                               .starts = pre_.starts.get(),
+                               .n_seq = int64_t(fresh.size()),
+                               .max_len = max_len,
+                               .Hq = int(cfg_.num_heads),
+                               .Hkv = int(cfg_.num_kv_heads),
+                               .D = int(cfg_.head_dim),
+                               .out = pre_.att.get()},
                               stream_);
       model_->attention_from_f32(pre_);
       model_->attention_output_and_mlp(pre_, int(l));

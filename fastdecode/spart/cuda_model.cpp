@@ -5,8 +5,12 @@
 #include <cstring>
 
 #include "fastdecode/core/dtype.h"
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/cast.h"
+#include "kernels/cuda/embed.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/qkv.h"
 #include "kernels/cuda/sampling.h"
-#include "kernels/cuda/spart_kernels.h"
 
 namespace fd {
 
@@ -196,10 +200,22 @@ void CudaModel::attention_input(DevActs& a, int layer, unsigned outputs) const {
   norm(a.x.get(), nullptr, L.attn_norm_w.get(), L.attn_norm_b.get(), T, a.h16.get());
   gemm(a.h16.get(), T, H, L.wqkv.get(), ld, a.qkv16.get());
   const bool f32 = outputs & kF32, f16 = outputs & kF16;
-  cuda::qkv_post(a.qkv16.get(), act_, L.has_bias ? L.bqkv.get() : nullptr, a.pos.get(),
-                 c.arch == Arch::Llama ? inv_freq_.get() : nullptr, T, c.num_heads, c.num_kv_heads, c.head_dim,
-                 f32 ? a.q.get() : nullptr, f32 ? a.k.get() : nullptr, f32 ? a.v.get() : nullptr,
-                 f16 ? a.q16.get() : nullptr, f16 ? a.k16.get() : nullptr, f16 ? a.v16.get() : nullptr, stream_);
+  cuda::qkv_post({.qkv = a.qkv16.get(),
+                  .dtype = act_,
+                  .bias = L.has_bias ? L.bqkv.get() : nullptr,
+                  .pos = a.pos.get(),
+                  .inv_freq = c.arch == Arch::Llama ? inv_freq_.get() : nullptr,
+                  .T = T,
+                  .Hq = c.num_heads,
+                  .Hkv = c.num_kv_heads,
+                  .D = c.head_dim,
+                  .q = f32 ? a.q.get() : nullptr,
+                  .k = f32 ? a.k.get() : nullptr,
+                  .v = f32 ? a.v.get() : nullptr,
+                  .q16 = f16 ? a.q16.get() : nullptr,
+                  .k16 = f16 ? a.k16.get() : nullptr,
+                  .v16 = f16 ? a.v16.get() : nullptr},
+                 stream_);
 }
 
 void CudaModel::attention_output_and_mlp(DevActs& a, int layer) const {

@@ -19,19 +19,10 @@
 #include <vector>
 
 #include "fastdecode/core/error.h"
+#include "kernels/cuda/cuda_check.h"
 #include "fastdecode/core/sampling.h"
 #include "fastdecode/model/weights.h"
 
-#define CUDA_CHECK(stmt)                                                                                         \
-  do {                                                                                                           \
-    const cudaError_t e_ = (stmt);                                                                               \
-    if (e_ != cudaSuccess) FD_THROW(__FILE__ << ":" << __LINE__ << ": " #stmt ": " << cudaGetErrorString(e_));   \
-  } while (0)
-#define CUBLAS_CHECK(stmt)                                                                                       \
-  do {                                                                                                           \
-    const cublasStatus_t e_ = (stmt);                                                                            \
-    if (e_ != CUBLAS_STATUS_SUCCESS) FD_THROW(__FILE__ << ":" << __LINE__ << ": " #stmt ": cuBLAS status " << int(e_)); \
-  } while (0)
 
 namespace fd {
 

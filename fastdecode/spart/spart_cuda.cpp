@@ -11,9 +11,9 @@
 #include "fastdecode/spart/cuda_model.h"
 #include "fastdecode/spart/spart.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/cast.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/green_context.h"
-#include "kernels/cuda/spart_kernels.h"
 
 namespace fd {
 
@@ -108,8 +108,17 @@ class CudaSPart : public SPart {
     int64_t max_len = 0;
     for (size_t i = 0; i + 1 < starts.size(); ++i) max_len = std::max(max_len, starts[i + 1] - starts[i]);
     upload(a.starts.get(), s32.data(), s32.size() * 4);  // q (fp32), k16, v16: from attention_input(q = null)
-    cuda::prefill_attention(a.q.get(), a.k16.get(), a.v16.get(), a.starts.get(), int64_t(starts.size()) - 1, max_len,
-                            int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), a.att.get(), stream_);
+    cuda::prefill_attention({.q = a.q.get(),
+                             .k = a.k16.get(),
+                             .v = a.v16.get(),
+                             .starts = a.starts.get(),
+                             .n_seq = int64_t(starts.size()) - 1,
+                             .max_len = max_len,
+                             .Hq = int(c.num_heads),
+                             .Hkv = int(c.num_kv_heads),
+                             .D = int(c.head_dim),
+                             .out = a.att.get()},
+                            stream_);
     model_->attention_from_f32(a);
   }
 

@@ -66,8 +66,19 @@ fd::json bench_decode(int reps, double hbm_gbs) {
     DeviceBuffer<float> ws(std::max<size_t>(fd::cuda::decode_attention_workspace_floats(c.B, c.Hq, c.D, c.ctx), 1));
     const double ms = ms_per_call(
         [&] {
-          fd::cuda::decode_attention(q.get(), kc.get(), vc.get(), ds.get(), dl.get(), c.B, c.ctx, c.Hq, c.Hkv, c.D,
-                                     out.get(), ws.get(), nullptr);
+          fd::cuda::decode_attention({.q = q.get(),
+                                      .k_cache = kc.get(),
+                                      .v_cache = vc.get(),
+                                      .slots = ds.get(),
+                                      .lens = dl.get(),
+                                      .B = c.B,
+                                      .max_ctx = c.ctx,
+                                      .Hq = c.Hq,
+                                      .Hkv = c.Hkv,
+                                      .D = c.D,
+                                      .out = out.get(),
+                                      .workspace = ws.get()},
+                                     nullptr);
         },
         reps);
     const double bytes = 2.0 * double(cache_n) * 2.0, gbs = bytes / (ms * 1e-3) / 1e9;
@@ -96,7 +107,19 @@ fd::json bench_prefill(int reps) {
     CUDA_CHECK(cudaMemset(v.get(), 0x3C, v.size() * 2));
     auto ds = upload(starts);
     const double ms = ms_per_call(
-        [&] { fd::cuda::prefill_attention(q.get(), k.get(), v.get(), ds.get(), n_seq, len, Hq, Hkv, D, out.get(), nullptr); },
+        [&] {
+          fd::cuda::prefill_attention({.q = q.get(),
+                                       .k = k.get(),
+                                       .v = v.get(),
+                                       .starts = ds.get(),
+                                       .n_seq = n_seq,
+                                       .max_len = len,
+                                       .Hq = Hq,
+                                       .Hkv = Hkv,
+                                       .D = D,
+                                       .out = out.get()},
+                                      nullptr);
+        },
         reps);
     const double flops = 4.0 * D * Hq * double(n_seq) * double(len * (len + 1) / 2), tf = flops / (ms * 1e-3) / 1e12;
     std::printf("%4d %4d %4d %10.2f %9.1f\n", Hq, Hkv, D, ms, tf);

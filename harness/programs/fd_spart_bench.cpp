@@ -10,13 +10,15 @@
 #include <cstdio>
 #include <functional>
 
-#include "fastdecode/spart/cuda_model.h"
 #include "fastdecode/core/cli_main.h"
+#include "fastdecode/spart/cuda_model.h"
 #include "harness/bench/cuda_timing.h"
 #include "harness/provenance.h"
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/green_context.h"
-#include "kernels/cuda/spart_kernels.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/qkv.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"S-Part layer time on the GPU vs its cuBLAS GEMMs alone (same shapes, same run)"};
@@ -89,17 +91,31 @@ int main(int argc, char** argv) {
       // The layer's elementwise kernels: two norms (attention, MLP), bias+RoPE+split, the activation. The
       // residual adds are inside the o- and down-projection GEMMs (fp32 C, beta = 1), whose extra cost
       // over the 16-bit-output GEMMs of the ceiling is in spart_ms but in no row here.
-      fd::json stages = {
-          {"norm_x2", 2 * time(norm)},
-          {"qkv_post", time([&] {
-             fd::cuda::qkv_post(a.qkv16.get(), act, llama ? nullptr : bias.get(), a.pos.get(), llama ? inv.get() : nullptr,
-                                B, c.num_heads, c.num_kv_heads, c.head_dim, nullptr, nullptr, nullptr, a.q16.get(),
-                                a.k16.get(), a.v16.get(), s);
-           })},
-          {"activation", time([&] {
-             if (llama) fd::cuda::silu_mul(a.gu16.get(), act, B, In, a.i16.get(), s);
-             else fd::cuda::relu_bias(a.gu16.get(), act, wn.get(), B, In, a.i16.get(), s);
-           })}};
+      fd::json stages = {{"norm_x2", 2 * time(norm)},
+                         {"qkv_post", time([&] {
+                            fd::cuda::qkv_post({.qkv = a.qkv16.get(),
+                                                .dtype = act,
+                                                .bias = llama ? nullptr : bias.get(),
+                                                .pos = a.pos.get(),
+                                                .inv_freq = llama ? inv.get() : nullptr,
+                                                .T = B,
+                                                .Hq = c.num_heads,
+                                                .Hkv = c.num_kv_heads,
+                                                .D = c.head_dim,
+                                                .q = nullptr,
+                                                .k = nullptr,
+                                                .v = nullptr,
+                                                .q16 = a.q16.get(),
+                                                .k16 = a.k16.get(),
+                                                .v16 = a.v16.get()},
+                                               s);
+                          })},
+                         {"activation", time([&] {
+                            if (llama)
+                              fd::cuda::silu_mul(a.gu16.get(), act, B, In, a.i16.get(), s);
+                            else
+                              fd::cuda::relu_bias(a.gu16.get(), act, wn.get(), B, In, a.i16.get(), s);
+                          })}};
       double stage_sum = 0;
       for (auto& [k, v] : stages.items()) stage_sum += v.get<double>();
       const double tflops = 2.0 * layer_params * double(B) / (gemm * 1e-3) / 1e12;

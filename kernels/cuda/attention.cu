@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "fastdecode/core/error.h"
+#include "kernels/cuda/cuda_check.h"
 
 namespace fd::cuda {
 
@@ -44,11 +44,6 @@ int group_tile(int G) {  // query heads per block: the next power of two, at mos
   int gt = 1;
   while (gt < G && gt < kMaxGroup) gt *= 2;
   return gt;
-}
-
-void throw_on_launch_error(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) FD_THROW(what << ": CUDA launch failed: " << cudaGetErrorString(e));
 }
 
 void check_head_dim(const char* what, int D) {
@@ -517,9 +512,13 @@ size_t decode_attention_workspace_floats(int64_t B, int Hq, int D, int64_t max_c
   return size_t(max_partials_per_head(B, Hq, max_ctx)) * size_t(Hq) * (size_t(D) + 2);
 }
 
-void decode_attention(const float* q, const __half* k_cache, const __half* v_cache, const int32_t* slots,
-                      const int32_t* lens, int64_t B, int64_t max_ctx, int Hq, int Hkv, int D, float* out,
-                      float* workspace, cudaStream_t s) {
+void decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
+  const float* q = p.q;
+  const __half *k_cache = p.k_cache, *v_cache = p.v_cache;
+  const int32_t *slots = p.slots, *lens = p.lens;
+  const int64_t B = p.B, max_ctx = p.max_ctx;
+  const int Hq = p.Hq, Hkv = p.Hkv, D = p.D;
+  float *out = p.out, *workspace = p.workspace;
   if (B <= 0) return;
   check_heads("decode_attention", Hq, Hkv);
   check_head_dim("decode_attention", D);
@@ -535,16 +534,21 @@ void decode_attention(const float* q, const __half* k_cache, const __half* v_cac
                workspace, workspace ? workspace + acc_floats : nullptr};
   const dim3 grid(unsigned(Hkv * HC), unsigned(plan.splits), unsigned(B));
   decode_kernel_for(D, GT)<<<grid, kDecThreads, 0, s>>>(a);
-  throw_on_launch_error("decode_attention");
+  check_launch("decode_attention");
   if (plan.splits > 1) {
     decode_combine_kernel<<<dim3(unsigned(Hq), unsigned(B)), 128, 0, s>>>(lens, max_ctx, Hq, D, plan.splits, plan.chunk,
                                                                           a.ws_acc, a.ws_ml, out);
-    throw_on_launch_error("decode_attention (combine)");
+    check_launch("decode_attention (combine)");
   }
 }
 
-void prefill_attention(const float* q, const __half* k, const __half* v, const int32_t* starts, int64_t n_seq,
-                       int64_t max_len, int Hq, int Hkv, int D, float* out, cudaStream_t s) {
+void prefill_attention(const PrefillAttentionParams& p, cudaStream_t s) {
+  const float* q = p.q;
+  const __half *k = p.k, *v = p.v;
+  const int32_t* starts = p.starts;
+  const int64_t n_seq = p.n_seq, max_len = p.max_len;
+  const int Hq = p.Hq, Hkv = p.Hkv, D = p.D;
+  float* out = p.out;
   if (n_seq <= 0 || max_len <= 0) return;
   check_heads("prefill_attention", Hq, Hkv);
   check_head_dim("prefill_attention", D);
@@ -558,17 +562,16 @@ void prefill_attention(const float* q, const __half* k, const __half* v, const i
     FD_THROW("prefill_attention: " << smem << " bytes of shared memory refused: " << cudaGetErrorString(e));
   const dim3 grid(unsigned(ceil_div64(max_len, kPM)), unsigned(Hq), unsigned(n_seq));
   kern<<<grid, kPThreads, smem, s>>>(q, k, v, starts, Hq, Hkv, exp2_scale(D), out);
-  throw_on_launch_error("prefill_attention");
+  check_launch("prefill_attention");
 }
 
-void append_kv(const float* k, const float* v, const int32_t* slots, const int32_t* pos, int64_t T, int64_t max_ctx,
-               int kv_dim, __half* k_cache, __half* v_cache, cudaStream_t s) {
-  const int64_t total = T * int64_t(kv_dim);
+void append_kv(const AppendKvParams& p, cudaStream_t s) {
+  const int64_t total = p.T * int64_t(p.kv_dim);
   if (total <= 0) return;
   constexpr int kThreads = 256;
-  append_kv_kernel<<<unsigned((total + kThreads - 1) / kThreads), kThreads, 0, s>>>(k, v, slots, pos, total, max_ctx,
-                                                                                    kv_dim, k_cache, v_cache);
-  throw_on_launch_error("append_kv");
+  append_kv_kernel<<<unsigned((total + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      p.k, p.v, p.slots, p.pos, total, p.max_ctx, p.kv_dim, p.k_cache, p.v_cache);
+  check_launch("append_kv");
 }
 
 }  // namespace fd::cuda

@@ -24,21 +24,47 @@ namespace fd::cuda {
 // Flash-decoding: grid (kv head x query-head chunk, split, b); a block reads a contiguous chunk of its
 // sequence's K/V rows once for all (up to 8) query heads of its group, 16-byte loads, online softmax;
 // a sequence split in several chunks leaves partials (max, sum, acc[D]) that a combine kernel merges.
-void decode_attention(const float* q, const __half* k_cache, const __half* v_cache, const int32_t* slots,
-                      const int32_t* lens, int64_t B, int64_t max_ctx, int Hq, int Hkv, int D, float* out,
-                      float* workspace, cudaStream_t s);
+struct DecodeAttentionParams {
+  const float* q = nullptr;          // [B, Hq*D] fp32
+  const __half* k_cache = nullptr;   // fp16, see the layout above
+  const __half* v_cache = nullptr;
+  const int32_t* slots = nullptr;    // [B] device
+  const int32_t* lens = nullptr;     // [B] device
+  int64_t B = 0, max_ctx = 0;
+  int Hq = 0, Hkv = 0, D = 0;
+  float* out = nullptr;              // [B, Hq*D] fp32
+  float* workspace = nullptr;        // decode_attention_workspace_floats(...) floats, or null when that is 0
+};
+void decode_attention(const DecodeAttentionParams& p, cudaStream_t s);
 size_t decode_attention_workspace_floats(int64_t B_max, int Hq, int D, int64_t max_ctx);
 
 // Causal prefill attention over packed sequences: rows starts[i] .. starts[i+1]-1 (starts: device int32,
 // n_seq+1 entries) are sequence i's tokens at positions 0..n_i-1; row t attends to rows starts[i]..t.
 // q [T, Hq*D] fp32, k, v [T, Hkv*D] fp16, out [T, Hq*D] fp32. max_len = max n_i (host value, for the grid).
 // Hq <= 65535, n_seq <= 65535.
-void prefill_attention(const float* q, const __half* k, const __half* v, const int32_t* starts, int64_t n_seq,
-                       int64_t max_len, int Hq, int Hkv, int D, float* out, cudaStream_t s);
+struct PrefillAttentionParams {
+  const float* q = nullptr;        // [T, Hq*D] fp32
+  const __half* k = nullptr;       // [T, Hkv*D] fp16
+  const __half* v = nullptr;
+  const int32_t* starts = nullptr; // [n_seq + 1] device
+  int64_t n_seq = 0, max_len = 0;  // max_len: the longest sequence (host value, for the grid)
+  int Hq = 0, Hkv = 0, D = 0;
+  float* out = nullptr;            // [T, Hq*D] fp32
+};
+void prefill_attention(const PrefillAttentionParams& p, cudaStream_t s);
 
 // Stores rows of K and V (fp32 [T, Hkv*D]) into the caches as fp16 (round to nearest even) at
 // (slots[t], pos[t]), the layout of decode_attention: row offset (slots[t] * max_ctx + pos[t]) * kv_dim.
-void append_kv(const float* k, const float* v, const int32_t* slots, const int32_t* pos, int64_t T, int64_t max_ctx,
-               int kv_dim, __half* k_cache, __half* v_cache, cudaStream_t s);
+struct AppendKvParams {
+  const float* k = nullptr;        // [T, kv_dim] fp32
+  const float* v = nullptr;
+  const int32_t* slots = nullptr;  // [T] device
+  const int32_t* pos = nullptr;    // [T] device
+  int64_t T = 0, max_ctx = 0;
+  int kv_dim = 0;
+  __half* k_cache = nullptr;
+  __half* v_cache = nullptr;
+};
+void append_kv(const AppendKvParams& p, cudaStream_t s);
 
 }  // namespace fd::cuda

@@ -56,17 +56,8 @@
 #include <string>
 #include <vector>
 
-#include "fastdecode/core/error.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/green_context.h"
-
-#define FD_RT_CHECK(stmt)                                                                    \
-  do {                                                                                       \
-    const cudaError_t fd_rt_e_ = (stmt);                                                     \
-    if (fd_rt_e_ != cudaSuccess) {                                                           \
-      cudaGetLastError();                                                                    \
-      FD_THROW("SM-limited streams: " #stmt ": " << cudaGetErrorString(fd_rt_e_));           \
-    }                                                                                        \
-  } while (0)
 
 #define FD_DRV_CHECK(d, stmt)                                                                \
   do {                                                                                       \
@@ -158,18 +149,18 @@ SmLimitedStreams::SmLimitedStreams(int sm_count, int n_streams) : requested_(sm_
     cudaGetLastError();
     FD_THROW("SM-limited streams: no CUDA device answers");
   }
-  FD_RT_CHECK(cudaSetDevice(0));
+  CUDA_CHECK(cudaSetDevice(0));
   // Make the primary context active first: cuGreenCtxCreate retains it, and the driver documentation
   // advises it be active to avoid initialising and tearing it down around the green context.
-  FD_RT_CHECK(cudaFree(nullptr));
-  FD_RT_CHECK(cudaDeviceGetAttribute(&device_sm_count_, cudaDevAttrMultiProcessorCount, 0));
+  CUDA_CHECK(cudaFree(nullptr));
+  CUDA_CHECK(cudaDeviceGetAttribute(&device_sm_count_, cudaDevAttrMultiProcessorCount, 0));
   streams_.reserve(size_t(n_streams));
   try {
     if (sm_count <= 0) {
       sm_count_ = device_sm_count_;
       for (int i = 0; i < n_streams; ++i) {
         cudaStream_t s = nullptr;
-        FD_RT_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
         streams_.push_back(s);
       }
       return;
@@ -255,7 +246,7 @@ __global__ void record_smid_kernel(unsigned* seen, unsigned long long spin_ns) {
 int count_sms_used(cudaStream_t s, int blocks) {
   if (blocks < 1) FD_THROW("count_sms_used: blocks must be >= 1, got " << blocks);
   unsigned* seen = nullptr;
-  FD_RT_CHECK(cudaMalloc(&seen, (kSmSlots + 1) * sizeof(unsigned)));
+  CUDA_CHECK(cudaMalloc(&seen, (kSmSlots + 1) * sizeof(unsigned)));
   std::vector<unsigned> host(kSmSlots + 1, 0);
   cudaError_t e = cudaMemsetAsync(seen, 0, (kSmSlots + 1) * sizeof(unsigned), s);
   if (e == cudaSuccess) {

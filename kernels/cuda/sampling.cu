@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "fastdecode/core/error.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/sampling_model.h"
 
 namespace fd::cuda {
@@ -226,11 +226,6 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) out[blockIdx.x] = token;
 }
 
-void throw_on_launch_error(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) FD_THROW(what << ": CUDA launch failed: " << cudaGetErrorString(e));
-}
-
 }  // namespace
 
 void sample_rows(const float* logits, int64_t n, int64_t V, const SamplingParams& p, const uint64_t* request_ids,
@@ -239,7 +234,7 @@ void sample_rows(const float* logits, int64_t n, int64_t V, const SamplingParams
   const RowParams rp = row_params(V, p);
   if (n == 0) return;
   sample_kernel<<<unsigned(n), kThreads, 0, s>>>(logits, V, rp, p.seed, request_ids, steps, out);
-  throw_on_launch_error("sample_rows");
+  check_launch("sample_rows");
 }
 
 }  // namespace fd::cuda

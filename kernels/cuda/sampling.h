@@ -19,4 +19,7 @@ namespace fd::cuda {
 void sample_rows(const float* logits, int64_t n, int64_t V, const SamplingParams& p, const uint64_t* request_ids,
                  const uint64_t* steps, int32_t* out, cudaStream_t s);
 
+// out[r] = index of the largest of logits[r, 0:V] (the first one on ties), as fd::argmax (argmax.cu).
+void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaStream_t s);
+
 }  // namespace fd::cuda

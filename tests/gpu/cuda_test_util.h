@@ -1,6 +1,8 @@
-// Helpers of the CUDA kernel tests (CUDA builds): a checked call and an owning device buffer.
+// Helpers of the CUDA kernel tests (CUDA builds): an owning device buffer (errors: CUDA_CHECK).
 #pragma once
 #include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_check.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -9,20 +11,16 @@
 
 namespace fd::test {
 
-inline void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
 // A device buffer of n elements of T, freed on destruction; uploads from and downloads to host vectors of
 // a same-sized type H (e.g. uint16_t for __half).
 template <typename T>
 class Dev {
  public:
-  explicit Dev(size_t n) : n_(n) { cuda_ok(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+  explicit Dev(size_t n) : n_(n) { CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T))); }
   template <typename H>
   explicit Dev(const std::vector<H>& h) : Dev(h.size()) {
     static_assert(sizeof(H) == sizeof(T));
-    cuda_ok(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    CUDA_CHECK(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
   }
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
@@ -32,10 +30,10 @@ class Dev {
   std::vector<H> download() const {
     static_assert(sizeof(H) == sizeof(T));
     std::vector<H> h(n_);
-    cuda_ok(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    CUDA_CHECK(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
   }
-  void fill_bytes(int byte) { cuda_ok(cudaMemset(p_, byte, n_ * sizeof(T)), "cudaMemset"); }
+  void fill_bytes(int byte) { CUDA_CHECK(cudaMemset(p_, byte, n_ * sizeof(T))); }
 
  private:
   T* p_ = nullptr;

@@ -31,7 +31,6 @@
 
 namespace {
 
-using fd::test::cuda_ok;
 using fd::test::Dev;
 
 fd::ModelConfig attn_config(int Hq, int Hkv, int D) {
@@ -102,10 +101,21 @@ void check_decode(const Shape& sh, const std::vector<int32_t>& lens, const std::
   const size_t ws_n = fd::cuda::decode_attention_workspace_floats(B, Hq, D, max_ctx);
   Dev<float> ws(ws_n);
   cudaStream_t st;
-  cuda_ok(cudaStreamCreate(&st), "cudaStreamCreate");
-  fd::cuda::decode_attention(dq.get(), dk.get(), dv.get(), dslots.get(), dlens.get(), B, max_ctx, Hq, Hkv, D, dout.get(),
-                             ws_n ? ws.get() : nullptr, st);
-  cuda_ok(cudaStreamSynchronize(st), "decode_attention");
+  CUDA_CHECK(cudaStreamCreate(&st));
+  fd::cuda::decode_attention({.q = dq.get(),
+                              .k_cache = dk.get(),
+                              .v_cache = dv.get(),
+                              .slots = dslots.get(),
+                              .lens = dlens.get(),
+                              .B = B,
+                              .max_ctx = max_ctx,
+                              .Hq = Hq,
+                              .Hkv = Hkv,
+                              .D = D,
+                              .out = dout.get(),
+                              .workspace = ws_n ? ws.get() : nullptr},
+                             st);
+  CUDA_CHECK(cudaStreamSynchronize(st));
   cudaStreamDestroy(st);
   const std::vector<float> got = dout.download<float>();
 
@@ -204,9 +214,18 @@ TEST_P(CudaPrefillAttention, MatchesReference) {
   Dev<__half> dk(k16), dv(v16);
   Dev<int32_t> dstarts(starts);
   dout.fill_bytes(0xFF);
-  fd::cuda::prefill_attention(dq.get(), dk.get(), dv.get(), dstarts.get(), int64_t(starts.size()) - 1, max_len, Hq, Hkv,
-                              D, dout.get(), nullptr);
-  cuda_ok(cudaDeviceSynchronize(), "prefill_attention");
+  fd::cuda::prefill_attention({.q = dq.get(),
+                               .k = dk.get(),
+                               .v = dv.get(),
+                               .starts = dstarts.get(),
+                               .n_seq = int64_t(starts.size()) - 1,
+                               .max_len = max_len,
+                               .Hq = Hq,
+                               .Hkv = Hkv,
+                               .D = D,
+                               .out = dout.get()},
+                              nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got = dout.download<float>();
 
   std::vector<float> kf(k16.size()), vf(v16.size()), ref(size_t(T * qd));
@@ -249,8 +268,17 @@ TEST(CudaAttention, AppendKvRoundTrip) {
   Dev<__half> kc(cache_n), vc(cache_n);
   kc.fill_bytes(0xAB);
   vc.fill_bytes(0xAB);
-  fd::cuda::append_kv(dk.get(), dv.get(), ds.get(), dp.get(), T, max_ctx, kv_dim, kc.get(), vc.get(), nullptr);
-  cuda_ok(cudaDeviceSynchronize(), "append_kv");
+  fd::cuda::append_kv({.k = dk.get(),
+                       .v = dv.get(),
+                       .slots = ds.get(),
+                       .pos = dp.get(),
+                       .T = T,
+                       .max_ctx = max_ctx,
+                       .kv_dim = kv_dim,
+                       .k_cache = kc.get(),
+                       .v_cache = vc.get()},
+                      nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<uint16_t> hk = kc.download<uint16_t>(), hv = vc.download<uint16_t>();
   std::vector<uint16_t> ek(cache_n, 0xABAB), ev(cache_n, 0xABAB);
   for (int64_t t = 0; t < T; ++t)
@@ -268,17 +296,60 @@ TEST(CudaAttention, AppendKvRoundTrip) {
 TEST(CudaAttention, RejectsUnsupportedShapes) {
   FD_SKIP_WITHOUT_GPU();
   // Shape checks come before any launch: null pointers never reach the device.
-  EXPECT_THROW(fd::cuda::decode_attention(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 16, 6, 4, 64, nullptr, nullptr,
+  EXPECT_THROW(fd::cuda::decode_attention({.q = nullptr,
+                                           .k_cache = nullptr,
+                                           .v_cache = nullptr,
+                                           .slots = nullptr,
+                                           .lens = nullptr,
+                                           .B = 1,
+                                           .max_ctx = 16,
+                                           .Hq = 6,
+                                           .Hkv = 4,
+                                           .D = 64,
+                                           .out = nullptr,
+                                           .workspace = nullptr},
                                           nullptr),
                fd::Error);  // Hq not a multiple of Hkv
-  EXPECT_THROW(fd::cuda::decode_attention(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 16, 4, 4, 48, nullptr, nullptr,
+  EXPECT_THROW(fd::cuda::decode_attention({.q = nullptr,
+                                           .k_cache = nullptr,
+                                           .v_cache = nullptr,
+                                           .slots = nullptr,
+                                           .lens = nullptr,
+                                           .B = 1,
+                                           .max_ctx = 16,
+                                           .Hq = 4,
+                                           .Hkv = 4,
+                                           .D = 48,
+                                           .out = nullptr,
+                                           .workspace = nullptr},
                                           nullptr),
                fd::Error);  // D not a multiple of 32
-  EXPECT_THROW(fd::cuda::decode_attention(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4096, 4, 4, 64, nullptr, nullptr,
+  EXPECT_THROW(fd::cuda::decode_attention({.q = nullptr,
+                                           .k_cache = nullptr,
+                                           .v_cache = nullptr,
+                                           .slots = nullptr,
+                                           .lens = nullptr,
+                                           .B = 1,
+                                           .max_ctx = 4096,
+                                           .Hq = 4,
+                                           .Hkv = 4,
+                                           .D = 64,
+                                           .out = nullptr,
+                                           .workspace = nullptr},
                                           nullptr),
                fd::Error);  // a split plan without a workspace
-  EXPECT_THROW(fd::cuda::prefill_attention(nullptr, nullptr, nullptr, nullptr, 1, 16, 4, 4, 288, nullptr, nullptr),
-               fd::Error);  // D > 256
+  EXPECT_THROW(fd::cuda::prefill_attention({.q = nullptr,
+                                            .k = nullptr,
+                                            .v = nullptr,
+                                            .starts = nullptr,
+                                            .n_seq = 1,
+                                            .max_len = 16,
+                                            .Hq = 4,
+                                            .Hkv = 4,
+                                            .D = 288,
+                                            .out = nullptr},
+                                           nullptr),
+               fd::Error);                                                   // D > 256
   EXPECT_EQ(fd::cuda::decode_attention_workspace_floats(4, 8, 64, 64), 0u);  // one split: no workspace
 }
 

@@ -27,7 +27,6 @@
 
 namespace {
 
-using fd::test::cuda_ok;
 using fd::test::Dev;
 
 std::vector<int32_t> run_batch(const fd::test::SamplingBatch& b) {
@@ -35,7 +34,7 @@ std::vector<int32_t> run_batch(const fd::test::SamplingBatch& b) {
   const Dev<uint64_t> rids(b.request_ids), steps(b.steps);
   Dev<int32_t> out(size_t(b.rows()));
   fd::cuda::sample_rows(logits.get(), b.rows(), b.V, b.p, rids.get(), steps.get(), out.get(), nullptr);
-  cuda_ok(cudaDeviceSynchronize(), "sample_rows");
+  CUDA_CHECK(cudaDeviceSynchronize());
   return out.download();
 }
 
@@ -98,17 +97,17 @@ TEST(CudaSampling, GraphReplayMatchesEager) {
   const Dev<uint64_t> rids(rid), steps(step);
   Dev<int32_t> eager(static_cast<size_t>(n)), replay(static_cast<size_t>(n));
   fd::cuda::sample_rows(logits.get(), n, V, p, rids.get(), steps.get(), eager.get(), nullptr);
-  cuda_ok(cudaDeviceSynchronize(), "eager");
+  CUDA_CHECK(cudaDeviceSynchronize());
   cudaStream_t s;
-  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaGraph_t g;
   cudaGraphExec_t ge;
-  cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   fd::cuda::sample_rows(logits.get(), n, V, p, rids.get(), steps.get(), replay.get(), s);
-  cuda_ok(cudaStreamEndCapture(s, &g), "end capture");
-  cuda_ok(cudaGraphInstantiate(&ge, g, 0), "instantiate");
-  cuda_ok(cudaGraphLaunch(ge, s), "launch");
-  cuda_ok(cudaStreamSynchronize(s), "replay");
+  CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  CUDA_CHECK(cudaGraphLaunch(ge, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
   const std::vector<int32_t> tokens = eager.download();
   EXPECT_EQ(replay.download(), tokens);
   for (int64_t r = 0; r < n; ++r)

@@ -15,6 +15,8 @@
 #ifdef FD_HAVE_CUDA
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_check.h"
 #endif
 
 using fd::cuda::SmLimitedStreams;
@@ -105,7 +107,6 @@ TEST_F(SmLimited, KernelsUseAtMostTheGrantedSms) {
 
 namespace {
 
-#define CK(stmt) ASSERT_EQ((stmt), cudaSuccess) << #stmt
 #define BK(stmt) ASSERT_EQ((stmt), CUBLAS_STATUS_SUCCESS) << #stmt
 
 }  // namespace
@@ -115,12 +116,12 @@ namespace {
 TEST_F(SmLimited, CudaMallocMemoryWorksOnLimitedStream) {
   const int n = 1 << 16;
   float* before = nullptr;
-  CK(cudaMalloc(&before, n * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&before, n * sizeof(float)));
   {
     SmLimitedStreams lim(16, 1);
     cudaStream_t s = lim.stream(0);
     float* after = nullptr;
-    CK(cudaMalloc(&after, n * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&after, n * sizeof(float)));
     std::vector<float> h(n), back(n, 0.0f);
     for (int i = 0; i < n; ++i) h[size_t(i)] = float(i % 1000) - 500.0f;
     cublasHandle_t blas = nullptr;
@@ -128,20 +129,20 @@ TEST_F(SmLimited, CudaMallocMemoryWorksOnLimitedStream) {
     BK(cublasSetStream(blas, s));
     const float two = 2.0f;
     for (float* buf : {before, after}) {
-      CK(cudaMemcpyAsync(buf, h.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
+      CUDA_CHECK(cudaMemcpyAsync(buf, h.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
       BK(cublasSscal(blas, n, &two, buf, 1));
-      CK(cudaMemcpyAsync(back.data(), buf, n * sizeof(float), cudaMemcpyDeviceToHost, s));
-      CK(cudaStreamSynchronize(s));
+      CUDA_CHECK(cudaMemcpyAsync(back.data(), buf, n * sizeof(float), cudaMemcpyDeviceToHost, s));
+      CUDA_CHECK(cudaStreamSynchronize(s));
       int bad = 0;
       for (int i = 0; i < n; ++i) bad += back[size_t(i)] != 2.0f * h[size_t(i)];
       EXPECT_EQ(bad, 0) << (buf == before ? "buffer allocated before" : "buffer allocated after")
                         << " the green context";
     }
     BK(cublasDestroy(blas));
-    CK(cudaFree(after));
+    CUDA_CHECK(cudaFree(after));
   }
-  CK(cudaFree(before));
-  CK(cudaGetLastError());
+  CUDA_CHECK(cudaFree(before));
+  CUDA_CHECK(cudaGetLastError());
 }
 
 // cuBLAS sgemm on the limited stream, with the SM-count target set as the engine should, against a host
@@ -157,27 +158,27 @@ TEST_F(SmLimited, CublasSgemmOnLimitedStream) {
     for (int k = 0; k < K; ++k)
       for (int i = 0; i < M; ++i) ref[size_t(j * M + i)] += A[size_t(k * M + i)] * B[size_t(j * K + k)];
   float *dA = nullptr, *dB = nullptr, *dC = nullptr;
-  CK(cudaMalloc(&dA, A.size() * 4));
-  CK(cudaMalloc(&dB, B.size() * 4));
-  CK(cudaMalloc(&dC, C.size() * 4));
+  CUDA_CHECK(cudaMalloc(&dA, A.size() * 4));
+  CUDA_CHECK(cudaMalloc(&dB, B.size() * 4));
+  CUDA_CHECK(cudaMalloc(&dC, C.size() * 4));
   cublasHandle_t blas = nullptr;
   BK(cublasCreate(&blas));
   BK(cublasSetStream(blas, s));
   BK(cublasSetSmCountTarget(blas, lim.sm_count()));
-  CK(cudaMemcpyAsync(dA, A.data(), A.size() * 4, cudaMemcpyHostToDevice, s));
-  CK(cudaMemcpyAsync(dB, B.data(), B.size() * 4, cudaMemcpyHostToDevice, s));
-  CK(cudaMemsetAsync(dC, 0xff, C.size() * 4, s));  // NaNs: a GEMM that does not run shows
+  CUDA_CHECK(cudaMemcpyAsync(dA, A.data(), A.size() * 4, cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaMemcpyAsync(dB, B.data(), B.size() * 4, cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaMemsetAsync(dC, 0xff, C.size() * 4, s));  // NaNs: a GEMM that does not run shows
   const float one = 1.0f, zero = 0.0f;
   BK(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, M, N, K, &one, dA, M, dB, K, &zero, dC, M));
-  CK(cudaMemcpyAsync(C.data(), dC, C.size() * 4, cudaMemcpyDeviceToHost, s));
-  CK(cudaStreamSynchronize(s));
+  CUDA_CHECK(cudaMemcpyAsync(C.data(), dC, C.size() * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
   int bad = 0;
   for (size_t i = 0; i < C.size(); ++i) bad += C[i] != ref[i];
   EXPECT_EQ(bad, 0) << "C[0] = " << C[0] << ", expected " << ref[0];
   BK(cublasDestroy(blas));
-  CK(cudaFree(dA));
-  CK(cudaFree(dB));
-  CK(cudaFree(dC));
+  CUDA_CHECK(cudaFree(dA));
+  CUDA_CHECK(cudaFree(dB));
+  CUDA_CHECK(cudaFree(dC));
 }
 
 #endif  // FD_HAVE_CUDA

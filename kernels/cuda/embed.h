@@ -1,0 +1,20 @@
+// Embedding kernels of the CUDA S-Part. Each launcher takes its stream; tables are 16-bit (fp16 or bf16,
+// the run-time DType), the residual stream fp32.
+#pragma once
+#include <cstdint>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "fastdecode/core/dtype.h"
+
+namespace fd::cuda {
+
+// x[t, :] = table[tokens[t], :] (+ pos_table[pos[t] + pos_offset, :] when pos_table): embeddings from
+// 16-bit tables (type wt), fp32 out.
+void embed(const int32_t* tokens, const int64_t* pos, const void* table, const void* pos_table, DType wt,
+           int64_t pos_offset, int64_t T, int64_t H, float* x, cudaStream_t s);
+// out[i, :] = x[rows[i], :]
+void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s);
+
+}  // namespace fd::cuda

@@ -1,0 +1,66 @@
+// Bias + RoPE + split after the fused [q|k|v] GEMM (see qkv.h).
+#include "kernels/cuda/qkv.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cfloat>
+
+#include "kernels/cuda/act16.cuh"
+
+namespace fd::cuda {
+
+namespace {
+
+using namespace detail;
+
+// One block per row t. The row's RoPE angles are computed once into shared memory (all heads share
+// them); then each thread takes four adjacent pairs (i..i+3) of a head, whose elements i..i+3 and
+// i + D/2 .. i + D/2 + 3 it reads as 8 bytes each and writes as float4 / 8 bytes (D % 8 == 0).
+// Pair i of head h is rotated as HF's rotate_half; v heads are copied (+ bias).
+template <typename T>
+__global__ void qkv_post_kernel(const T* qkv, const float* bias, const int64_t* pos, const float* inv_freq, int64_t Hq,
+                                int64_t Hkv, int64_t D, float* q, float* k, float* v, __half* q16, __half* k16,
+                                __half* v16) {
+  extern __shared__ float cs[];  // [D/2] cos, then [D/2] sin
+  const int64_t t = blockIdx.x, half = D / 2, heads = Hq + 2 * Hkv, ld = heads * D;
+  if (inv_freq)
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) sincosf(float(pos[t]) * inv_freq[i], &cs[half + i], &cs[i]);
+  __syncthreads();
+  const T* row = qkv + t * ld;
+  const int64_t per_head = half / 4;
+  for (int64_t j = threadIdx.x; j < heads * per_head; j += blockDim.x) {
+    const int64_t h = j / per_head, i = 4 * (j % per_head), col = h * D + i;
+    float4 a = load4(row + col), b = load4(row + col + half);
+    if (bias) a = a + *reinterpret_cast<const float4*>(bias + col), b = b + *reinterpret_cast<const float4*>(bias + col + half);
+    const bool is_v = h >= Hq + Hkv;
+    if (inv_freq && !is_v) {
+      const float4 c = *reinterpret_cast<const float4*>(cs + i), s = *reinterpret_cast<const float4*>(cs + half + i);
+      const float4 a2 = make_float4(a.x * c.x - b.x * s.x, a.y * c.y - b.y * s.y, a.z * c.z - b.z * s.z, a.w * c.w - b.w * s.w);
+      b = make_float4(b.x * c.x + a.x * s.x, b.y * c.y + a.y * s.y, b.z * c.z + a.z * s.z, b.w * c.w + a.w * s.w);
+      a = a2;
+    }
+    float* o32;
+    __half* o16;
+    int64_t oh, width;
+    if (h < Hq) o32 = q, o16 = q16, oh = h, width = Hq * D;
+    else if (!is_v) o32 = k, o16 = k16, oh = h - Hq, width = Hkv * D;
+    else o32 = v, o16 = v16, oh = h - Hq - Hkv, width = Hkv * D;
+    const int64_t o = t * width + oh * D + i;
+    if (o32) *reinterpret_cast<float4*>(o32 + o) = a, *reinterpret_cast<float4*>(o32 + o + half) = b;
+    if (o16) store4(o16 + o, a), store4(o16 + o + half, b);
+  }
+}
+
+}  // namespace
+
+void qkv_post(const QkvPostParams& p, cudaStream_t s) {
+  if (p.D % 8 != 0) FD_THROW("qkv_post: head_dim " << p.D << " is not a multiple of 8");
+  FD_ACT_DISPATCH(p.dtype, "qkv_post",
+                  if (p.T > 0) qkv_post_kernel<A16><<<unsigned(p.T), kThreads, size_t(p.D) * sizeof(float), s>>>(
+                      static_cast<const A16*>(p.qkv), p.bias, p.pos, p.inv_freq, p.Hq, p.Hkv, p.D, p.q, p.k, p.v, p.q16,
+                      p.k16, p.v16));
+  check_launch("qkv_post");
+}
+
+}  // namespace fd::cuda

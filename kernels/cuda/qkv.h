@@ -1,0 +1,29 @@
+// After the fused [q|k|v] GEMM: + bias (if any), RoPE on q and k (if inv_freq), split into contiguous
+// q [T, Hq*D], k, v [T, Hkv*D], written as fp32 and/or fp16 (null outputs skipped). D % 8 == 0.
+#pragma once
+#include <cstdint>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "fastdecode/core/dtype.h"
+
+namespace fd::cuda {
+
+struct QkvPostParams {
+  const void* qkv = nullptr;          // [T, (Hq + 2 Hkv) * D], 16-bit of type `dtype`
+  DType dtype = DType::F16;
+  const float* bias = nullptr;        // [(Hq + 2 Hkv) * D] or null
+  const int64_t* pos = nullptr;       // [T] positions (for RoPE)
+  const float* inv_freq = nullptr;    // [D / 2] RoPE inverse frequencies, or null: no RoPE (OPT)
+  int64_t T = 0, Hq = 0, Hkv = 0, D = 0;
+  float* q = nullptr;                 // fp32 outputs, each may be null
+  float* k = nullptr;
+  float* v = nullptr;
+  __half* q16 = nullptr;              // fp16 outputs (the wire tensors), each may be null
+  __half* k16 = nullptr;
+  __half* v16 = nullptr;
+};
+void qkv_post(const QkvPostParams& p, cudaStream_t s);
+
+}  // namespace fd::cuda
