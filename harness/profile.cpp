@@ -7,15 +7,11 @@
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/spart/spart.h"
+#include "fastdecode/core/stats.h"
 #include "harness/provenance.h"
 #include "kernels/cpu/decode_attention.h"
 
 namespace fd {
-
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 json measure_profile(const ModelConfig& model, const std::vector<int64_t>& batches, const std::vector<std::string>& kv_dtypes,
                      int64_t context, int reps, const std::string& backend, int r_threads, const std::string& command_line) {

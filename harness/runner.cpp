@@ -1,5 +1,7 @@
 #include "harness/runner.h"
 
+#include "fastdecode/core/stats.h"
+
 #include "harness/engines.h"
 
 #include <unistd.h>
@@ -19,14 +21,6 @@
 namespace fd {
 
 namespace fs = std::filesystem;
-
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const double pos = q / 100.0 * double(v.size() - 1);
-  const size_t lo = size_t(std::floor(pos)), hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
-}
 
 json distribution(const std::vector<double>& v) {
   const double mean = v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());

@@ -17,7 +17,6 @@ struct RunOptions {
 json run_experiment(const ExperimentConfig& e, const RunOptions& opt);
 
 // Percentile with linear interpolation between order statistics (numpy's default); 0 for empty input.
-double percentile(std::vector<double> v, double q);
 // {mean, p50, p90, p99, max, count} of the values.
 json distribution(const std::vector<double>& v);
 

@@ -4,7 +4,7 @@
 # `source scripts/device-env.sh` there before building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PKGS=(nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
+PKGS=(nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
       libzmq5 libzmq3-dev cppzmq-dev libsodium23 libpgm-5.3-0 libnorm1
       libopenblas0-pthread libopenblas-pthread-dev libgfortran5)
 mkdir -p .deps/debs

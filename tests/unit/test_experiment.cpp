@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "fastdecode/core/stats.h"
 #include "harness/runner.h"
 #include "test_helpers.h"
 
@@ -160,6 +161,9 @@ TEST(Experiment, PercentileMatchesNumpyLinear) {
   EXPECT_NEAR(percentile(v, 99), 9.76, 1e-12);
   EXPECT_DOUBLE_EQ(percentile(v, 100), 10.0);
   EXPECT_DOUBLE_EQ(percentile({}, 50), 0.0);
+  // The one median: percentile 50, the mean of the two middle values for an even count.
+  EXPECT_DOUBLE_EQ(median({4, 1, 3, 2}), 2.5);
+  EXPECT_DOUBLE_EQ(median({5, 1, 3}), 3.0);
   const json d = distribution(v);
   EXPECT_DOUBLE_EQ(d["mean"].get<double>(), 4.0);
   EXPECT_EQ(d["count"], 5);

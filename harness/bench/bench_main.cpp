@@ -1,0 +1,49 @@
+#include "harness/bench/bench_main.h"
+
+#include <cstring>
+
+#include "harness/provenance.h"
+
+namespace fd::bench {
+
+double seconds_per_iteration(const benchmark::State& st, double total_seconds) {
+  return st.iterations() > 0 ? total_seconds / double(st.iterations()) : 0.0;
+}
+
+int bench_main(int argc, char** argv, CLI::App& app, const std::function<void()>& register_all) {
+  // --json FILE (or --json=FILE) -> Google Benchmark's JSON output file.
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string file;
+    if (args[i] == "--json" && i + 1 < args.size()) {
+      file = args[i + 1];
+      args.erase(args.begin() + long(i) + 1);
+    } else if (args[i].rfind("--json=", 0) == 0) {
+      file = args[i].substr(7);
+    } else {
+      continue;
+    }
+    args[i] = "--benchmark_out=" + file;
+    args.insert(args.begin() + long(i) + 1, "--benchmark_out_format=json");
+    ++i;
+  }
+  const std::string command = join_args(argc, argv);
+  std::vector<char*> av;
+  for (auto& a : args) av.push_back(a.data());
+  int ac = int(av.size());
+  benchmark::Initialize(&ac, av.data());  // takes the --benchmark_* flags out of av
+  app.footer(
+      "Google Benchmark's flags apply too (--benchmark_filter=REGEX, --benchmark_repetitions=N, "
+      "--benchmark_min_time=S, --benchmark_out=FILE, --benchmark_out_format=json|csv|console, ...). "
+      "--json FILE = --benchmark_out=FILE --benchmark_out_format=json.");
+  return guarded_main(app, ac, av.data(), [&]() {
+    const json prov = collect_provenance(command);
+    for (const auto& [k, v] : prov.items()) benchmark::AddCustomContext("fd_" + k, v.is_string() ? v.get<std::string>() : v.dump());
+    register_all();
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+  });
+}
+
+}  // namespace fd::bench
