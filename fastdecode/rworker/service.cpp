@@ -20,8 +20,9 @@ using proto::WireDType;
 RWorkerService::RWorkerService(RWorkerConfig cfg) : cfg_(std::move(cfg)) {}
 
 std::vector<zmq::message_t> RWorkerService::reply(const Header& req, MsgType type, std::vector<zmq::message_t> frames,
-                                                  uint64_t compute_ns) const {
+                                                  uint64_t compute_ns, int32_t status) const {
   Header h;
+  h.status = status;
   h.type = uint16_t(type);
   h.request_id = req.request_id;
   h.layer = req.layer;
@@ -47,31 +48,18 @@ std::vector<zmq::message_t> RWorkerService::handle(const proto::Frame* parts, si
     const Message m = proto::decode(parts, n_parts, cfg_.limits);
     return dispatch(m);
   } catch (const ProtocolError& e) {
-    ++errors_;
-    Header h = req;
-    std::vector<zmq::message_t> frames;
-    frames.emplace_back(e.what(), std::strlen(e.what()));
-    auto out = reply(h, MsgType::Error, std::move(frames));
-    Header eh;
-    std::memcpy(&eh, out[0].data(), proto::kHeaderBytes);
-    eh.status = int32_t(e.code());
-    const auto bytes = proto::encode_header(eh);
-    std::memcpy(out[0].data(), bytes.data(), bytes.size());
-    return out;
+    return error_reply(req, e.code(), e.what());
   } catch (const std::exception& e) {
     // Anything else (allocation failure, a bug) is reported, never fatal for the other clients.
-    ++errors_;
-    const std::string msg = std::string("internal error: ") + e.what();
-    std::vector<zmq::message_t> frames;
-    frames.emplace_back(msg.data(), msg.size());
-    auto out = reply(req, MsgType::Error, std::move(frames));
-    Header eh;
-    std::memcpy(&eh, out[0].data(), proto::kHeaderBytes);
-    eh.status = int32_t(ErrorCode::Internal);
-    const auto bytes = proto::encode_header(eh);
-    std::memcpy(out[0].data(), bytes.data(), bytes.size());
-    return out;
+    return error_reply(req, ErrorCode::Internal, std::string("internal error: ") + e.what());
   }
+}
+
+std::vector<zmq::message_t> RWorkerService::error_reply(const Header& req, ErrorCode code, const std::string& msg) {
+  ++errors_;
+  std::vector<zmq::message_t> frames;
+  frames.emplace_back(msg.data(), msg.size());
+  return reply(req, MsgType::Error, std::move(frames), 0, int32_t(code));
 }
 
 std::vector<zmq::message_t> RWorkerService::dispatch(const Message& m) {

@@ -43,8 +43,11 @@ class RWorkerService {
   std::vector<zmq::message_t> on_free(const proto::Message& m);
   void check_shape(const proto::Header& h) const;
   std::vector<uint64_t> read_ids(const proto::Message& m, bool must_exist) const;
+  // The reply to `req`: its header (echoing the request's id and shape, with `status`) and frames.
   std::vector<zmq::message_t> reply(const proto::Header& req, proto::MsgType type, std::vector<zmq::message_t> frames = {},
-                                    uint64_t compute_ns = 0) const;
+                                    uint64_t compute_ns = 0, int32_t status = 0) const;
+  // An ERROR reply to `req`: code and message (one frame).
+  std::vector<zmq::message_t> error_reply(const proto::Header& req, proto::ErrorCode code, const std::string& msg);
 
   RWorkerConfig cfg_;
   std::unique_ptr<KVStore> store_;  // created by HELLO

@@ -1,7 +1,7 @@
 // Internal to the CPU decode-attention kernels: block layouts as per-head pointers, the per-chunk entry
 // points of each ISA, and (only for the SIMD translation units) the shared SIMD kernel template.
 //
-// Shapes: H = n_kv_heads, D = head_dim (multiple of 32, <= 256), T = kKVBlockTokens = 32,
+// Shapes: H = n_kv_heads, D = head_dim (multiple of 32, <= 256), kBT = kKVBlockTokens = 32,
 // G = n_heads / n_kv_heads (the GQA group). One "chunk" is a run of whole blocks [b0, b1) of one
 // (sequence, kv head) pair, plus the fp16 tail when it is the pair's last chunk.
 #pragma once
@@ -12,41 +12,41 @@
 
 namespace fd::attn {
 
-constexpr int T = kKVBlockTokens;
+constexpr int kBT = kKVBlockTokens;  // tokens per KV block (kBT, not T: T is the SIMD register type in the ISA files)
 
 // ---- Per-head views of one block (the layouts are described at the top of kv_quant.cpp) ----
 struct F16Head {
-  const uint16_t* k;  // [T][D] fp16
-  const uint16_t* v;  // [T][D] fp16
+  const uint16_t* k;  // [kBT][D] fp16
+  const uint16_t* v;  // [kBT][D] fp16
 };
 inline F16Head f16_head(const void* blk, int H, int D, int h) {
   const auto* b = static_cast<const uint16_t*>(blk);
-  const size_t hs = size_t(T) * D;
+  const size_t hs = size_t(kBT) * D;
   return {b + h * hs, b + H * hs + h * hs};
 }
 struct I8Head {
-  const int8_t* k;   // [T][D] codes, x = ks[t] * code
-  const int8_t* v;   // [T][D]
-  const float* ks;   // [T]
-  const float* vs;   // [T]
+  const int8_t* k;   // [kBT][D] codes, x = ks[t] * code
+  const int8_t* v;   // [kBT][D]
+  const float* ks;   // [kBT]
+  const float* vs;   // [kBT]
 };
 inline I8Head i8_head(const void* blk, int H, int D, int h) {
   const auto* b = static_cast<const int8_t*>(blk);
-  const size_t hs = size_t(T) * D;
+  const size_t hs = size_t(kBT) * D;
   const auto* sc = reinterpret_cast<const float*>(b + 2 * H * hs);
-  return {b + h * hs, b + H * hs + h * hs, sc + h * T, sc + H * T + h * T};
+  return {b + h * hs, b + H * hs + h * hs, sc + h * kBT, sc + H * kBT + h * kBT};
 }
 struct I4Head {
-  const uint8_t* k;    // [T][D/2] packed codes (see kv_quant.cpp for the nibble order)
-  const uint8_t* v;    // [T][D/2]
+  const uint8_t* k;    // [kBT][D/2] packed codes (see kv_quant.cpp for the nibble order)
+  const uint8_t* v;    // [kBT][D/2]
   const uint16_t* kp;  // fp16 [2][D]: row 0 per-channel scale, row 1 per-channel min; x = s*c + z
-  const uint16_t* vp;  // fp16 [D/32][2][T]: per 32-channel group, 32 token scales then 32 token mins
+  const uint16_t* vp;  // fp16 [D/32][2][kBT]: per 32-channel group, 32 token scales then 32 token mins
 };
 inline I4Head i4_head(const void* blk, int H, int D, int h) {
   const auto* b = static_cast<const uint8_t*>(blk);
-  const size_t hs = size_t(T) * D / 2;
+  const size_t hs = size_t(kBT) * D / 2;
   const auto* par = reinterpret_cast<const uint16_t*>(b + 2 * H * hs);
-  return {b + h * hs, b + H * hs + h * hs, par + size_t(h) * 2 * D, par + size_t(H) * 2 * D + size_t(h) * T * (D / 32) * 2};
+  return {b + h * hs, b + H * hs + h * hs, par + size_t(h) * 2 * D, par + size_t(H) * 2 * D + size_t(h) * kBT * (D / 32) * 2};
 }
 
 // ---- Per-ISA chunk entry points ----
@@ -62,12 +62,12 @@ struct Chunk {
   bool tail;       // also the fp16 tail (n_tail tokens)
 };
 // Scratch floats one thread needs (64-byte multiple): qs [G][D] (q * scale), qq [G][D] (int4: q with
-// the block's per-channel key scale folded in), scores/probabilities [G][T], c0 [G] (int4: q . z),
-// vt [D/32][2][T] (int4: the block's value params in fp32, 16*scale and min - 16*scale).
-// red [G][T][16] (SIMD: per-token partial dot-product vectors before their transposed reduction),
-// wv [G][D/32][T] (SIMD: the block's value weights p * per-token (group) scale, broadcast from memory).
+// the block's per-channel key scale folded in), scores/probabilities [G][kBT], c0 [G] (int4: q . z),
+// vt [D/32][2][kBT] (int4: the block's value params in fp32, 16*scale and min - 16*scale).
+// red [G][kBT][16] (SIMD: per-token partial dot-product vectors before their transposed reduction),
+// wv [G][D/32][kBT] (SIMD: the block's value weights p * per-token (group) scale, broadcast from memory).
 inline size_t chunk_scratch_floats(int G, int D) {
-  return (size_t(G) * (2 * size_t(D) + T + 1 + T * 16 + size_t(D / 32) * T) + size_t(D / 32) * 2 * T + 15) / 16 *
+  return (size_t(G) * (2 * size_t(D) + kBT + 1 + kBT * 16 + size_t(D / 32) * kBT) + size_t(D / 32) * 2 * kBT + 15) / 16 *
          16;
 }
 // Runs one chunk for the G query heads of a kv head. q: the group's rows [G][D]. State in/out,
@@ -125,7 +125,7 @@ inline void prefetch_row(const void* row, int bytes) {
 template <class V, int D>
 struct F16Rows {
   static constexpr bool kOffset = false;
-  const uint16_t* p;  // [T][D]
+  const uint16_t* p;  // [kBT][D]
   const uint16_t* next = nullptr;  // the same rows of the next block, or null
   void prefetch(int t) const { if (next) prefetch_row(next + size_t(t) * D, D * 2); }
   void load(int t, int g, typename V::T* x) const {
@@ -133,15 +133,15 @@ struct F16Rows {
     for (int i = 0; i < 32 / V::W; ++i) x[i] = V::load_f16(r + i * V::W);
   }
   float mult(int, int) const { return 1.f; }
-  // Value weights of the block: fp16 uses the probabilities as they are (stride T per head).
+  // Value weights of the block: fp16 uses the probabilities as they are (stride kBT per head).
   static constexpr int kWG = 0;  // weight rows per head: 0 = p itself, 1 = per token, D/32 = per group
   const float* weights(const float* p, float*, int) const { return p; }
 };
 template <class V, int D>
 struct I8Rows {
   static constexpr bool kOffset = false;
-  const int8_t* p;   // [T][D]
-  const float* sc;   // [T]
+  const int8_t* p;   // [kBT][D]
+  const float* sc;   // [kBT]
   const int8_t* next = nullptr;
   void prefetch(int t) const { if (next) prefetch_row(next + size_t(t) * D, D); }
   void load(int t, int g, typename V::T* x) const {
@@ -153,7 +153,7 @@ struct I8Rows {
   static constexpr int kWG = 1;
   const float* weights(const float* p, float* w, int G) const {
     for (int h = 0; h < G; ++h)
-      for (int j = 0; j < T; j += V::W) V::store(w + h * T + j, V::mul(V::load(p + h * T + j), V::load(sc + j)));
+      for (int j = 0; j < kBT; j += V::W) V::store(w + h * kBT + j, V::mul(V::load(p + h * kBT + j), V::load(sc + j)));
     return w;
   }
 };
@@ -163,30 +163,30 @@ struct I8Rows {
 template <class V, int D>
 struct I4Rows {
   static constexpr bool kOffset = true;
-  const uint8_t* p;    // [T][D/2]
-  const float* vt;     // values: [D/32][2][T] fp32 rows 16*scale and min - 16*scale (see load_u4); keys: null
+  const uint8_t* p;    // [kBT][D/2]
+  const float* vt;     // values: [D/32][2][kBT] fp32 rows 16*scale and min - 16*scale (see load_u4); keys: null
   const uint8_t* next = nullptr;
   void prefetch(int t) const { if (next) prefetch_row(next + size_t(t) * D / 2, D / 2); }
-  const float* mins(int g) const { return vt + (2 * g + 1) * T; }
+  const float* mins(int g) const { return vt + (2 * g + 1) * kBT; }
   void load(int t, int g, typename V::T* x) const {
     constexpr int VPG = 32 / V::W;
     const uint8_t* r = p + size_t(t) * (D / 2) + g * 16;
     for (int i = 0; i < VPG / 2; ++i) V::load_u4(r + i * V::W, x[i], x[VPG / 2 + i]);
   }
-  float mult(int t, int g) const { return vt[2 * g * T + t]; }
+  float mult(int t, int g) const { return vt[2 * g * kBT + t]; }
   // w[h][g][t] = p[h][t] * 16 scale[t][g].
   static constexpr int kWG = D / 32;
   const float* weights(const float* p, float* w, int G) const {
     for (int h = 0; h < G; ++h)
       for (int g = 0; g < D / 32; ++g)
-        for (int j = 0; j < T; j += V::W)
-          V::store(w + (h * (D / 32) + g) * T + j, V::mul(V::load(p + h * T + j), V::load(vt + 2 * g * T + j)));
+        for (int j = 0; j < kBT; j += V::W)
+          V::store(w + (h * (D / 32) + g) * kBT + j, V::mul(V::load(p + h * kBT + j), V::load(vt + 2 * g * kBT + j)));
     return w;
   }
 };
 
-// s[h][t] = q[h] . K[t] for t < n and HB heads (s[h][t >= n] undefined); q [HB][D], s [HB][T],
-// r [HB][T][W] scratch for the per-token partial vectors.
+// s[h][t] = q[h] . K[t] for t < n and HB heads (s[h][t >= n] undefined); q [HB][D], s [HB][kBT],
+// r [HB][kBT][W] scratch for the per-token partial vectors.
 template <class V, int D, int HB, class Rows>
 inline void scores(const Rows& rows, const float* q, float* s, float* r, int n) {
   using VT = typename V::T;
@@ -205,16 +205,16 @@ inline void scores(const Rows& rows, const float* q, float* s, float* r, int n) 
           else a0[h] = V::fmadd(qv, x[i], a0[h]);
         }
     }
-    for (int h = 0; h < HB; ++h) V::store(r + (h * T + t) * W, V::add(a0[h], a1[h]));
+    for (int h = 0; h < HB; ++h) V::store(r + (h * kBT + t) * W, V::add(a0[h], a1[h]));
   }
   // W tokens' partial vectors at a time -> one vector of W dot products (a shuffle tree instead of a
   // horizontal sum per token: that latency chain was ~40 % of the in-cache time).
   for (int h = 0; h < HB; ++h)
-    for (int j = 0; j < n; j += W) V::store(s + h * T + j, V::reduce_rows(r + (h * T + j) * W));
+    for (int j = 0; j < n; j += W) V::store(s + h * kBT + j, V::reduce_rows(r + (h * kBT + j) * W));
 }
 
 // acc[h] += sum_t w[h][g][t] * V[t] for t < n, over the NGC 32-channel groups from g0; w: the block's
-// value weights (Rows::weights: p times the token's (group's) scale, [HB][max(kWG,1)][T]), acc [HB][D].
+// value weights (Rows::weights: p times the token's (group's) scale, [HB][max(kWG,1)][kBT]), acc [HB][D].
 // The HB * NGC * (32/W) accumulators stay in registers for the whole pass over the tokens: with
 // V::cg(HB) groups per pass there are >= 8 independent FMA chains (the FMA latency, not the loads,
 // bounded an earlier token-inner-per-group loop) and each V row is read in one stretch. The weights are
@@ -225,7 +225,7 @@ template <class V, int D, int HB, int NGC, class Rows>
 inline void accum_pass(const Rows& rows, const float* w, float* acc, int n, int g0) {
   using VT = typename V::T;
   constexpr int W = V::W, VPG = 32 / W, NV = NGC * VPG;
-  constexpr int WG = Rows::kWG > 1 ? Rows::kWG : 1, WGS = Rows::kWG > 1 ? T : 0;  // per-head / per-group strides
+  constexpr int WG = Rows::kWG > 1 ? Rows::kWG : 1, WGS = Rows::kWG > 1 ? kBT : 0;  // per-head / per-group strides
   VT a[HB][NV];
   for (int h = 0; h < HB; ++h)
     for (int i = 0; i < NV; ++i) a[h][i] = V::load(acc + h * D + g0 * 32 + i * W);
@@ -235,7 +235,7 @@ inline void accum_pass(const Rows& rows, const float* w, float* acc, int n, int 
     for (int gg = 0; gg < NGC; ++gg) rows.load(t, g0 + gg, x + gg * VPG);
     for (int h = 0; h < HB; ++h)
       for (int gg = 0; gg < NGC; ++gg) {
-        const VT wv = V::set1(w[h * WG * T + (g0 + gg) * WGS + t]);
+        const VT wv = V::set1(w[h * WG * kBT + (g0 + gg) * WGS + t]);
         for (int i = 0; i < VPG; ++i) a[h][gg * VPG + i] = V::fmadd(wv, x[gg * VPG + i], a[h][gg * VPG + i]);
       }
   }
@@ -256,14 +256,14 @@ template <class V>
 inline float softmax_block(float* s, int n, float& m, float& l) {
   using VT = typename V::T;
   constexpr int W = V::W;
-  for (int t = n; t < T; ++t) s[t] = -std::numeric_limits<float>::infinity();
+  for (int t = n; t < kBT; ++t) s[t] = -std::numeric_limits<float>::infinity();
   VT mx = V::load(s);
-  for (int j = W; j < T; j += W) mx = V::max(mx, V::load(s + j));
+  for (int j = W; j < kBT; j += W) mx = V::max(mx, V::load(s + j));
   const float m_new = std::max(m, V::hmax(mx));
   const float corr = m == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(m - m_new);
   const VT mv = V::set1(m_new);
   VT sum = V::zero();
-  for (int j = 0; j < T; j += W) {
+  for (int j = 0; j < kBT; j += W) {
     const VT e = V::exp(V::sub(V::load(s + j), mv));
     V::store(s + j, e);
     sum = V::add(sum, e);
@@ -290,24 +290,24 @@ struct Kernel {
   template <class KR, class VR, class Fix>
   static void block(const KR& kr, const VR& vr, int n, int G, const float* q, float* m, float* l, float* acc,
                     float* sc, float* red, float* wv, Fix&& fix) {
-    for_heads<V::HB>(G, [&]<int HB>(int h0) { scores<V, D, HB>(kr, q + h0 * D, sc + h0 * T, red + h0 * T * V::W, n); });
+    for_heads<V::HB>(G, [&]<int HB>(int h0) { scores<V, D, HB>(kr, q + h0 * D, sc + h0 * kBT, red + h0 * kBT * V::W, n); });
     for (int h = 0; h < G; ++h) {
-      fix(h, sc + h * T, n);
-      const float corr = softmax_block<V>(sc + h * T, n, m[h], l[h]);
+      fix(h, sc + h * kBT, n);
+      const float corr = softmax_block<V>(sc + h * kBT, n, m[h], l[h]);
       if (corr != 1.f) {
         const auto cv = V::set1(corr);
         for (int d = 0; d < D; d += V::W) V::store(acc + h * D + d, V::mul(V::load(acc + h * D + d), cv));
       }
     }
     const float* w = vr.weights(sc, wv, G);
-    constexpr int WS = (VR::kWG > 1 ? VR::kWG : 1) * T;  // weights per head
+    constexpr int WS = (VR::kWG > 1 ? VR::kWG : 1) * kBT;  // weights per head
     for_heads<V::HBV>(G, [&]<int HB>(int h0) { accum<V, D, HB>(vr, w + h0 * WS, acc + h0 * D, n); });
     if constexpr (VR::kOffset) {  // int4 values: + sum_t p_t * min_t,g on each 32-channel group
       for (int h = 0; h < G; ++h)
         for (int g = 0; g < D / 32; ++g) {
           auto oa = V::zero();
-          for (int j = 0; j < T; j += V::W) oa = V::fmadd(V::load(sc + h * T + j), V::load(vr.mins(g) + j), oa);
-          const auto ov = V::set1(V::hsum(oa));  // p = 0 past n (exp(-inf)), so all T lanes may be summed
+          for (int j = 0; j < kBT; j += V::W) oa = V::fmadd(V::load(sc + h * kBT + j), V::load(vr.mins(g) + j), oa);
+          const auto ov = V::set1(V::hsum(oa));  // p = 0 past n (exp(-inf)), so all kBT lanes may be summed
           for (int d = g * 32; d < g * 32 + 32; d += V::W) V::store(acc + h * D + d, V::add(V::load(acc + h * D + d), ov));
         }
     }
@@ -317,11 +317,11 @@ struct Kernel {
     const int G = c.G, H = c.H, kvh = ch.kv_head;
     float* qs = scratch;      // [G][D]
     float* qq = qs + G * D;   // [G][D]
-    float* sc = qq + G * D;   // [G][T]
-    float* c0 = sc + G * T;   // [G]
-    float* vt = c0 + G;       // [D/32][2][T] int4 value params in fp32
-    float* red = vt + (D / 32) * 2 * T;  // [G][T][W] per-token partial dot products
-    float* wv = red + G * T * V::W;      // [G][D/32][T] value weights
+    float* sc = qq + G * D;   // [G][kBT]
+    float* c0 = sc + G * kBT;   // [G]
+    float* vt = c0 + G;       // [D/32][2][kBT] int4 value params in fp32
+    float* red = vt + (D / 32) * 2 * kBT;  // [G][kBT][W] per-token partial dot products
+    float* wv = red + G * kBT * V::W;      // [G][D/32][kBT] value weights
     for (int i = 0; i < G * D; ++i) qs[i] = q[i] * c.scale;
     auto raw = [](int, float*, int) {};
     for (int32_t b = ch.b0; b < ch.b1; ++b) {
@@ -331,14 +331,14 @@ struct Kernel {
         case KVDType::F16: {
           const F16Head hd = f16_head(blk, H, D, kvh);
           const F16Head nh = nxt ? f16_head(nxt, H, D, kvh) : F16Head{nullptr, nullptr};
-          block(F16Rows<V, D>{hd.k, nh.k}, F16Rows<V, D>{hd.v, nh.v}, T, G, qs, m, l, acc, sc, red, wv, raw);
+          block(F16Rows<V, D>{hd.k, nh.k}, F16Rows<V, D>{hd.v, nh.v}, kBT, G, qs, m, l, acc, sc, red, wv, raw);
           break;
         }
         case KVDType::I8: {
           const I8Head hd = i8_head(blk, H, D, kvh);
           const I8Head nh = nxt ? i8_head(nxt, H, D, kvh) : I8Head{nullptr, nullptr, nullptr, nullptr};
-          if (nxt) prefetch_row(nh.ks, T * 4), prefetch_row(nh.vs, T * 4);
-          block(I8Rows<V, D>{hd.k, hd.ks, nh.k}, I8Rows<V, D>{hd.v, hd.vs, nh.v}, T, G, qs, m, l, acc, sc, red, wv,
+          if (nxt) prefetch_row(nh.ks, kBT * 4), prefetch_row(nh.vs, kBT * 4);
+          block(I8Rows<V, D>{hd.k, hd.ks, nh.k}, I8Rows<V, D>{hd.v, hd.vs, nh.v}, kBT, G, qs, m, l, acc, sc, red, wv,
                 [&](int, float* s, int n) { for (int t = 0; t < n; ++t) s[t] *= hd.ks[t]; });
           break;
         }
@@ -346,11 +346,11 @@ struct Kernel {
           const I4Head hd = i4_head(blk, H, D, kvh);
           const I4Head nh = nxt ? i4_head(nxt, H, D, kvh) : I4Head{nullptr, nullptr, nullptr, nullptr};
           if (nxt) prefetch_row(nh.kp, 4 * D), prefetch_row(nh.vp, 4 * D);
-          for (int g = 0; g < D / 32; ++g)  // per group: 16 * scale [T], then min - 16 * scale [T]
-            for (int j = 0; j < T; j += V::W) {
-              const auto s16 = V::mul(V::load_f16(hd.vp + 2 * g * T + j), V::set1(16.f));
-              V::store(vt + 2 * g * T + j, s16);
-              V::store(vt + (2 * g + 1) * T + j, V::sub(V::load_f16(hd.vp + (2 * g + 1) * T + j), s16));
+          for (int g = 0; g < D / 32; ++g)  // per group: 16 * scale [kBT], then min - 16 * scale [kBT]
+            for (int j = 0; j < kBT; j += V::W) {
+              const auto s16 = V::mul(V::load_f16(hd.vp + 2 * g * kBT + j), V::set1(16.f));
+              V::store(vt + 2 * g * kBT + j, s16);
+              V::store(vt + (2 * g + 1) * kBT + j, V::sub(V::load_f16(hd.vp + (2 * g + 1) * kBT + j), s16));
             }
           // Fold the per-channel key scale into the query: qq = qs*16s, c0 = qs.(z-16s) (once per block).
           for (int h = 0; h < G; ++h) {
@@ -362,7 +362,7 @@ struct Kernel {
             }
             c0[h] = V::hsum(cz);
           }
-          block(I4Rows<V, D>{hd.k, nullptr, nh.k}, I4Rows<V, D>{hd.v, vt, nh.v}, T, G, qq, m, l, acc, sc, red, wv,
+          block(I4Rows<V, D>{hd.k, nullptr, nh.k}, I4Rows<V, D>{hd.v, vt, nh.v}, kBT, G, qq, m, l, acc, sc, red, wv,
                 [&](int h, float* s, int n) { for (int t = 0; t < n; ++t) s[t] += c0[h]; });
           break;
         }

@@ -19,12 +19,12 @@ struct Ctx {
   float* m;    // [G]
   float* l;    // [G]
   float* acc;  // [G][D]
-  float* s;    // [G][T] scores, then probabilities
+  float* s;    // [G][kBT] scores, then probabilities
 };
 
 // Online-softmax update of head h after its scores s[0..n) are final; returns corr and turns s into p.
 void softmax_update(Ctx& c, int h, int n) {
-  float* s = c.s + h * T;
+  float* s = c.s + h * kBT;
   float mb = -std::numeric_limits<float>::infinity();
   for (int t = 0; t < n; ++t) mb = std::max(mb, s[t]);
   const float m_new = std::max(c.m[h], mb);
@@ -47,33 +47,33 @@ void block_f16(Ctx& c, const F16Head& hd, int n, const float* qs) {
     for (int h = 0; h < c.G; ++h) {
       float dot = 0;
       for (int d = 0; d < D; ++d) dot += qs[h * D + d] * fp16_to_fp32(k[d]);
-      c.s[h * T + t] = dot;
+      c.s[h * kBT + t] = dot;
     }
   }
   for (int h = 0; h < c.G; ++h) softmax_update(c, h, n);
   for (int t = 0; t < n; ++t) {
     const uint16_t* v = hd.v + size_t(t) * D;
     for (int h = 0; h < c.G; ++h)
-      for (int d = 0; d < D; ++d) c.acc[h * D + d] += c.s[h * T + t] * fp16_to_fp32(v[d]);
+      for (int d = 0; d < D; ++d) c.acc[h * D + d] += c.s[h * kBT + t] * fp16_to_fp32(v[d]);
   }
 }
 
 // int8: x = scale[t] * code. score = ks[t] * (qs . code); acc += (p * vs[t]) * code.
 void block_i8(Ctx& c, const I8Head& hd, const float* qs) {
   const int D = c.D;
-  for (int t = 0; t < T; ++t) {
+  for (int t = 0; t < kBT; ++t) {
     const int8_t* k = hd.k + size_t(t) * D;
     for (int h = 0; h < c.G; ++h) {
       float dot = 0;
       for (int d = 0; d < D; ++d) dot += qs[h * D + d] * float(k[d]);
-      c.s[h * T + t] = dot * hd.ks[t];
+      c.s[h * kBT + t] = dot * hd.ks[t];
     }
   }
-  for (int h = 0; h < c.G; ++h) softmax_update(c, h, T);
-  for (int t = 0; t < T; ++t) {
+  for (int h = 0; h < c.G; ++h) softmax_update(c, h, kBT);
+  for (int t = 0; t < kBT; ++t) {
     const int8_t* v = hd.v + size_t(t) * D;
     for (int h = 0; h < c.G; ++h) {
-      const float w = c.s[h * T + t] * hd.vs[t];
+      const float w = c.s[h * kBT + t] * hd.vs[t];
       for (int d = 0; d < D; ++d) c.acc[h * D + d] += w * float(v[d]);
     }
   }
@@ -96,22 +96,22 @@ void block_i4(Ctx& c, const I4Head& hd, const float* qs, float* qq) {
       qq[h * D + d] = qs[h * D + d] * fp16_to_fp32(hd.kp[d]);
       c0 += qs[h * D + d] * fp16_to_fp32(hd.kp[D + d]);
     }
-    for (int t = 0; t < T; ++t) {
+    for (int t = 0; t < kBT; ++t) {
       const uint8_t* k = hd.k + size_t(t) * D / 2;
       float dot = 0;
       for (int d = 0; d < D; ++d) dot += qq[h * D + d] * float(u4(k, d));
-      c.s[h * T + t] = dot + c0;
+      c.s[h * kBT + t] = dot + c0;
     }
   }
-  for (int h = 0; h < c.G; ++h) softmax_update(c, h, T);
+  for (int h = 0; h < c.G; ++h) softmax_update(c, h, kBT);
   for (int h = 0; h < c.G; ++h)
     for (int g = 0; g < NG; ++g) {
       float off = 0;
-      for (int t = 0; t < T; ++t) {
+      for (int t = 0; t < kBT; ++t) {
         const uint8_t* v = hd.v + size_t(t) * D / 2;
-        const float p = c.s[h * T + t];
-        const float w = p * fp16_to_fp32(hd.vp[(2 * g) * T + t]);
-        off += p * fp16_to_fp32(hd.vp[(2 * g + 1) * T + t]);
+        const float p = c.s[h * kBT + t];
+        const float w = p * fp16_to_fp32(hd.vp[(2 * g) * kBT + t]);
+        off += p * fp16_to_fp32(hd.vp[(2 * g + 1) * kBT + t]);
         for (int d = g * 32; d < g * 32 + 32; ++d) c.acc[h * D + d] += w * float(u4(v, d));
       }
       for (int d = g * 32; d < g * 32 + 32; ++d) c.acc[h * D + d] += off;
@@ -130,7 +130,7 @@ void run_chunk_scalar(const CallCtx& cc, const Chunk& ch, const float* q, float*
   for (int32_t b = ch.b0; b < ch.b1; ++b) {
     const void* blk = ch.seq->blocks[b];
     switch (cc.dtype) {
-      case KVDType::F16: block_f16(c, f16_head(blk, H, D, ch.kv_head), T, qs); break;
+      case KVDType::F16: block_f16(c, f16_head(blk, H, D, ch.kv_head), kBT, qs); break;
       case KVDType::I8: block_i8(c, i8_head(blk, H, D, ch.kv_head), qs); break;
       case KVDType::I4: block_i4(c, i4_head(blk, H, D, ch.kv_head), qs, qq); break;
       default: FD_THROW("decode_attention: unknown KV dtype " << int(cc.dtype));

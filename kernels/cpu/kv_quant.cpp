@@ -1,16 +1,16 @@
 // KV dtypes and their full-block layouts; quantize (once per block when it fills) and dequantize.
 //
-// Shapes: H = n_kv_heads, D = head_dim (multiple of 32), T = 32 tokens per block. Byte counts are for
+// Shapes: H = n_kv_heads, D = head_dim (multiple of 32), kBT = 32 tokens per block. Byte counts are for
 // one head at D = 128.
 //
-//   fp16 (the tail layout):  K fp16 [H][T][D], V fp16 [H][T][D].                       16384 B/head
+//   fp16 (the tail layout):  K fp16 [H][kBT][D], V fp16 [H][kBT][D].                       16384 B/head
 //   int8 (symmetric, per token and head; x = scale * code, code in [-127, 127]):
-//        K int8 [H][T][D], V int8 [H][T][D], K scale fp32 [H][T], V scale fp32 [H][T]. 8448 B/head (1.94x)
+//        K int8 [H][kBT][D], V int8 [H][kBT][D], K scale fp32 [H][kBT], V scale fp32 [H][kBT]. 8448 B/head (1.94x)
 //        fp32 scales: 256 B/head more than fp16 ones (3%) and no rounding of the scale to think about.
 //   int4 (KIVI-style, asymmetric; x = scale * code + min, code in [0, 15]):
-//        K codes [H][T][D/2], V codes [H][T][D/2],
+//        K codes [H][kBT][D/2], V codes [H][kBT][D/2],
 //        K params fp16 [H][2][D]       (row 0: scale per channel over the block's 32 tokens, row 1: min),
-//        V params fp16 [H][D/32][2][T] (per group of 32 channels: the 32 tokens' scales, then their
+//        V params fp16 [H][D/32][2][kBT] (per group of 32 channels: the 32 tokens' scales, then their
 //        mins; token-contiguous so a block's scales convert with vector loads).          5120 B/head (3.2x)
 //        Keys per channel because LLM keys have outlier *channels* (a per-token scale would be set by
 //        them); values per token because their outliers are not channel-aligned (KIVI, arXiv 2402.02750).
@@ -35,7 +35,7 @@
 
 namespace fd {
 
-using attn::T;
+using attn::kBT;
 
 std::string_view kv_dtype_name(KVDType t) {
   switch (t) {
@@ -64,8 +64,8 @@ size_t kv_block_bytes(KVDType dtype, int H, int D) {
   const size_t hd = size_t(H) * D;
   switch (dtype) {
     case KVDType::F16: return kv_fp16_block_bytes(H, D);
-    case KVDType::I8: return 2 * hd * T + 2 * size_t(H) * T * sizeof(float);
-    case KVDType::I4: return hd * T + hd * 2 * 2 + size_t(H) * T * (D / 32) * 2 * 2;
+    case KVDType::I8: return 2 * hd * kBT + 2 * size_t(H) * kBT * sizeof(float);
+    case KVDType::I4: return hd * kBT + hd * 2 * 2 + size_t(H) * kBT * (D / 32) * 2 * 2;
   }
   FD_THROW("unknown KV dtype " << int(dtype));
 }
@@ -121,14 +121,14 @@ void kv_quantize_block(KVDType dtype, const uint16_t* src, void* out, int H, int
       for (int h = 0; h < H; ++h) {
         const attn::I8Head hd = attn::i8_head(out, H, D, h);
         const attn::F16Head in = attn::f16_head(src, H, D, h);
-        for (int t = 0; t < T; ++t) {
+        for (int t = 0; t < kBT; ++t) {
           quant_i8_row(in.k + size_t(t) * D, D, const_cast<int8_t*>(hd.k) + size_t(t) * D, const_cast<float*>(hd.ks) + t);
           quant_i8_row(in.v + size_t(t) * D, D, const_cast<int8_t*>(hd.v) + size_t(t) * D, const_cast<float*>(hd.vs) + t);
         }
       }
       return;
     case KVDType::I4: {
-      uint8_t codes[T][256];
+      uint8_t codes[kBT][256];
       for (int h = 0; h < H; ++h) {
         const attn::I4Head hd = attn::i4_head(out, H, D, h);
         const attn::F16Head in = attn::f16_head(src, H, D, h);
@@ -137,18 +137,18 @@ void kv_quantize_block(KVDType dtype, const uint16_t* src, void* out, int H, int
         // Keys: per channel over the 32 tokens.
         for (int d = 0; d < D; ++d) {
           float lo = INFINITY, hi = -INFINITY;
-          for (int t = 0; t < T; ++t) {
+          for (int t = 0; t < kBT; ++t) {
             const float x = fp16_to_fp32(in.k[size_t(t) * D + d]);
             lo = std::min(lo, x);
             hi = std::max(hi, x);
           }
           u4_params(lo, hi, &kp[d], &kp[D + d]);
           const float s = fp16_to_fp32(kp[d]), z = fp16_to_fp32(kp[D + d]);
-          for (int t = 0; t < T; ++t) codes[t][d] = u4_code(fp16_to_fp32(in.k[size_t(t) * D + d]), s, z);
+          for (int t = 0; t < kBT; ++t) codes[t][d] = u4_code(fp16_to_fp32(in.k[size_t(t) * D + d]), s, z);
         }
-        for (int t = 0; t < T; ++t) pack_u4(codes[t], D, const_cast<uint8_t*>(hd.k) + size_t(t) * D / 2);
+        for (int t = 0; t < kBT; ++t) pack_u4(codes[t], D, const_cast<uint8_t*>(hd.k) + size_t(t) * D / 2);
         // Values: per token, groups of 32 channels.
-        for (int t = 0; t < T; ++t) {
+        for (int t = 0; t < kBT; ++t) {
           const uint16_t* x = in.v + size_t(t) * D;
           for (int g = 0; g < D / 32; ++g) {
             float lo = INFINITY, hi = -INFINITY;
@@ -156,9 +156,9 @@ void kv_quantize_block(KVDType dtype, const uint16_t* src, void* out, int H, int
               lo = std::min(lo, fp16_to_fp32(x[d]));
               hi = std::max(hi, fp16_to_fp32(x[d]));
             }
-            uint16_t* sp = vp + (2 * g) * T + t;  // scale; the min is T further
-            u4_params(lo, hi, sp, sp + T);
-            const float s = fp16_to_fp32(sp[0]), z = fp16_to_fp32(sp[T]);
+            uint16_t* sp = vp + (2 * g) * kBT + t;  // scale; the min is kBT further
+            u4_params(lo, hi, sp, sp + kBT);
+            const float s = fp16_to_fp32(sp[0]), z = fp16_to_fp32(sp[kBT]);
             for (int d = g * 32; d < g * 32 + 32; ++d) codes[t][d] = u4_code(fp16_to_fp32(x[d]), s, z);
           }
           pack_u4(codes[t], D, const_cast<uint8_t*>(hd.v) + size_t(t) * D / 2);
@@ -176,7 +176,7 @@ void kv_quantize_block(KVDType dtype, const uint16_t* src, void* out, int H, int
 void kv_dequantize_block_f32(KVDType dtype, const void* block, float* out, int H, int D) {
   check_shape(H, D);
   FD_CHECK(block && out, "kv_dequantize_block: null pointer");
-  const size_t hs = size_t(T) * D;  // one head's K (or V) in the fp16 layout
+  const size_t hs = size_t(kBT) * D;  // one head's K (or V) in the fp16 layout
   for (int h = 0; h < H; ++h) {
     float* ko = out + h * hs;
     float* vo = out + H * hs + h * hs;
@@ -188,7 +188,7 @@ void kv_dequantize_block_f32(KVDType dtype, const void* block, float* out, int H
       }
       case KVDType::I8: {
         const attn::I8Head hd = attn::i8_head(block, H, D, h);
-        for (int t = 0; t < T; ++t)
+        for (int t = 0; t < kBT; ++t)
           for (int d = 0; d < D; ++d) {
             ko[t * D + d] = hd.ks[t] * float(hd.k[size_t(t) * D + d]);
             vo[t * D + d] = hd.vs[t] * float(hd.v[size_t(t) * D + d]);
@@ -197,13 +197,13 @@ void kv_dequantize_block_f32(KVDType dtype, const void* block, float* out, int H
       }
       case KVDType::I4: {
         const attn::I4Head hd = attn::i4_head(block, H, D, h);
-        for (int t = 0; t < T; ++t)
+        for (int t = 0; t < kBT; ++t)
           for (int d = 0; d < D; ++d) {
-            const uint16_t* vp = hd.vp + (2 * (d / 32)) * T + t;
+            const uint16_t* vp = hd.vp + (2 * (d / 32)) * kBT + t;
             ko[t * D + d] = float(double(fp16_to_fp32(hd.kp[d])) * unpack_u4(hd.k + size_t(t) * D / 2, d) +
                                   double(fp16_to_fp32(hd.kp[D + d])));
             vo[t * D + d] = float(double(fp16_to_fp32(vp[0])) * unpack_u4(hd.v + size_t(t) * D / 2, d) +
-                                  double(fp16_to_fp32(vp[T])));
+                                  double(fp16_to_fp32(vp[kBT])));
           }
         break;
       }
