@@ -1,6 +1,7 @@
 #include "fastdecode/wire/rworker_client.h"
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 
 #include "fastdecode/core/clock.h"
@@ -51,11 +52,29 @@ uint64_t RWorkerClient::send(size_t w, Header h, const std::vector<ConstBuffer>&
 std::optional<RWorkerReply> RWorkerClient::receive(size_t w) {
   std::vector<zmq::message_t> parts;
   if (!zmq::recv_multipart(socks_[w], std::back_inserter(parts), zmq::recv_flags::dontwait)) return std::nullopt;
+  // A reply is as untrusted as a request is to the worker: the same decoder checks its header, frame
+  // count and every frame's size against the header's dimensions, and it must be a reply type.
+  std::vector<proto::Frame> frames;
+  for (const auto& p : parts) frames.push_back({static_cast<const uint8_t*>(p.data()), p.size()});
+  proto::Limits lim;
+  lim.max_message_bytes = SIZE_MAX;  // a reply's size follows from what this client asked for
+  lim.max_seqs = UINT32_MAX, lim.max_tokens = UINT32_MAX;
   RWorkerReply r;
-  if (parts.empty() || parts[0].size() != proto::kHeaderBytes) FD_THROW(who(w) << " sent a malformed reply");
-  std::memcpy(&r.h, parts[0].data(), proto::kHeaderBytes);
-  if (r.h.magic != proto::kMagic || r.h.version != proto::kVersion)
-    FD_THROW(who(w) << " replied with another protocol (magic/version)");
+  try {
+    r.h = proto::decode(frames.data(), frames.size(), lim).h;
+  } catch (const proto::ProtocolError& e) {
+    FD_THROW(who(w) << " sent a malformed reply: " << e.what());
+  }
+  switch (r.h.msg_type()) {
+    case MsgType::HelloReply:
+    case MsgType::AttendReply:
+    case MsgType::StatsReply:
+    case MsgType::Ok:
+    case MsgType::Error:
+      break;
+    default:
+      FD_THROW(who(w) << " sent a " << proto::msg_type_name(r.h.msg_type()) << " message, which is not a reply");
+  }
   for (size_t i = 1; i < parts.size(); ++i) r.frames.push_back(std::move(parts[i]));
   return r;
 }

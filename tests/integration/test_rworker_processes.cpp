@@ -150,3 +150,44 @@ TEST(RWorkerProcesses, StoppedOrKilledWorkerMissesDeadlineNeverHangs) {
   // The resumed worker answers again (its late reply to r1 is also there).
   EXPECT_EQ(c.stats(1)["name"], "w1");
 }
+
+// The client checks replies as the worker checks requests: a reply whose frames do not match its
+// header's dimensions, or a message that is not a reply type, is an fd::Error naming the worker (a
+// peer on the socket that is not an fd-rworker, here a raw ROUTER, cannot hand the engine bad tensors).
+TEST(RWorkerProcesses, ClientRejectsMalformedReplies) {
+  zmq::context_t ctx(1);
+  zmq::socket_t fake(ctx, zmq::socket_type::router);
+  fake.set(zmq::sockopt::linger, 0);
+  fake.bind("tcp://127.0.0.1:*");
+  const std::string ep = fake.get(zmq::sockopt::last_endpoint);
+  RWorkerClient c({ep}, 20000);
+  auto answer = [&](Header reply, std::vector<std::vector<uint8_t>> frames) {
+    const uint64_t id = c.send(0, dims(MsgType::Stats, 0), {});
+    std::vector<zmq::message_t> req;
+    EXPECT_TRUE(zmq::recv_multipart(fake, std::back_inserter(req)));
+    reply.request_id = id;
+    reply.n_frames = uint8_t(frames.size());
+    const auto hb = encode_header(reply);
+    fake.send(req[0], zmq::send_flags::sndmore);  // the DEALER's identity
+    fake.send(zmq::buffer(hb.data(), hb.size()), frames.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore);
+    for (size_t i = 0; i < frames.size(); ++i)
+      fake.send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    return fd::test::error_message([&] { c.wait({{0, id}}, 20000); });
+  };
+  // An ATTEND reply for 1 sequence of 8 heads x 64 (fp16) must carry 1024 bytes; this one carries 1000.
+  const std::string short_frame = answer(dims(MsgType::AttendReply, 1), {std::vector<uint8_t>(1000)});
+  EXPECT_THAT(short_frame, ::testing::HasSubstr("R-worker 0 (" + ep + ") sent a malformed reply"));
+  EXPECT_THAT(short_frame, ::testing::HasSubstr("expected 1024"));
+  // A request type is not an answer.
+  EXPECT_THAT(answer(dims(MsgType::FreeSeq, 1), {std::vector<uint8_t>(8)}), ::testing::HasSubstr("which is not a reply"));
+  // A well-formed reply goes through.
+  const uint64_t id = c.send(0, dims(MsgType::Stats, 0), {});
+  std::vector<zmq::message_t> req;
+  ASSERT_TRUE(zmq::recv_multipart(fake, std::back_inserter(req)));
+  Header ok = dims(MsgType::Ok, 0);
+  ok.request_id = id;
+  const auto hb = encode_header(ok);
+  fake.send(req[0], zmq::send_flags::sndmore);
+  fake.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::none);
+  EXPECT_EQ(c.wait({{0, id}}, 20000).at(0).h.msg_type(), MsgType::Ok);
+}
