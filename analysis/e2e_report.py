@@ -16,6 +16,18 @@ import statistics
 from fd_runs import decode_steps, decode_tokens_per_s
 
 
+def balance(s, hw):
+    """Where the run's S-Part ran: the whole GPU, a reduced one (the A10-like emulation), or the CPU."""
+    info = s.get("engine_info", {})
+    on_gpu = s["engine"] == "gpu-only" or info.get("backend") == "cuda" or str(info.get("s_part", "")).startswith("cuda")
+    if not on_gpu:
+        return "CPU (no GPU)"
+    if hw.get("sm_count"):
+        return "A10-like (%s GB, %s SMs)" % (hw.get("memory_gb"), hw.get("sm_count"))
+    gpus = s["provenance"].get("gpus") or [{}]
+    return "full " + str(gpus[0].get("name", "GPU")).replace("NVIDIA ", "")
+
+
 def load_run(d):
     s = json.load(open(os.path.join(d, "summary.json")))
     steps = [json.loads(l) for l in open(os.path.join(d, "steps.jsonl"))]
@@ -31,7 +43,7 @@ def load_run(d):
         "model": s["model"]["name"],
         "layers": s["model"]["layers"],
         "engine": s["engine"],
-        "balance": "A10-like (%s GB, %s SMs)" % (hw.get("memory_gb"), hw.get("sm_count")) if hw.get("sm_count") else "full H200",
+        "balance": balance(s, hw),
         "rworker_cpus": (eng.get("rworkers", {}).get("spawn", 0) * eng.get("rworkers", {}).get("threads", 0)) if s["engine"] == "fastdecode" else 0,
         "gpu_only_slots": info.get("slots"),
         "decode_steps": len(dec),

@@ -4,10 +4,17 @@ and fd-transport-bench write. Usage:
 
     analysis/rworker_report.py artifacts/rworker/gpu-machine [--out artifacts/rworker/gpu-machine/REPORT.md]
 
-Reads every attn_*.json, torch_sdpa_*.json and transport.json in the folder and prints (or writes)
+Reads every attn_*.json, torch_sdpa_*.json and transport*.json in the folder and prints (or writes)
 markdown: fp16 kernel vs the same-run read ceiling, int8/int4 speed-ups over fp16 measured in the
 same run, the fp16 kernel vs PyTorch CPU SDPA (bf16, fp16) on the same shapes and thread count, and
 the transport's best GB/s per link. Every number comes from the files; nothing is typed in.
+
+Both formats of fd-attn-bench / fd-transport-bench are read: the tools' own JSON of issue 3 (the
+committed files: "records" / "results" with "provenance") and Google Benchmark's JSON (issue 10:
+"context" with the fd_* provenance keys, "benchmarks" with one row per benchmark and the counters as
+keys; decode_attention/ISA/KV/B:B/ctx:C and round_trip/T/io:I/links:N/size:S rows are read, their
+paired read_ceiling / memcpy_ceiling already folded into ratio_to_ceiling and ceiling_bytes_per_second).
+With --benchmark_repetitions, each counter is the median over the repetitions; failed rows are left out.
 """
 from __future__ import annotations
 
@@ -26,6 +33,60 @@ def load(folder: Path, pattern: str):
     return out
 
 
+def is_gbench(d):
+    return "benchmarks" in d and "context" in d
+
+
+def gbench_rows(d, family):
+    """One row per case of a Google Benchmark family (name prefix): its numeric fields, each the median
+    over repetitions, and "parts" = the run name split at "/"."""
+    groups = defaultdict(list)
+    for b in d["benchmarks"]:
+        if b.get("run_type") == "iteration" and not b.get("error_occurred") and b["name"].startswith(family + "/"):
+            groups[b["run_name"]].append(b)
+    rows = []
+    for run_name, bs in groups.items():
+        keys = [k for k, v in bs[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        row = {k: statistics.median(b[k] for b in bs) for k in keys if all(k in b for b in bs)}
+        row["parts"] = run_name.split("/")
+        rows.append(row)
+    return rows
+
+
+def gbench_provenance(d):
+    return {k[3:]: v for k, v in d["context"].items() if k.startswith("fd_")}
+
+
+def name_field(parts, key):
+    return next(p.split(":", 1)[1] for p in parts if p.startswith(key + ":"))
+
+
+def attn_file(d):
+    """An fd-attn-bench file in the issue-3 layout (records, provenance, threads), whichever format."""
+    if not is_gbench(d):
+        return d
+    recs = []
+    for r in gbench_rows(d, "decode_attention"):
+        ceiling = r.get("ceiling_bytes_per_second")
+        recs.append({"isa": r["parts"][1], "kv_dtype": r["parts"][2], "batch": int(r["batch"]),
+                     "context": int(r["context"]), "n_heads": int(r["n_heads"]), "n_kv_heads": int(r["n_kv_heads"]),
+                     "head_dim": int(r["head_dim"]), "tokens_per_s": r["tokens_per_second"],
+                     "kernel_GBps": r["bytes_per_second"] / 1e9, "ceiling_GBps": ceiling / 1e9 if ceiling else None,
+                     "ratio_to_ceiling": r.get("ratio_to_ceiling")})
+    prov = gbench_provenance(d)
+    return {"records": recs, "provenance": prov, "threads": int(prov["threads"])}
+
+
+def transport_file(d):
+    """An fd-transport-bench file in the issue-3 layout (results, target), whichever format."""
+    if not is_gbench(d):
+        return d
+    res = [{"transport": r["parts"][1], "links": int(r["links"]), "io_threads": int(r["io_threads"]),
+            "size_label": name_field(r["parts"], "size"), "size_bytes": int(r["size_bytes"]),
+            "gbps_per_link": r["GBps_per_link"]} for r in gbench_rows(d, "round_trip")]
+    return {"results": res, "target": {"gbps_per_link": float(d["context"]["fd_target_gbps_per_link"])}}
+
+
 def shape_key(r):
     return (r.get("n_heads"), r.get("n_kv_heads"), r.get("head_dim"), r["batch"], r["context"])
 
@@ -36,6 +97,7 @@ def fmt(x, nd=2):
 
 def attn_tables(files, lines):
     for name, d in files:
+        d = attn_file(d)
         recs = d["records"]
         prov = d["provenance"]
         lines.append(f"### {name}\n")
@@ -48,10 +110,10 @@ def attn_tables(files, lines):
             base = fp16.get((r["isa"], r["batch"], r["context"]))
             sp = r["tokens_per_s"] / base if base and r["kv_dtype"] != "fp16" else None
             lines.append(f"| {r['isa']} | {r['kv_dtype']} | {r['batch']} | {r['context']} | {r['tokens_per_s']:.0f} | "
-                         f"{r['kernel_GBps']:.1f} | {r['ceiling_GBps']:.1f} | {r['ratio_to_ceiling']:.2f} | {fmt(sp)} |")
+                         f"{r['kernel_GBps']:.1f} | {fmt(r['ceiling_GBps'], 1)} | {fmt(r['ratio_to_ceiling'])} | {fmt(sp)} |")
         # Target summary: fp16 at ctx >= 512 with B*heads >= threads.
         big = [r for r in recs if r["kv_dtype"] == "fp16" and r["context"] >= 512
-               and r["batch"] * r["n_kv_heads"] >= d["threads"]]
+               and r["batch"] * r["n_kv_heads"] >= d["threads"] and r["ratio_to_ceiling"] is not None]
         if big:
             ratios = [r["ratio_to_ceiling"] for r in big]
             lines.append(f"\nfp16, ctx ≥ 512, B·kv_heads ≥ threads: ratio to ceiling median {statistics.median(ratios):.2f}, "
@@ -69,7 +131,7 @@ def attn_tables(files, lines):
 def torch_table(attn_files, torch_files, lines):
     ours = {}
     for _, d in attn_files:
-        for r in d["records"]:
+        for r in attn_file(d)["records"]:
             if r["kv_dtype"] == "fp16" and r["isa"] == "avx512":
                 ours.setdefault(shape_key(r), []).append(r["tokens_per_s"])
     lines.append("| heads/kv | B | ctx | KV MB | ours fp16 tokens/s | SDPA bf16 | SDPA fp16 | ours ÷ bf16 | ours ÷ fp16 |")
@@ -108,11 +170,12 @@ def shape_kkey(r):
 
 def transport_table(files, lines):
     for name, d in files:
+        d = transport_file(d)
         res = d["results"]
         lines.append(f"### {name}\n")
         best = defaultdict(float)
         for r in res:
-            if r["transport"] == "inproc":
+            if r["transport"] == "inproc":  # issue-3 files only: pointers passed, not a transport
                 continue
             k = (r["transport"], r["links"], r["size_label"])
             best[k] = max(best[k], r["gbps_per_link"])

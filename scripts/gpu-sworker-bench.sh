@@ -41,7 +41,7 @@ if has tests; then
   grep -E "^\[  SKIPPED \] [^0-9]" "$out/gpu_tests.log" | sort -u | head -10
 fi
 if has kernels; then
-  $bin/fd-kernel-bench --out "$out/kernel_bench.json" >"$out/kernel_bench.log" 2>&1 || rc=1
+  $bin/fd-kernel-bench --json "$out/kernel_bench.json" --benchmark_counters_tabular=true >"$out/kernel_bench.log" 2>&1 || rc=1
   cat "$out/kernel_bench.log"
 fi
 if has spart; then

@@ -3,7 +3,7 @@
 // `max_context` tokens of cache (a slot); the number of slots, so the batch, is bounded by GPU memory:
 // (memory - full-depth weights - 1 GiB of workspaces) / (max_context x full-depth KV per token + one
 // decode row's activations and logits). In a reduced-layer run the cache holds only the layers run but the capacity is the full
-// model's (DESIGN §8). Requests beyond the slots wait in the engine's queue.
+// model's (hardware balance, docs/EXPERIMENTS.md). Requests beyond the slots wait in the engine's queue.
 #pragma once
 #include <memory>
 

@@ -1,4 +1,4 @@
-// The Engine interface (DESIGN §3): the harness drives every engine (reference, FastDecode, GPU-only,
+// The Engine interface (docs/ARCHITECTURE.md): the harness drives every engine (reference, FastDecode, GPU-only,
 // baselines) through these few calls. The harness owns the workload, clock, recorder and progress
 // display; an engine owns memory and devices.
 #pragma once

@@ -1,5 +1,5 @@
 // fd-rworker: an R-worker process. Holds KV-caches in host memory and answers ATTEND requests with
-// decode attention over them (DESIGN §4-5).
+// decode attention over them (docs/RWORKER.md).
 #include <csignal>
 #include <cstdio>
 #include <sstream>

@@ -3,21 +3,32 @@
 #include <omp.h>
 #include <sched.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <string>
 
 namespace fd {
 
 void pin_openmp_threads(const std::vector<int>& cpus, int n_threads) {
   if (cpus.empty()) return;
-  int failures = 0;
-#pragma omp parallel num_threads(n_threads) reduction(+ : failures)
+  int failures = 0, err = 0;
+#pragma omp parallel num_threads(n_threads) reduction(+ : failures) reduction(max : err)
   {
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(cpus[size_t(omp_get_thread_num()) % cpus.size()], &set);
-    if (sched_setaffinity(0, sizeof set, &set) != 0) ++failures;
+    if (sched_setaffinity(0, sizeof set, &set) != 0) ++failures, err = errno;
   }
-  if (failures) FD_THROW("could not pin " << failures << " compute threads to the CPUs given (--cpus)");
+  if (failures) {
+    std::string list;
+    for (int c : cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
+    FD_THROW("could not pin " << failures << " of " << n_threads << " compute threads to CPUs " << list
+                              << " (--cpus): " << std::strerror(err) << "; this machine has "
+                              << sysconf(_SC_NPROCESSORS_ONLN) << " CPUs online");
+  }
 }
 
 void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt, const std::atomic<bool>* stop,

@@ -64,8 +64,13 @@ SpawnedRWorker::SpawnedRWorker(const std::string& binary, const std::vector<std:
     int status = 0;
     waitpid(pid_, &status, 0);
     pid_ = -1;
-    FD_THROW("R-worker " << binary << " did not report an endpoint (exit status " << status
-                         << "); see its messages above");
+    std::string cmd = binary;
+    for (const auto& a : args) cmd += " " + a;
+    const std::string how = WIFEXITED(status)     ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                            : WIFSIGNALED(status) ? "was stopped by signal " + std::to_string(WTERMSIG(status))
+                                                  : "did not exit";
+    FD_THROW("R-worker `" << cmd << "` " << how << " without reporting an endpoint (waited up to " << timeout_ms
+                          << " ms); see its messages above");
   }
   endpoint_ = line.substr(0, line.find('\n'));
 }

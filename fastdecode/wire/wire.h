@@ -1,4 +1,4 @@
-// The S-worker <-> R-worker wire format (DESIGN §5). A message is multipart: one fixed 64-byte
+// The S-worker <-> R-worker wire format (docs/RWORKER.md). A message is multipart: one fixed 64-byte
 // little-endian header frame, then the tensor frames its type calls for, whose sizes follow from the
 // header's dimensions. Every received byte is untrusted: decode() checks all of it.
 #pragma once

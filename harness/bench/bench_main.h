@@ -15,9 +15,19 @@
 
 namespace fd::bench {
 
-// Runs `app` (the program's options) and then the benchmarks `register_all` registers. Exit codes as
-// guarded_main: 0, 1 (error), 2 (usage).
-int bench_main(int argc, char** argv, CLI::App& app, const std::function<void()>& register_all);
+// Runs `app` (the program's options) and then the benchmarks `register_all` registers; `after_all` (if
+// given) runs after the last benchmark, e.g. to stop processes a benchmark left running for the next
+// one. Exit codes as guarded_main: 0, 1 (error, including any benchmark that failed()), 2 (usage).
+int bench_main(int argc, char** argv, CLI::App& app, const std::function<void()>& register_all,
+               const std::function<void()>& after_all = {});
+
+// Marks the running benchmark failed: Google Benchmark's SkipWithError (its JSON row gets error_occurred
+// and error_message, the other benchmarks still run) and bench_main exits 1 afterwards with `name:
+// message` on stderr. The caller returns from the benchmark without touching `st` again.
+void fail(benchmark::State& st, const std::string& name, const std::string& message);
+// Runs `body`; an exception it throws becomes fail(st, name, what()). A benchmark must not throw through
+// Google Benchmark: the run would end with the JSON file cut off.
+void run_guarded(benchmark::State& st, const std::string& name, const std::function<void()>& body);
 
 // Ceilings measured in this run, by case: a kernel benchmark registered after its case's ceiling reads
 // the ceiling's seconds per iteration and reports ratio_to_ceiling = ceiling time / kernel time (bytes

@@ -1,24 +1,27 @@
-// fd-kernel-bench (CUDA builds): the GPU kernels' speed next to their ceilings, timed with CUDA events
-// after a warm-up (these were printed-only "tests" before; speed lives in benchmarks, not in tests):
-//   decode     flash-decoding split-K decode attention: achieved K+V read bandwidth (every sequence at
-//              full length) and its share of the device's HBM bandwidth (--hbm-gbs, default the H200's 4800)
-//   prefill    tiled causal prefill attention: TFLOP/s (4·D·Hq FLOPs per attended (query, key) pair)
-//   sampling   cuda::sample_rows: µs per call, full vocabulary, top-p 0.9, top-k 40 + top-p 0.9
-// Correctness of the same kernels is in the gpu-labelled tests (tests/gpu/). Writes JSON with provenance.
+// fd-kernel-bench (CUDA builds): the GPU kernels next to their same-run ceilings, on Google Benchmark
+// (bench_main.h; speed lives here, correctness in tests/gpu/). Each case registers its ceiling first,
+// then the kernel, which reports ratio_to_ceiling = ceiling time / kernel time:
+//   decode/...    flash-decoding split-K decode attention; ceiling: read_ceiling of the same K+V bytes
+//                 (the HBM read rate the device achieves in this run). Counters: bytes/s, ratio.
+//   prefill/...   tiled causal prefill attention (fp32 CUDA cores, 4·D·Hq FLOPs per attended (query, key)
+//                 pair); ceiling: fma_ceiling, fp32 FMAs on registers. Counters: FLOP/s, ratio.
+//   sampling/...  cuda::sample_rows (full vocabulary, top-p 0.9, top-k 40 + top-p 0.9); ceiling: one read
+//                 of the logits (every setting reads them at least once). Counters: rows/s, ratio.
+// Times are CUDA events around one call per iteration (UseManualTime), after a warm-up call.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 
 #include "fastdecode/core/dtype.h"
-#include "fastdecode/spart/cuda_model.h"
-#include "fastdecode/core/cli_main.h"
-#include "harness/bench/cuda_timing.h"
-#include "harness/provenance.h"
+#include "fastdecode/spart/cuda_model.h"  // DeviceBuffer
+#include "harness/bench/bench_main.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/ceilings.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/sampling.h"
 
@@ -26,12 +29,48 @@ namespace {
 
 using fd::DeviceBuffer;
 
-double ms_per_call(const std::function<void()>& call, int reps) { return fd::cuda_ms_per_call(nullptr, reps, call); }
+// One call of `call` timed with CUDA events on the legacy stream, in seconds.
+class EventTimer {
+ public:
+  EventTimer() {
+    CUDA_CHECK(cudaEventCreate(&e0_));
+    CUDA_CHECK(cudaEventCreate(&e1_));
+  }
+  ~EventTimer() {
+    cudaEventDestroy(e0_);
+    cudaEventDestroy(e1_);
+  }
+  double seconds(const std::function<void()>& call) {
+    CUDA_CHECK(cudaEventRecord(e0_, nullptr));
+    call();
+    CUDA_CHECK(cudaEventRecord(e1_, nullptr));
+    CUDA_CHECK(cudaEventSynchronize(e1_));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0_, e1_));
+    return double(ms) * 1e-3;
+  }
+
+ private:
+  cudaEvent_t e0_, e1_;
+};
+
+// The benchmark loop: a warm-up call, then one timed call per iteration; returns seconds per iteration.
+double run_timed(benchmark::State& st, const std::function<void()>& call) {
+  EventTimer t;
+  call();
+  double total = 0;
+  for (auto _ : st) {
+    const double s = t.seconds(call);
+    st.SetIterationTime(s);
+    total += s;
+  }
+  return fd::bench::seconds_per_iteration(st, total);
+}
 
 template <typename T>
-DeviceBuffer<T> upload(const std::vector<T>& h) {
-  DeviceBuffer<T> d(std::max<size_t>(h.size(), 1));
-  CUDA_CHECK(cudaMemcpy(d.get(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+std::shared_ptr<DeviceBuffer<T>> upload(const std::vector<T>& h) {
+  auto d = std::make_shared<DeviceBuffer<T>>(std::max<size_t>(h.size(), 1));
+  CUDA_CHECK(cudaMemcpy(d->get(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
 
@@ -42,93 +81,103 @@ std::vector<float> uniform(size_t n, float scale, std::mt19937& rng) {
   return v;
 }
 
-fd::json bench_decode(int reps, double hbm_gbs) {
+fd::bench::Ceilings g_ceilings;
+std::shared_ptr<DeviceBuffer<float>> g_sink;
+
+void set_ratio(benchmark::State& st, const std::string& key, double kernel_s) {
+  const double c = g_ceilings.get(key);
+  if (c > 0 && kernel_s > 0) st.counters["ratio_to_ceiling"] = c / kernel_s;
+}
+
+void register_decode() {
   struct Case {
     int64_t B, ctx;
     int Hq, Hkv, D;
   };
-  fd::json rows = fd::json::array();
-  std::printf("decode attention (fp16 KV, fp32 math)\n%6s %6s %4s %4s %4s %10s %9s %7s\n", "B", "ctx", "Hq", "Hkv", "D",
-              "us/call", "KV GB/s", "of HBM");
   // The first row is the reference configuration (B=256, ctx=1024, MHA 32 heads, D=128).
   for (const Case c : {Case{256, 1024, 32, 32, 128}, Case{256, 1024, 32, 8, 128}, Case{64, 4096, 32, 32, 128},
                        Case{32, 1024, 32, 32, 128}, Case{256, 1024, 32, 32, 64}}) {
+    char name[96];
+    std::snprintf(name, sizeof name, "B%lld/ctx%lld/Hq%d/Hkv%d/D%d", (long long)c.B, (long long)c.ctx, c.Hq, c.Hkv, c.D);
+    const std::string key = name;
     const int64_t kvd = int64_t(c.Hkv) * c.D, cache_n = c.B * c.ctx * kvd;
-    DeviceBuffer<__half> kc(static_cast<size_t>(cache_n)), vc(static_cast<size_t>(cache_n));
-    CUDA_CHECK(cudaMemset(kc.get(), 0x3C, size_t(cache_n) * 2));  // 0x3C3C: ~1.06, finite
-    CUDA_CHECK(cudaMemset(vc.get(), 0x3C, size_t(cache_n) * 2));
-    std::vector<int32_t> slots(size_t(c.B)), lens(size_t(c.B), int32_t(c.ctx));
-    std::iota(slots.begin(), slots.end(), 0);
-    std::mt19937 rng(1);
-    auto q = upload(uniform(size_t(c.B * c.Hq * c.D), 1.0f, rng));
-    DeviceBuffer<float> out(size_t(c.B * c.Hq * c.D));
-    auto ds = upload(slots), dl = upload(lens);
-    DeviceBuffer<float> ws(std::max<size_t>(fd::cuda::decode_attention_workspace_floats(c.B, c.Hq, c.D, c.ctx), 1));
-    const double ms = ms_per_call(
-        [&] {
-          fd::cuda::decode_attention({.q = q.get(),
-                                      .k_cache = kc.get(),
-                                      .v_cache = vc.get(),
-                                      .slots = ds.get(),
-                                      .lens = dl.get(),
-                                      .B = c.B,
-                                      .max_ctx = c.ctx,
-                                      .Hq = c.Hq,
-                                      .Hkv = c.Hkv,
-                                      .D = c.D,
-                                      .out = out.get(),
-                                      .workspace = ws.get()},
-                                     nullptr);
-        },
-        reps);
-    const double bytes = 2.0 * double(cache_n) * 2.0, gbs = bytes / (ms * 1e-3) / 1e9;
-    std::printf("%6lld %6lld %4d %4d %4d %10.1f %9.0f %6.0f%%\n", (long long)c.B, (long long)c.ctx, c.Hq, c.Hkv, c.D,
-                ms * 1e3, gbs, gbs / hbm_gbs * 100);
-    rows.push_back({{"B", c.B}, {"ctx", c.ctx}, {"Hq", c.Hq}, {"Hkv", c.Hkv}, {"D", c.D}, {"ms", ms},
-                    {"kv_gbs", gbs}, {"of_hbm", gbs / hbm_gbs}});
+    const double bytes = 2.0 * double(cache_n) * 2.0;  // K and V, fp16
+    // Buffers are made when the benchmark first runs (not at registration), shared by ceiling and kernel.
+    auto kc = std::make_shared<std::shared_ptr<DeviceBuffer<__half>>>(), vc = std::make_shared<std::shared_ptr<DeviceBuffer<__half>>>();
+    auto make = [=] {
+      if (*kc) return;
+      *kc = std::make_shared<DeviceBuffer<__half>>(size_t(cache_n));
+      *vc = std::make_shared<DeviceBuffer<__half>>(size_t(cache_n));
+      CUDA_CHECK(cudaMemset((*kc)->get(), 0x3C, size_t(cache_n) * 2));  // 0x3C3C: ~1.06, finite
+      CUDA_CHECK(cudaMemset((*vc)->get(), 0x3C, size_t(cache_n) * 2));
+    };
+    benchmark::RegisterBenchmark(("decode/ceiling_read/" + key).c_str(), [=](benchmark::State& st) {
+      make();
+      const double s = run_timed(st, [&] {
+        fd::cuda::read_ceiling((*kc)->get(), size_t(cache_n) * 2, g_sink->get(), nullptr);
+        fd::cuda::read_ceiling((*vc)->get(), size_t(cache_n) * 2, g_sink->get(), nullptr);
+      });
+      g_ceilings.set("decode/" + key, s);
+      st.counters["bytes_per_second"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+    })->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("decode/attention/" + key).c_str(), [=](benchmark::State& st) {
+      make();
+      std::vector<int32_t> slots(size_t(c.B)), lens(size_t(c.B), int32_t(c.ctx));
+      std::iota(slots.begin(), slots.end(), 0);
+      std::mt19937 rng(1);
+      auto q = upload(uniform(size_t(c.B * c.Hq * c.D), 1.0f, rng));
+      DeviceBuffer<float> out(size_t(c.B * c.Hq * c.D));
+      auto ds = upload(slots), dl = upload(lens);
+      DeviceBuffer<float> ws(std::max<size_t>(fd::cuda::decode_attention_workspace_floats(c.B, c.Hq, c.D, c.ctx), 1));
+      const double s = run_timed(st, [&] {
+        fd::cuda::decode_attention({.q = q->get(), .k_cache = (*kc)->get(), .v_cache = (*vc)->get(), .slots = ds->get(),
+                                    .lens = dl->get(), .B = c.B, .max_ctx = c.ctx, .Hq = c.Hq, .Hkv = c.Hkv, .D = c.D,
+                                    .out = out.get(), .workspace = ws.get()},
+                                   nullptr);
+      });
+      st.counters["bytes_per_second"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+      set_ratio(st, "decode/" + key, s);
+    })->UseManualTime()->Unit(benchmark::kMicrosecond);
   }
-  return rows;
 }
 
-fd::json bench_prefill(int reps) {
+void register_prefill() {
   const int64_t n_seq = 8, len = 1024, T = n_seq * len;
-  fd::json rows = fd::json::array();
-  std::printf("causal prefill attention, %lld x %lld tokens\n%4s %4s %4s %10s %9s\n", (long long)n_seq, (long long)len,
-              "Hq", "Hkv", "D", "ms/call", "TFLOP/s");
   for (const int Hkv : {32, 8}) {
     const int Hq = 32, D = 128;
-    std::vector<int32_t> starts(size_t(n_seq + 1));
-    for (int64_t i = 0; i <= n_seq; ++i) starts[size_t(i)] = int32_t(i * len);
-    std::mt19937 rng(2);
-    auto q = upload(uniform(size_t(T * Hq * D), 1.0f, rng));
-    DeviceBuffer<float> out(size_t(T * Hq * D));
-    DeviceBuffer<__half> k(size_t(T * Hkv * D)), v(size_t(T * Hkv * D));
-    CUDA_CHECK(cudaMemset(k.get(), 0x3C, k.size() * 2));
-    CUDA_CHECK(cudaMemset(v.get(), 0x3C, v.size() * 2));
-    auto ds = upload(starts);
-    const double ms = ms_per_call(
-        [&] {
-          fd::cuda::prefill_attention({.q = q.get(),
-                                       .k = k.get(),
-                                       .v = v.get(),
-                                       .starts = ds.get(),
-                                       .n_seq = n_seq,
-                                       .max_len = len,
-                                       .Hq = Hq,
-                                       .Hkv = Hkv,
-                                       .D = D,
-                                       .out = out.get()},
-                                      nullptr);
-        },
-        reps);
-    const double flops = 4.0 * D * Hq * double(n_seq) * double(len * (len + 1) / 2), tf = flops / (ms * 1e-3) / 1e12;
-    std::printf("%4d %4d %4d %10.2f %9.1f\n", Hq, Hkv, D, ms, tf);
-    rows.push_back({{"n_seq", n_seq}, {"len", len}, {"Hq", Hq}, {"Hkv", Hkv}, {"D", D}, {"ms", ms}, {"tflops", tf}});
+    char name[96];
+    std::snprintf(name, sizeof name, "seq%lldx%lld/Hq%d/Hkv%d/D%d", (long long)n_seq, (long long)len, Hq, Hkv, D);
+    const std::string key = name;
+    const double flops = 4.0 * D * Hq * double(n_seq) * double(len * (len + 1) / 2);
+    benchmark::RegisterBenchmark(("prefill/ceiling_fma/" + key).c_str(), [=](benchmark::State& st) {
+      DeviceBuffer<float> sink(fd::cuda::fma_ceiling_sink_floats());
+      int64_t done = 0;
+      const double s = run_timed(st, [&] { done = fd::cuda::fma_ceiling(int64_t(flops), sink.get(), nullptr); });
+      g_ceilings.set("prefill/" + key, s * flops / double(done));  // the ceiling's time for the kernel's FLOPs
+      st.counters["flops_per_second"] = benchmark::Counter(double(done), benchmark::Counter::kIsIterationInvariantRate);
+    })->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("prefill/attention/" + key).c_str(), [=](benchmark::State& st) {
+      std::vector<int32_t> starts(size_t(n_seq + 1));
+      for (int64_t i = 0; i <= n_seq; ++i) starts[size_t(i)] = int32_t(i * len);
+      std::mt19937 rng(2);
+      auto q = upload(uniform(size_t(T * Hq * D), 1.0f, rng));
+      DeviceBuffer<float> out(size_t(T * Hq * D));
+      DeviceBuffer<__half> k(size_t(T * Hkv * D)), v(size_t(T * Hkv * D));
+      CUDA_CHECK(cudaMemset(k.get(), 0x3C, k.size() * 2));
+      CUDA_CHECK(cudaMemset(v.get(), 0x3C, v.size() * 2));
+      auto ds = upload(starts);
+      const double s = run_timed(st, [&] {
+        fd::cuda::prefill_attention({.q = q->get(), .k = k.get(), .v = v.get(), .starts = ds->get(), .n_seq = n_seq,
+                                     .max_len = len, .Hq = Hq, .Hkv = Hkv, .D = D, .out = out.get()},
+                                    nullptr);
+      });
+      st.counters["flops_per_second"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+      set_ratio(st, "prefill/" + key, s);
+    })->UseManualTime()->Unit(benchmark::kMillisecond);
   }
-  return rows;
 }
 
-fd::json bench_sampling(int reps) {
+void register_sampling() {
   struct Shape {
     int64_t n, V;
   };
@@ -137,66 +186,68 @@ fd::json bench_sampling(int reps) {
     int64_t top_k;
     double top_p;
   };
-  fd::json rows = fd::json::array();
-  std::printf("sampling (cuda::sample_rows, temperature 1)\n%6s %7s %18s %9s\n", "rows", "vocab", "setting", "us/call");
   for (const Shape sh : {Shape{256, 32000}, Shape{1024, 128256}}) {
+    char name[64];
+    std::snprintf(name, sizeof name, "rows%lld/V%lld", (long long)sh.n, (long long)sh.V);
+    const std::string key = name;
     // 16 distinct rows of N(0, 3^2) logits rounded to fp16 (ties, as fp16 logits have), repeated.
-    std::mt19937 rng(11);
-    std::normal_distribution<float> nd(0.0f, 3.0f);
-    std::vector<float> h(size_t(sh.n * sh.V));
-    for (int64_t r = 0; r < 16; ++r)
-      for (int64_t i = 0; i < sh.V; ++i) h[size_t(r * sh.V + i)] = fd::fp16_to_fp32(fd::fp32_to_fp16(nd(rng)));
-    for (int64_t r = 16; r < sh.n; ++r)
-      std::copy(h.begin() + (r % 16) * sh.V, h.begin() + (r % 16 + 1) * sh.V, h.begin() + r * sh.V);
-    std::vector<uint64_t> rid(size_t(sh.n)), step(size_t(sh.n), 7);
-    std::iota(rid.begin(), rid.end(), uint64_t(1000));
-    auto logits = upload(h);
-    auto rids = upload(rid), steps = upload(step);
-    DeviceBuffer<int32_t> out(size_t(sh.n));
-    for (const Setting st : {Setting{"full", 0, 1.0}, Setting{"top_p0.9", 0, 0.9}, Setting{"top_k40+top_p0.9", 40, 0.9}}) {
-      fd::SamplingParams p;
-      p.temperature = 1.0, p.top_k = st.top_k, p.top_p = st.top_p, p.seed = 1;
-      const double ms = ms_per_call(
-          [&] { fd::cuda::sample_rows(logits.get(), sh.n, sh.V, p, rids.get(), steps.get(), out.get(), nullptr); }, reps);
-      std::printf("%6lld %7lld %18s %9.1f\n", (long long)sh.n, (long long)sh.V, st.name, ms * 1e3);
-      rows.push_back({{"rows", sh.n}, {"vocab", sh.V}, {"setting", st.name}, {"top_k", st.top_k}, {"top_p", st.top_p},
-                      {"us", ms * 1e3}});
+    auto logits = std::make_shared<std::shared_ptr<DeviceBuffer<float>>>();
+    auto make = [=] {
+      if (*logits) return;
+      std::mt19937 rng(11);
+      std::normal_distribution<float> nd(0.0f, 3.0f);
+      std::vector<float> h(size_t(sh.n * sh.V));
+      for (int64_t r = 0; r < 16; ++r)
+        for (int64_t i = 0; i < sh.V; ++i) h[size_t(r * sh.V + i)] = fd::fp16_to_fp32(fd::fp32_to_fp16(nd(rng)));
+      for (int64_t r = 16; r < sh.n; ++r)
+        std::copy(h.begin() + (r % 16) * sh.V, h.begin() + (r % 16 + 1) * sh.V, h.begin() + r * sh.V);
+      *logits = upload(h);
+    };
+    benchmark::RegisterBenchmark(("sampling/ceiling_read/" + key).c_str(), [=](benchmark::State& st) {
+      make();
+      const double s = run_timed(st, [&] {
+        fd::cuda::read_ceiling((*logits)->get(), size_t(sh.n * sh.V) * 4, g_sink->get(), nullptr);
+      });
+      g_ceilings.set("sampling/" + key, s);
+      st.counters["rows_per_second"] = benchmark::Counter(double(sh.n), benchmark::Counter::kIsIterationInvariantRate);
+    })->UseManualTime()->Unit(benchmark::kMicrosecond);
+    for (const Setting se : {Setting{"full", 0, 1.0}, Setting{"top_p0.9", 0, 0.9}, Setting{"top_k40+top_p0.9", 40, 0.9}}) {
+      benchmark::RegisterBenchmark(("sampling/" + std::string(se.name) + "/" + key).c_str(), [=](benchmark::State& st) {
+        make();
+        std::vector<uint64_t> rid(size_t(sh.n)), step(size_t(sh.n), 7);
+        std::iota(rid.begin(), rid.end(), uint64_t(1000));
+        auto rids = upload(rid), steps = upload(step);
+        DeviceBuffer<int32_t> out(size_t(sh.n));
+        fd::SamplingParams p;
+        p.temperature = 1.0, p.top_k = se.top_k, p.top_p = se.top_p, p.seed = 1;
+        const double s = run_timed(st, [&] {
+          fd::cuda::sample_rows((*logits)->get(), sh.n, sh.V, p, rids->get(), steps->get(), out.get(), nullptr);
+        });
+        st.counters["rows_per_second"] = benchmark::Counter(double(sh.n), benchmark::Counter::kIsIterationInvariantRate);
+        set_ratio(st, "sampling/" + key, s);
+      })->UseManualTime()->Unit(benchmark::kMicrosecond);
     }
   }
-  return rows;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"GPU kernels (decode and prefill attention, sampling) next to their ceilings"};
+  CLI::App app{"GPU kernels (decode and prefill attention, sampling) next to their same-run ceilings (Google Benchmark)"};
   app.name("fd-kernel-bench");
   std::vector<std::string> only = {"decode", "prefill", "sampling"};
-  int reps = 20;
-  double hbm_gbs = 4800;
-  std::string out;
-  app.add_option("--only", only, "Which benchmarks: decode, prefill, sampling")
+  app.add_option("--only", only, "Which groups: decode, prefill, sampling")
       ->check(CLI::IsMember({"decode", "prefill", "sampling"}))
       ->capture_default_str();
-  app.add_option("--reps", reps, "Timed calls per case (after one warm-up)")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--hbm-gbs", hbm_gbs, "The device's HBM bandwidth in GB/s, for the decode ceiling")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--out", out, "JSON file to write");
-  return fd::guarded_main(app, argc, argv, [&]() {
+  return fd::bench::bench_main(argc, argv, app, [&] {
     const auto probe = fd::cuda_probe();
     if (probe.devices.empty()) FD_THROW("no CUDA device answers (" << probe.error << ")");
-    fd::json result = {{"device", probe.devices[0].name},
-                       {"reps", reps},
-                       {"hbm_gbs", hbm_gbs},
-                       {"method", "CUDA events around reps back-to-back calls after one warm-up call"}};
-    for (const auto& b : only) {
-      if (b == "decode") result["decode_attention"] = bench_decode(reps, hbm_gbs);
-      if (b == "prefill") result["prefill_attention"] = bench_prefill(std::max(1, reps / 4));
-      if (b == "sampling") result["sampling"] = bench_sampling(std::max(1, reps / 2));
+    benchmark::AddCustomContext("fd_device", probe.devices[0].name);
+    g_sink = std::make_shared<DeviceBuffer<float>>(fd::cuda::read_ceiling_sink_floats());
+    for (const auto& g : only) {
+      if (g == "decode") register_decode();
+      if (g == "prefill") register_prefill();
+      if (g == "sampling") register_sampling();
     }
-    result["provenance"] = fd::collect_provenance(fd::join_args(argc, argv));
-    if (!out.empty()) fd::write_json_file(out, result);
-    return 0;
   });
 }

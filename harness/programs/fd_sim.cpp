@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   CLI::App app{"fd-sim: simulate SLS / load-control admission against a cost model (docs/SCHEDULING.md)", "fd-sim"};
   std::string mode_s, out, gen_len_s, prompt_len_s = "0", arrival_s = "offline", trace, profile_path, t_b_ms,
                                       kv_dtype = "fp16";
-  int64_t batch = 0, seq = 0, interval = 64, w_lim = 0, micro_batch = 0, max_running = -1, min_gap = 0, kv_cap = 0, requests = 0,
+  int64_t batch = 0, seq = 0, interval = fd::SchedulerConfig{}.interval, w_lim = 0, micro_batch = 0, max_running = -1, min_gap = 0, kv_cap = 0, requests = 0,
           steps_cap = 0, layers = 0;
   uint64_t seed = 0;
   double rworkers = 1;
@@ -131,8 +131,8 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::IsMember({"all-at-once", "fixed-interval", "load-control"}));
   app.add_option("--batch", batch, "B: sequences started together / target running batch")->required()->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  app.add_option("--seq", seq, "S: generation length in steps (the paper's S); default --gen-len")->required()->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  app.add_option("--interval", interval, "F: steps between micro-batches (default 64)")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  app.add_option("--seq", seq, "S: generation length in steps (the paper's S; --gen-len defaults to it)")->required()->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  app.add_option("--interval", interval, "F: steps between micro-batches (default 1, as schedule.interval in fd-bench)")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   app.add_option("--w-lim", w_lim, "load-control: limit on projected total context, tokens")->check(CLI::Range(int64_t(1), int64_t(1) << 60));
   app.add_option("--micro-batch", micro_batch, "load-control: micro-batch size m (default ceil(B*F/S))")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   app.add_option("--max-running", max_running, "load-control: cap on running sequences (default B; 0 = none)")->check(CLI::Range(int64_t(0), int64_t(1) << 24));

@@ -191,3 +191,12 @@ TEST(RWorkerProcesses, ClientRejectsMalformedReplies) {
   fake.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::none);
   EXPECT_EQ(c.wait({{0, id}}, 20000).at(0).h.msg_type(), MsgType::Ok);
 }
+
+// A worker that cannot start (here: pinned to a CPU the machine does not have) is reported with its
+// command line and how it ended, not as a raw wait status.
+TEST(RWorkerProcesses, WorkerThatCannotStartIsNamedWithItsCommand) {
+  const std::string msg = fd::test::error_message([&] {
+    SpawnedRWorker w(std::string(FD_BIN_DIR) + "/fd-rworker", {"--threads", "1", "--cpus", "1000"});
+  });
+  EXPECT_THAT(msg, ::testing::HasSubstr("--cpus 1000` exited with status 1 without reporting an endpoint"));
+}

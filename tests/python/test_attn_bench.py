@@ -1,0 +1,164 @@
+"""fd-attn-bench's Google Benchmark JSON, checked from outside on tiny shapes (a second or two on 2 cores):
+each decode_attention benchmark runs right after its read_ceiling, the counters agree with each other and
+with the KV bytes formula, the provenance is in the context, the memory cap's skips are listed; and
+analysis/rworker_report.py still reproduces the committed reports from the issue-3 files and reads this
+format. No timed assertions: numbers are only checked against each other.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ISAS = ("scalar", "avx2")
+DTYPES = ("fp16", "int8", "int4")
+BATCHES = (1, 3)
+CONTEXTS = (40, 96, 4096)  # 40, 96: full blocks and an fp16 tail; 4096 with B = 3 in fp16 is over the cap
+H, HKV, D = 4, 2, 64
+MEMORY_GB, COLD_GB = 0.004, 0.002
+REPS = 3
+
+
+def per_head_block_bytes(dtype):  # kv_block_bytes / n_kv_heads (kernels/cpu/kv_quant.cpp)
+    return {"fp16": 128 * D, "int8": 64 * D + 256, "int4": 40 * D}[dtype]
+
+
+def kv_bytes(dtype, b, c):
+    return b * HKV * ((c // 32) * per_head_block_bytes(dtype) + (c % 32) * D * 4)
+
+
+def over_cap(dtype, b, c):  # one replica (R = 1 here) over --memory-gb
+    blocks = (c // 32) * b * HKV * per_head_block_bytes(dtype) + (b * 2 * HKV * 32 * D * 2 if c % 32 else 0)
+    return blocks / 1e9 > MEMORY_GB
+
+
+def parse(name):
+    parts = name.split("/")
+    f = dict(p.split(":", 1) for p in parts[3:] if ":" in p)
+    return parts[0], (parts[1], parts[2], int(f["B"]), int(f["ctx"]))
+
+
+@pytest.fixture(scope="module")
+def attn(fd_bin, tmp_path_factory, run_program):
+    out = tmp_path_factory.mktemp("attn") / "attn_tiny.json"
+    proc = run_program([fd_bin("fd-attn-bench"), "--isa", *ISAS, "--kv-dtype", *DTYPES,
+                        "--batch", *map(str, BATCHES), "--context", *map(str, CONTEXTS),
+                        "--heads", H, "--kv-heads", HKV, "--head-dim", D, "--threads", 2, "--reps", REPS,
+                        "--warmup", 1, "--cold-gb", COLD_GB, "--memory-gb", MEMORY_GB, "--json", out], timeout=120)
+    assert "skipped: kv fp16 B 3 ctx 4096" in proc.stdout
+    return out, json.loads(out.read_text())
+
+
+def test_provenance_and_formulas_in_the_context(attn):
+    ctx = attn[1]["context"]
+    assert ctx["fd_tool"] == "fd-attn-bench"
+    for key in ("git_commit", "cpu_model", "cpu_cores", "date_utc", "command", "threads", "ceiling_isa"):
+        assert f"fd_{key}" in ctx, key
+    assert int(ctx["fd_cpu_cores"]) >= 1 and ctx["fd_threads"] == "2"
+    assert ctx["fd_ceiling_isa"] in ("avx2", "avx512")
+    assert "--memory-gb" in ctx["fd_command"]
+    formulas = json.loads(ctx["fd_formulas"])
+    for key in ("kv_bytes", "bytes_per_second", "tokens_per_second", "ratio_to_ceiling", "speedup_vs_fp16"):
+        assert key in formulas, key
+
+
+def test_the_memory_cap_skips_are_listed(attn):
+    skipped = json.loads(attn[1]["context"]["fd_skipped"])
+    want = {(d, b, c) for d in DTYPES for b in BATCHES for c in CONTEXTS if over_cap(d, b, c)}
+    assert want == {("fp16", 3, 4096)}  # the test's own shapes: only this one is over the cap
+    assert {(s["kv_dtype"], s["batch"], s["context"]) for s in skipped} == want
+    assert all(s["needed_gb"] > MEMORY_GB for s in skipped)
+
+
+def test_each_kernel_runs_right_after_its_ceiling(attn):
+    rows = attn[1]["benchmarks"]
+    assert all(r["run_type"] == "iteration" and not r.get("error_occurred") for r in rows)
+    assert all(r["iterations"] == REPS for r in rows)
+    families = [parse(r["name"]) for r in rows]
+    assert [f for f, _ in families] == ["read_ceiling", "decode_attention"] * (len(rows) // 2)
+    for i in range(0, len(families), 2):
+        assert families[i][1] == families[i + 1][1], rows[i + 1]["name"]
+    cases = {case for f, case in families if f == "decode_attention"}
+    assert cases == {(i, d, b, c) for i in ISAS for d in DTYPES for b in BATCHES for c in CONTEXTS
+                     if not over_cap(d, b, c)}
+
+
+def test_counters_agree_with_each_other(attn):
+    rows = attn[1]["benchmarks"]
+    kernels = {parse(r["name"])[1]: r for r in rows if r["name"].startswith("decode_attention/")}
+    ceilings = {parse(r["name"])[1]: r for r in rows if r["name"].startswith("read_ceiling/")}
+    for (isa, dt, b, c), k in kernels.items():
+        where = k["name"]
+        ceil = ceilings[(isa, dt, b, c)]
+        for r in (k, ceil):
+            assert (r["batch"], r["context"], r["n_heads"], r["n_kv_heads"], r["head_dim"]) == (b, c, H, HKV, D), where
+            assert r["omp_threads"] == 2 and r["warmup"] == 1 and r["replicas"] >= 1, where
+            assert r["kv_bytes"] == kv_bytes(dt, b, c), where
+            assert 0 < r["seconds_median"] <= r["seconds_p90"], where
+            assert r["bytes_per_second"] == pytest.approx(r["kv_bytes"] / r["seconds_median"], rel=1e-12), where
+        assert k["tokens_per_second"] == pytest.approx(b / k["seconds_median"], rel=1e-12), where
+        assert k["ratio_to_ceiling"] == pytest.approx(ceil["seconds_median"] / k["seconds_median"], rel=1e-12), where
+        assert k["ratio_to_ceiling"] == pytest.approx(k["bytes_per_second"] / ceil["bytes_per_second"], rel=1e-12), where
+        assert k["ceiling_bytes_per_second"] == pytest.approx(ceil["bytes_per_second"], rel=1e-12), where
+        assert k["plan_tasks"] >= b * HKV and k["plan_split_pairs"] >= 0 and k["plan_chunk_target_bytes"] > 0, where
+        fp16 = kernels.get((isa, "fp16", b, c))
+        if dt == "fp16" or fp16 is None:
+            assert "speedup_vs_fp16" not in k, where
+        else:
+            assert k["speedup_vs_fp16"] == pytest.approx(k["tokens_per_second"] / fp16["tokens_per_second"],
+                                                         rel=1e-12), where
+
+
+def test_usage_errors(fd_bin):
+    for args, text in ((["--kv-dtype", "int3"], "--kv-dtype"), (["--head-dim", "48"], "--head-dim"),
+                       (["--heads", "6", "--kv-heads", "4"], "--heads")):
+        proc = subprocess.run([fd_bin("fd-attn-bench"), *args], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert text in proc.stderr, (args, proc.stderr)
+
+
+def test_nothing_to_run_is_an_error_not_an_empty_success(fd_bin):
+    proc = subprocess.run([fd_bin("fd-attn-bench"), "--batch", "1", "--context", "64", "--kv-dtype", "fp16",
+                           "--memory-gb", "1e-9", "--cold-gb", "0"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "skipped: kv fp16 B 1 ctx 64" in proc.stdout
+    assert "no benchmark to run" in proc.stderr
+
+
+def test_help_lists_the_options_and_google_benchmark_flags(fd_bin):
+    for prog in ("fd-attn-bench", "fd-transport-bench"):
+        proc = subprocess.run([fd_bin(prog), "--help"], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        assert "--quick" in proc.stdout and "--benchmark_filter" in proc.stdout and "--json FILE" in proc.stdout
+
+
+def _report(repo_root, folder, out):
+    subprocess.run([sys.executable, str(repo_root / "analysis" / "rworker_report.py"), str(folder), "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=120)
+    return out.read_text()
+
+
+@pytest.mark.parametrize("machine", ["dev-machine", "gpu-machine"])
+def test_report_reproduces_the_committed_one(repo_root, tmp_path, machine):
+    d = repo_root / "artifacts" / "rworker" / machine
+    assert _report(repo_root, d, tmp_path / "REPORT.md") == (d / "REPORT.md").read_text()
+
+
+def test_report_reads_the_google_benchmark_format(repo_root, tmp_path, attn):
+    shutil.copy(attn[0], tmp_path / attn[0].name)
+    text = _report(repo_root, tmp_path, tmp_path / "REPORT.md")
+    ctx = attn[1]["context"]
+    assert f"{ctx['fd_cpu_model']}, 2 threads, commit `{ctx['fd_git_commit'][:12]}`" in text
+    kernels = [r for r in attn[1]["benchmarks"] if r["name"].startswith("decode_attention/")]
+    for r in kernels:
+        isa, dt, b, c = parse(r["name"])[1]
+        base = next((f for f in kernels if parse(f["name"])[1] == (isa, "fp16", b, c)), None)
+        sp = f"{r['tokens_per_second'] / base['tokens_per_second']:.2f}" if base and dt != "fp16" else "—"
+        row = (f"| {isa} | {dt} | {b} | {c} | {r['tokens_per_second']:.0f} | {r['bytes_per_second'] / 1e9:.1f} | "
+               f"{r['ceiling_bytes_per_second'] / 1e9:.1f} | {r['ratio_to_ceiling']:.2f} | {sp} |")
+        assert row in text, row
+    assert any("/fp16/" in r["name"] for r in kernels) and any("/int4/" in r["name"] for r in kernels)
