@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""The layering rules of docs/ARCHITECTURE.md, checked from the sources and CMake files.
+
+    tests/layering/check_layering.py [REPO_ROOT]
+
+Prints every violation (file:line: rule) and exits 1 if there is one, 0 otherwise. The rules:
+
+  kernels       kernels/ includes only fastdecode/core/ (and kernels/ itself)
+  harness       nothing under fastdecode/, baselines/ or kernels/ includes harness/
+  engine        fastdecode/engine/ includes no implementation (only fastdecode/core/, fastdecode/model/)
+  engines       only harness/engines.cpp names the engines: a make_X_engine factory is used outside its
+                own folder only there, and no other harness file includes an engine's header
+  targets       every library a CMakeLists.txt under fastdecode/, baselines/, kernels/, harness/ defines
+                is named after its folder (fastdecode/core -> fastdecode_core, harness -> harness), and
+                every program's source lives in the folder that defines it
+  size          no source file over 600 lines
+  stats         median / percentile are defined once, in fastdecode/core/stats.*
+
+ctest runs it (test `layering`); tests/python/test_layering.py plants a violation of each rule in a copy
+of the tree and checks that this script catches it.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+SRC_EXT = {".cpp", ".h", ".cu", ".cuh"}
+LIB_DIRS = ("fastdecode", "baselines", "kernels", "harness")
+MAX_LINES = 600
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def sources(root: Path, top: str):
+    base = root / top
+    if not base.is_dir():
+        return []
+    return sorted(p for p in base.rglob("*") if p.suffix in SRC_EXT and p.is_file())
+
+
+def includes(path: Path):
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        m = INCLUDE.match(line)
+        if m:
+            yield n, m.group(1)
+
+
+def check(root: Path) -> list[str]:
+    bad: list[str] = []
+    rel = lambda p: p.relative_to(root).as_posix()  # noqa: E731
+
+    # kernels: only core (and themselves)
+    for p in sources(root, "kernels"):
+        for n, inc in includes(p):
+            if "/" in inc and not inc.startswith(("fastdecode/core/", "kernels/")):
+                bad.append(f"{rel(p)}:{n}: kernels include only fastdecode/core/ (found {inc})")
+    # harness: never included from below
+    for top in ("fastdecode", "baselines", "kernels"):
+        for p in sources(root, top):
+            for n, inc in includes(p):
+                if inc.startswith("harness/"):
+                    bad.append(f"{rel(p)}:{n}: nothing under {top}/ includes the harness (found {inc})")
+    # engine: the interface only
+    for p in sources(root, "fastdecode/engine"):
+        for n, inc in includes(p):
+            if "/" in inc and not inc.startswith(("fastdecode/core/", "fastdecode/model/", "fastdecode/engine/")):
+                bad.append(f"{rel(p)}:{n}: fastdecode/engine/ includes no implementation (found {inc})")
+
+    # engines: factories and engine headers named only in harness/engines.cpp
+    factory_def = re.compile(r"std::unique_ptr<Engine>\s+(make_\w+_engine)\s*\(")
+    factories: dict[str, str] = {}  # name -> folder of its declaration
+    engine_headers: set[str] = set()
+    for top in LIB_DIRS:
+        for p in sources(root, top):
+            if p.suffix != ".h":
+                continue
+            for name in factory_def.findall(p.read_text(errors="replace")):
+                factories[name] = p.parent.relative_to(root).as_posix()
+                engine_headers.add(rel(p))
+    registry = "harness/engines.cpp"
+    for top in LIB_DIRS:
+        for p in sources(root, top):
+            r = rel(p)
+            if r == registry:
+                continue
+            text = p.read_text(errors="replace")
+            for name, folder in factories.items():
+                if r.startswith(folder + "/"):
+                    continue
+                for n, line in enumerate(text.splitlines(), 1):
+                    if re.search(r"\b" + name + r"\b", line):
+                        bad.append(f"{r}:{n}: only {registry} names the engines ({name} used here)")
+            if r.startswith("harness/"):
+                for n, inc in includes(p):
+                    if inc in engine_headers:
+                        bad.append(f"{r}:{n}: only {registry} includes an engine's header (found {inc})")
+
+    # targets: libraries named after their folder, programs' sources in their folder
+    lib_def = re.compile(r"add_library\(\s*([\w-]+)\s+(STATIC|SHARED|OBJECT|INTERFACE)?")
+    exe_def = re.compile(r"add_executable\(\s*([\w-]+)\s+([^\s)]+)")
+    prog_def = re.compile(r"fd_program\(\s*([\w-]+)")
+    for top in LIB_DIRS:
+        base = root / top
+        if not base.is_dir():
+            continue
+        for cm in sorted(base.rglob("CMakeLists.txt")):
+            folder = cm.parent.relative_to(root).as_posix()
+            expect = folder.replace("/", "_")
+            text = cm.read_text(errors="replace")
+            for n, line in enumerate(text.splitlines(), 1):
+                if line.lstrip().startswith("#"):
+                    continue
+                for m in lib_def.finditer(line):
+                    if m.group(1) != expect:
+                        bad.append(f"{rel(cm)}:{n}: a library defined in {folder}/ is named {expect} (found {m.group(1)})")
+                for m in exe_def.finditer(line):
+                    src = m.group(2)
+                    if "${" not in src and not (cm.parent / src).is_file():
+                        bad.append(f"{rel(cm)}:{n}: program {m.group(1)}'s source {src} is not in {folder}/")
+                for m in prog_def.finditer(line):
+                    if "function(" in line:
+                        continue
+                    src = m.group(1).replace("-", "_") + ".cpp"
+                    if not (cm.parent / src).is_file():
+                        bad.append(f"{rel(cm)}:{n}: program {m.group(1)}'s source {src} is not in {folder}/")
+
+    # size
+    for top in LIB_DIRS + ("tests", "analysis"):
+        base = root / top
+        if not base.is_dir():
+            continue
+        for p in sorted(base.rglob("*")):
+            if p.is_file() and (p.suffix in SRC_EXT or p.suffix == ".py"):
+                n = sum(1 for _ in p.open(errors="replace"))
+                if n > MAX_LINES:
+                    bad.append(f"{rel(p)}:{n}: no source file over {MAX_LINES} lines ({n})")
+
+    # stats: one median / percentile
+    stats_def = re.compile(r"^\s*(?:static\s+|inline\s+)?double\s+(median|percentile)\s*\(")
+    for top in LIB_DIRS + ("tests",):
+        for p in sources(root, top):
+            if rel(p).startswith("fastdecode/core/stats."):
+                continue
+            for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+                m = stats_def.match(line)
+                if m:
+                    bad.append(f"{rel(p)}:{n}: {m.group(1)} is defined once, in fastdecode/core/stats.h")
+    return bad
+
+
+def main() -> int:
+    root = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parents[2]
+    bad = check(root)
+    for b in bad:
+        print(b)
+    print(f"layering: {len(bad)} violation(s)" if bad else "layering: all rules hold")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
