@@ -84,7 +84,8 @@ def transport_file(d):
     res = [{"transport": r["parts"][1], "links": int(r["links"]), "io_threads": int(r["io_threads"]),
             "size_label": name_field(r["parts"], "size"), "size_bytes": int(r["size_bytes"]),
             "gbps_per_link": r["GBps_per_link"]} for r in gbench_rows(d, "round_trip")]
-    return {"results": res, "target": {"gbps_per_link": float(d["context"]["fd_target_gbps_per_link"])}}
+    return {"results": res, "target": {"gbps_per_link": float(d["context"]["fd_target_gbps_per_link"])},
+            "best_over": "I/O threads"}  # the real protocol fixes the framing
 
 
 def shape_key(r):
@@ -180,7 +181,8 @@ def transport_table(files, lines):
             k = (r["transport"], r["links"], r["size_label"])
             best[k] = max(best[k], r["gbps_per_link"])
         sizes = sorted({k[2] for k in best}, key=lambda s: next(r["size_bytes"] for r in res if r["size_label"] == s))
-        lines.append("best GB/s per link over framing and I/O threads (round trip: request + reply bytes / median RTT)\n")
+        lines.append(f"best GB/s per link over {d.get('best_over', 'framing and I/O threads')} "
+                     "(round trip: request + reply bytes / median RTT)\n")
         lines.append("| transport | links | " + " | ".join(sizes) + " |")
         lines.append("| --- | --- | " + " | ".join("---" for _ in sizes) + " |")
         for tr, links in sorted({(k[0], k[1]) for k in best}):

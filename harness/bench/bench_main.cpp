@@ -56,7 +56,7 @@ int bench_main(int argc, char** argv, CLI::App& app, const std::function<void()>
   if (!help) benchmark::Initialize(&ac, av.data());  // takes the --benchmark_* flags out of av
   app.footer(
       "Google Benchmark's flags apply too (--benchmark_filter=REGEX, --benchmark_repetitions=N, "
-      "--benchmark_min_time=S, --benchmark_out=FILE, --benchmark_out_format=json|csv|console, ...). "
+      "--benchmark_min_time=S where the program sets no time of its own, --benchmark_out=FILE, --benchmark_out_format=json|csv|console, ...). "
       "--json FILE = --benchmark_out=FILE --benchmark_out_format=json.");
   return guarded_main(app, ac, av.data(), [&]() {
     const json prov = collect_provenance(command);

@@ -83,7 +83,9 @@ struct Arena {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < int64_t(cap >> 21); ++i) std::memset(p + (size_t(i) << 21), 0, 2u << 20);
   }
-  ~Arena() { std::free(p); }
+  ~Arena() {
+    std::free(p);
+  }
 };
 
 double mem_total_gb() {
@@ -188,7 +190,8 @@ class Bench {
       }
       uint16_t* tail = reinterpret_cast<uint16_t*>(base + size_t(n_full) * blk);
       if (n_tail) std::memcpy(tail, f16.data(), f16_blk);
-      cp->views[size_t(rs)] = {n_full ? &cp->ptrs[size_t(rs) * n_full] : nullptr, n_full, n_tail ? tail : nullptr, n_tail};
+      cp->views[size_t(rs)] = {n_full ? &cp->ptrs[size_t(rs) * n_full] : nullptr, n_full, n_tail ? tail : nullptr,
+                               n_tail};
     }
     c->q.resize(size_t(B) * o_.heads * D);
     c->o.resize(c->q.size());
@@ -244,8 +247,10 @@ class Bench {
       st.counters["ceiling_bytes_per_second"] = double(c.kv_bytes) / tc;
     }
     const std::string fp16_key = std::string(fd::isa_name(isa)) + "/" + std::to_string(s.B) + "/" + std::to_string(s.C);
-    if (s.dt == fd::KVDType::F16) fp16_tps_[fp16_key] = tps;
-    else if (fp16_tps_.count(fp16_key)) st.counters["speedup_vs_fp16"] = tps / fp16_tps_[fp16_key];
+    if (s.dt == fd::KVDType::F16)
+      fp16_tps_[fp16_key] = tps;
+    else if (fp16_tps_.count(fp16_key))
+      st.counters["speedup_vs_fp16"] = tps / fp16_tps_[fp16_key];
     st.counters["plan_tasks"] = double(plan.n_tasks);
     st.counters["plan_split_pairs"] = double(plan.n_split_pairs);
     st.counters["plan_chunk_target_bytes"] = double(plan.chunk_target_bytes);
@@ -289,8 +294,10 @@ void register_all(Options& o, CLI::App& app) {
     throw fd::ConfigError("--heads must be a positive multiple of --kv-heads");
   if (o.head_dim % 32 || o.head_dim < 32 || o.head_dim > 256)
     throw fd::ConfigError("--head-dim must be a multiple of 32 in [32, 256]");
-  for (int b : o.batches) if (b < 1) throw fd::ConfigError("--batch values must be >= 1");
-  for (int c : o.contexts) if (c < 1) throw fd::ConfigError("--context values must be >= 1");
+  for (int b : o.batches)
+    if (b < 1) throw fd::ConfigError("--batch values must be >= 1");
+  for (int c : o.contexts)
+    if (c < 1) throw fd::ConfigError("--context values must be >= 1");
   std::vector<fd::Isa> isas;
   for (const auto& n : o.isas) isas.push_back(fd::isa_from_name(n));  // names checked by CLI11
   std::vector<fd::KVDType> dts;
@@ -299,10 +306,11 @@ void register_all(Options& o, CLI::App& app) {
   if (!fd::isa_supported(g_bench->ceiling_isa())) FD_THROW("the read ceiling needs AVX2");
 
   const std::string ceil_isa(fd::isa_name(g_bench->ceiling_isa()));
-  std::printf("fd-attn-bench: %d threads, heads %d/%d, head_dim %d, %d timed iterations (+%d warm-up) per benchmark, "
-              "memory cap %.1f GB\n  %s; read_ceiling = %s read-reduction of the same bytes, same threads, run right "
-              "before each decode_attention\n",
-              o.threads, o.heads, o.kv_heads, o.head_dim, o.reps, o.warmup, o.memory_gb, kBytesFormula, ceil_isa.c_str());
+  std::printf(
+      "fd-attn-bench: %d threads, heads %d/%d, head_dim %d, %d timed iterations (+%d warm-up) per benchmark, "
+      "memory cap %.1f GB\n  %s; read_ceiling = %s read-reduction of the same bytes, same threads, run right "
+      "before each decode_attention\n",
+      o.threads, o.heads, o.kv_heads, o.head_dim, o.reps, o.warmup, o.memory_gb, kBytesFormula, ceil_isa.c_str());
   fd::json skipped = fd::json::array();
   for (size_t i = 0; i < isas.size(); ++i)
     if (!fd::isa_supported(isas[i])) {
@@ -319,22 +327,27 @@ void register_all(Options& o, CLI::App& app) {
         if (need_gb > o.memory_gb) {
           std::printf("skipped: kv %s B %d ctx %d: %.3g GB of KV over the %.3g GB cap (--memory-gb)\n", s.dname.c_str(),
                       B, C, need_gb, o.memory_gb);
-          skipped.push_back({{"kv_dtype", s.dname}, {"batch", B}, {"context", C}, {"needed_gb", need_gb},
+          skipped.push_back({{"kv_dtype", s.dname},
+                             {"batch", B},
+                             {"context", C},
+                             {"needed_gb", need_gb},
                              {"reason", "over --memory-gb"}});
           continue;
         }
         for (size_t i = 0; i < isas.size(); ++i) {
           if (!fd::isa_supported(isas[i])) continue;
           const fd::Isa isa = isas[i];
-          const std::string key = std::string(fd::isa_name(isa)) + "/" + s.dname + "/B:" + std::to_string(B) +
-                                  "/ctx:" + std::to_string(C);
+          const std::string key =
+              std::string(fd::isa_name(isa)) + "/" + s.dname + "/B:" + std::to_string(B) + "/ctx:" + std::to_string(C);
           for (const bool is_ceiling : {true, false}) {
             const std::string name = (is_ceiling ? "read_ceiling/" : "decode_attention/") + key;
             benchmark::RegisterBenchmark(name.c_str(),
                                          [=](benchmark::State& st) {
                                            fd::bench::run_guarded(st, name, [&] {
-                                             if (is_ceiling) g_bench->ceiling(st, s, key);
-                                             else g_bench->kernel(st, s, isa, key);
+                                             if (is_ceiling)
+                                               g_bench->ceiling(st, s, key);
+                                             else
+                                               g_bench->kernel(st, s, isa, key);
                                            });
                                          })
                 ->UseManualTime()
@@ -372,19 +385,27 @@ int main(int argc, char** argv) {
   app.add_option("--kv-dtype", o.dtypes, "KV dtypes (fp16 int8 int4); fp16 first gives int8/int4 their speedup_vs_fp16")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp16", "int8", "int4"}));
-  app.add_option("--threads", o.threads, "OpenMP threads (kernel and ceiling)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--threads", o.threads, "OpenMP threads (kernel and ceiling)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--batch", o.batches, "Batch sizes (sequences)")->capture_default_str();
   app.add_option("--context", o.contexts, "Context lengths (tokens per sequence)")->capture_default_str();
   app.add_option("--heads", o.heads, "Query heads")->capture_default_str();
   app.add_option("--kv-heads", o.kv_heads, "KV heads (GQA when < heads)")->capture_default_str();
   app.add_option("--head-dim", o.head_dim, "Head dim (multiple of 32, <= 256)")->capture_default_str();
-  app.add_option("--reps", o.reps, "Timed iterations per benchmark (Google Benchmark's Iterations; median reported)")
+  app.add_option(
+         "--reps", o.reps,
+         "Timed iterations per benchmark (its Iterations: --benchmark_min_time does not apply; median reported)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup, "Untimed warm-up calls before them")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", o.warmup, "Untimed warm-up calls before them")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--memory-gb", o.memory_gb, "Skip shapes whose KV replicas need more than this (listed in fd_skipped)")
       ->capture_default_str();
-  app.add_option("--cold-gb", o.cold_gb, "Replicate small caches up to this size to read from DRAM")->capture_default_str();
+  app.add_option("--cold-gb", o.cold_gb, "Replicate small caches up to this size to read from DRAM")
+      ->capture_default_str();
   app.add_flag("--quick", o.quick, "Small sweep for a 2-core dev machine: batch 1 16 64, context 512 2048 8192");
-  return fd::bench::bench_main(argc, argv, app, [&] { register_all(o, app); }, [] { g_bench.reset(); });
+  return fd::bench::bench_main(
+      argc, argv, app, [&] { register_all(o, app); }, [] { g_bench.reset(); });
 }

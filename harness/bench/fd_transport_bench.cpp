@@ -7,7 +7,8 @@
 // every step) and waits for all N ATTEND_REPLYs ([header][o], o the size of q) with
 // RWorkerClient::wait. Each link's R-worker is an echo R-worker (`fd-transport-bench serve`,
 // transport_echo.h): a process of its own, started by fd::SpawnedRWorker, that validates every request
-// with proto::decode and answers without computing attention, so the step is the link alone.
+// with proto::decode and answers without computing attention, so the step is the link alone (before
+// timing, each must reject a malformed ATTEND with the decoder's message: transport_link.cpp).
 //
 // Benchmarks, for each (transport, I/O threads, links, size), registered and run one after the other:
 //   memcpy_ceiling/T/io:I/links:N/size:S   single-thread memcpy of bytes_per_step (the copy ceiling
@@ -169,18 +170,20 @@ void register_all(CLI::App& app) {
   for (const auto& tr : o.transports)
     for (int io : o.io_threads)
       for (int nl : o.links)
-        for (const auto& s : o.sizes) cases.push_back(fd::bench::make_case(tr, io, nl, fd::bench::parse_size(s), o.shape));
+        for (const auto& s : o.sizes)
+          cases.push_back(fd::bench::make_case(tr, io, nl, fd::bench::parse_size(s), o.shape));
   if (std::find(o.transports.begin(), o.transports.end(), "ipc") != o.transports.end())
     g_ipc_dir = fd::bench::make_ipc_dir();
 
   int major = 0, minor = 0, patch = 0;
   zmq_version(&major, &minor, &patch);
   const std::string zmqv = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
-  std::printf("fd-transport-bench: libzmq %s; step = per link one real ATTEND (header, ids, q, k, v: ~S bytes; heads "
-              "%d/%d, head_dim %d, %s) by RWorkerClient to an echo R-worker process, reply ATTEND_REPLY (o, ~S/3)\n"
-              "target: >= %.1f GB/s per link on loopback; GB/s = links * (request + reply bytes) / median RTT; "
-              "memcpy_ceiling = 1-thread copy of the same bytes\n",
-              zmqv.c_str(), o.shape.heads, o.shape.kv_heads, o.shape.head_dim, o.wire_dtype.c_str(), kTargetPerLinkGBs);
+  std::printf(
+      "fd-transport-bench: libzmq %s; step = per link one real ATTEND (header, ids, q, k, v: ~S bytes; heads "
+      "%d/%d, head_dim %d, %s) by RWorkerClient to an echo R-worker process, reply ATTEND_REPLY (o, ~S/3)\n"
+      "target: >= %.1f GB/s per link on loopback; GB/s = links * (request + reply bytes) / median RTT; "
+      "memcpy_ceiling = 1-thread copy of the same bytes\n",
+      zmqv.c_str(), o.shape.heads, o.shape.kv_heads, o.shape.head_dim, o.wire_dtype.c_str(), kTargetPerLinkGBs);
   for (size_t i = 0; i < cases.size(); ++i) {
     const TransportCase c = cases[i];
     const int index = int(i);
@@ -212,18 +215,25 @@ void register_all(CLI::App& app) {
                                                         {"head_dim", o.shape.head_dim},
                                                         {"dtype", o.wire_dtype}}
                                                    .dump());
-  benchmark::AddCustomContext(
-      "fd_params", fd::json{{"sizes", o.sizes},          {"transports", o.transports}, {"io_threads", o.io_threads},
-                            {"links", o.links},          {"time_s", o.time_s},         {"warmup_s", o.warmup_s},
-                            {"warmup_reps", o.warmup_reps}, {"timeout_ms", o.timeout_ms}, {"quick", o.quick}}
-                       .dump());
+  benchmark::AddCustomContext("fd_params", fd::json{{"sizes", o.sizes},
+                                                    {"transports", o.transports},
+                                                    {"io_threads", o.io_threads},
+                                                    {"links", o.links},
+                                                    {"time_s", o.time_s},
+                                                    {"warmup_s", o.warmup_s},
+                                                    {"warmup_reps", o.warmup_reps},
+                                                    {"timeout_ms", o.timeout_ms},
+                                                    {"quick", o.quick}}
+                                               .dump());
   benchmark::AddCustomContext(
       "fd_method",
-      fd::json{{"step", "per link one ATTEND [64 B header][ids][q][k][v] sent by fd::RWorkerClient (zero-copy from a "
-                        "reused staging buffer) to an echo R-worker process (fd-transport-bench serve: proto::decode, "
-                        "then ATTEND_REPLY [64 B header][o], |o| = |q|); the step ends when all links replied"},
-               {"bytes_per_second", "bytes_per_step / (rtt_median_us * 1e-6); bytes_per_step = links * (request_bytes "
-                                    "+ reply_bytes)"},
+      fd::json{{"step",
+                "per link one ATTEND [64 B header][ids][q][k][v] sent by fd::RWorkerClient (zero-copy from a "
+                "reused staging buffer) to an echo R-worker process (fd-transport-bench serve: proto::decode, "
+                "then ATTEND_REPLY [64 B header][o], |o| = |q|); the step ends when all links replied"},
+               {"bytes_per_second",
+                "bytes_per_step / (rtt_median_us * 1e-6); bytes_per_step = links * (request_bytes "
+                "+ reply_bytes)"},
                {"GBps_per_link", "bytes_per_second / links / 1e9"},
                {"ratio_to_ceiling", "memcpy_ceiling seconds_median / round trip median (same bytes_per_step)"},
                {"size_units", "K = 1024, M = 1048576"}}
@@ -234,13 +244,16 @@ void register_all(CLI::App& app) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "serve") == 0) return fd::bench::transport_echo_main(argc - 1, argv + 1);
-  CLI::App app{"fd-transport-bench: the S-worker <-> R-worker ZeroMQ link with the real protocol and client "
-               "(fd::RWorkerClient -> echo R-worker processes; per link one ATTEND of ~S bytes, reply ATTEND_REPLY "
-               "of ~S/3), next to a same-run memcpy ceiling (Google Benchmark). `fd-transport-bench serve --help`: "
-               "the echo R-worker.",
-               "fd-transport-bench"};
+  CLI::App app{
+      "fd-transport-bench: the S-worker <-> R-worker ZeroMQ link with the real protocol and client "
+      "(fd::RWorkerClient -> echo R-worker processes; per link one ATTEND of ~S bytes, reply ATTEND_REPLY "
+      "of ~S/3), next to a same-run memcpy ceiling (Google Benchmark). `fd-transport-bench serve --help`: "
+      "the echo R-worker.",
+      "fd-transport-bench"};
   Options& o = g_opt;
-  app.add_option("--sizes", o.sizes, "request sizes S per link per step (K/M = 1024/1048576)")->delimiter(',')->capture_default_str();
+  app.add_option("--sizes", o.sizes, "request sizes S per link per step (K/M = 1024/1048576)")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--transports", o.transports, "tcp (127.0.0.1, ephemeral port), ipc (temp dir)")
       ->delimiter(',')
       ->check(CLI::IsMember({"tcp", "ipc"}))
@@ -256,11 +269,16 @@ int main(int argc, char** argv) {
   app.add_option("--heads", o.shape.heads, "query heads of the ATTEND shape")->capture_default_str();
   app.add_option("--kv-heads", o.shape.kv_heads, "KV heads of the ATTEND shape")->capture_default_str();
   app.add_option("--head-dim", o.shape.head_dim, "head dim of the ATTEND shape")->capture_default_str();
-  app.add_option("--wire-dtype", o.wire_dtype, "tensor dtype on the wire")->check(CLI::IsMember({"fp16", "fp32"}))->capture_default_str();
-  app.add_option("--time", o.time_s, "each benchmark's minimum measured seconds (Google Benchmark's MinTime)")
+  app.add_option("--wire-dtype", o.wire_dtype, "tensor dtype on the wire")
+      ->check(CLI::IsMember({"fp16", "fp32"}))
+      ->capture_default_str();
+  app.add_option("--time", o.time_s,
+                 "each benchmark's minimum measured seconds (its MinTime: wins over --benchmark_min_time)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--warmup-time", o.warmup_s, "warm-up seconds per case")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--warmup-time", o.warmup_s, "warm-up seconds per case")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--warmup-reps", o.warmup_reps, "at least this many warm-up steps per case")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -273,7 +291,8 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", o.quick,
                "short run for small machines: sizes 64K,1M,4M,32M, io-threads 1, links 1,2, 0.05 s per benchmark "
                "(options given explicitly win)");
-  const int rc = fd::bench::bench_main(argc, argv, app, [&] { register_all(app); }, [] { g_cur.close(); });
+  const int rc = fd::bench::bench_main(
+      argc, argv, app, [&] { register_all(app); }, [] { g_cur.close(); });
   g_cur.links.reset();  // an error that ended the run early: kill what is left
   fd::bench::remove_ipc_dir();
   return rc;

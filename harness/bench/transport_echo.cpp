@@ -9,7 +9,6 @@
 #include <cstring>
 #include <memory>
 #include <vector>
-
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -24,7 +23,9 @@ using proto::Header;
 using proto::MsgType;
 
 volatile std::sig_atomic_t g_stop = 0;
-void on_signal(int) { g_stop = 1; }
+void on_signal(int) {
+  g_stop = 1;
+}
 
 // A reply header the way the R-worker builds it: the request's id, layer and shape, the reply's type,
 // frame count and status.
@@ -65,10 +66,11 @@ class ReplyBytes {
 }  // namespace
 
 int transport_echo_main(int argc, char** argv) {
-  CLI::App app{"fd-transport-bench serve: the benchmark's R-worker. Decodes every request with the R-worker's "
-               "validation (proto::decode) and answers ATTEND with a real ATTEND_REPLY and an o frame of the "
-               "request's size, computing nothing; SHUTDOWN -> OK and exit.",
-               "fd-transport-bench serve"};
+  CLI::App app{
+      "fd-transport-bench serve: the benchmark's R-worker. Decodes every request with the R-worker's "
+      "validation (proto::decode) and answers ATTEND with a real ATTEND_REPLY and an o frame of the "
+      "request's size, computing nothing; SHUTDOWN -> OK and exit.",
+      "fd-transport-bench serve"};
   std::string listen = "tcp://127.0.0.1:*", ipc;
   int io_threads = 1, fail_after = 0;
   double max_message_mb = 1024;
@@ -145,7 +147,8 @@ int transport_echo_main(int argc, char** argv) {
             std::_Exit(3);
           }
           ++attends;
-          const size_t n = size_t(m.h.n_seq) * m.h.n_heads * m.h.head_dim * proto::wire_dtype_size(proto::WireDType(m.h.dtype));
+          const size_t n =
+              size_t(m.h.n_seq) * m.h.n_heads * m.h.head_dim * proto::wire_dtype_size(proto::WireDType(m.h.dtype));
           reply.push_back(reply_header(m.h, MsgType::AttendReply, 1));
           reply.emplace_back(o.get(n), n, nullptr, nullptr);  // zero-copy, constant bytes
         } else if (m.h.msg_type() == MsgType::Shutdown) {

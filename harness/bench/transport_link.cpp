@@ -23,15 +23,19 @@ using proto::MsgType;
 size_t TransportCase::seq_request_bytes() const {
   return 8 + size_t(shape.heads + 2 * shape.kv_heads) * size_t(shape.head_dim) * shape.elem();
 }
-size_t TransportCase::request_bytes() const { return proto::kHeaderBytes + size_t(n_seq) * seq_request_bytes(); }
+size_t TransportCase::request_bytes() const {
+  return proto::kHeaderBytes + size_t(n_seq) * seq_request_bytes();
+}
 size_t TransportCase::reply_bytes() const {
   return proto::kHeaderBytes + size_t(n_seq) * size_t(shape.heads) * size_t(shape.head_dim) * shape.elem();
 }
 std::string TransportCase::name() const {
-  return transport + "/io:" + std::to_string(io_threads) + "/links:" + std::to_string(links) + "/size:" + size_label(size);
+  return transport + "/io:" + std::to_string(io_threads) + "/links:" + std::to_string(links) +
+         "/size:" + size_label(size);
 }
 
-TransportCase make_case(const std::string& transport, int io_threads, int links, uint64_t size, const WireShape& shape) {
+TransportCase make_case(const std::string& transport, int io_threads, int links, uint64_t size,
+                        const WireShape& shape) {
   TransportCase c;
   c.transport = transport, c.io_threads = io_threads, c.links = links, c.size = size, c.shape = shape;
   const size_t per = c.seq_request_bytes();
@@ -45,15 +49,30 @@ TransportCase make_case(const std::string& transport, int io_threads, int links,
 
 uint64_t parse_size(const std::string& s0) {
   std::string s = s0;
-  if (s.size() >= 2 && (s.substr(s.size() - 2) == "iB" || s.substr(s.size() - 2) == "ib")) s.resize(s.size() - 2);
-  else if (!s.empty() && (s.back() == 'B' || s.back() == 'b')) s.pop_back();
+  if (s.size() >= 2 && (s.substr(s.size() - 2) == "iB" || s.substr(s.size() - 2) == "ib"))
+    s.resize(s.size() - 2);
+  else if (!s.empty() && (s.back() == 'B' || s.back() == 'b'))
+    s.pop_back();
   uint64_t mult = 1;
   if (!s.empty()) {
     switch (s.back()) {
-      case 'K': case 'k': mult = 1ull << 10; s.pop_back(); break;
-      case 'M': case 'm': mult = 1ull << 20; s.pop_back(); break;
-      case 'G': case 'g': mult = 1ull << 30; s.pop_back(); break;
-      default: break;
+      case 'K':
+      case 'k':
+        mult = 1ull << 10;
+        s.pop_back();
+        break;
+      case 'M':
+      case 'm':
+        mult = 1ull << 20;
+        s.pop_back();
+        break;
+      case 'G':
+      case 'g':
+        mult = 1ull << 30;
+        s.pop_back();
+        break;
+      default:
+        break;
     }
   }
   if (s.empty() || s.size() > 12 || s.find_first_not_of("0123456789") != std::string::npos)
@@ -65,10 +84,14 @@ uint64_t parse_size(const std::string& s0) {
 
 std::string size_label(uint64_t b) {
   char buf[32];
-  if (b % (1ull << 30) == 0) std::snprintf(buf, sizeof buf, "%" PRIu64 "G", b >> 30);
-  else if (b % (1ull << 20) == 0) std::snprintf(buf, sizeof buf, "%" PRIu64 "M", b >> 20);
-  else if (b % (1ull << 10) == 0) std::snprintf(buf, sizeof buf, "%" PRIu64 "K", b >> 10);
-  else std::snprintf(buf, sizeof buf, "%" PRIu64, b);
+  if (b % (1ull << 30) == 0)
+    std::snprintf(buf, sizeof buf, "%" PRIu64 "G", b >> 30);
+  else if (b % (1ull << 20) == 0)
+    std::snprintf(buf, sizeof buf, "%" PRIu64 "M", b >> 20);
+  else if (b % (1ull << 10) == 0)
+    std::snprintf(buf, sizeof buf, "%" PRIu64 "K", b >> 10);
+  else
+    std::snprintf(buf, sizeof buf, "%" PRIu64, b);
   return buf;
 }
 
@@ -78,7 +101,7 @@ namespace {
 
 constexpr int kMaxPaths = 64;
 char g_dir[108] = {0};
-char g_paths[kMaxPaths][108];          // socket files of the case running now
+char g_paths[kMaxPaths][108];  // socket files of the case running now
 volatile std::sig_atomic_t g_n_paths = 0;
 
 extern "C" void on_fatal_signal(int sig) {  // async-signal-safe: unlink, rmdir, re-raise
@@ -140,7 +163,8 @@ LinkSet::LinkSet(const TransportCase& c, const LinkOptions& o) : c_(c), o_(o) {
     endpoints.push_back(servers_.back()->endpoint());
   }
   client_ = std::make_unique<RWorkerClient>(endpoints, o.timeout_ms, c.io_threads);
-  header_ = proto::make_header(MsgType::Attend, c.shape.heads, c.shape.kv_heads, c.shape.head_dim, c.shape.dtype, c.n_seq);
+  header_ =
+      proto::make_header(MsgType::Attend, c.shape.heads, c.shape.kv_heads, c.shape.head_dim, c.shape.dtype, c.n_seq);
   const size_t n = c.n_seq, es = c.shape.elem();
   const size_t ids_b = n * 8, q_b = n * size_t(c.shape.heads) * size_t(c.shape.head_dim) * es,
                kv_b = n * size_t(c.shape.kv_heads) * size_t(c.shape.head_dim) * es, total = ids_b + q_b + 2 * kv_b;
@@ -157,6 +181,21 @@ LinkSet::LinkSet(const TransportCase& c, const LinkOptions& o) : c_(c), o_(o) {
     frames_.push_back({{s, ids_b}, {s + ids_b, q_b}, {s + ids_b + q_b, kv_b}, {s + ids_b + q_b + kv_b, kv_b}});
   }
   requests_.resize(size_t(c.links));
+  // Before any timing: each server must reject an ATTEND whose q frame is one byte short the way the
+  // R-worker does (proto::decode's message), or it is not measuring the R-worker's receive path.
+  for (size_t w = 0; w < servers_.size(); ++w) {
+    std::vector<ConstBuffer> bad = frames_[w];
+    bad[1].size -= 1;
+    std::string got = "an ATTEND_REPLY";
+    try {
+      client_->wait({{w, client_->send(w, header_, bad)}});
+    } catch (const Error& e) {
+      got = e.what();
+      if (got.find("answered ERROR (malformed): ATTEND frame 1 is") != std::string::npos) continue;
+    }
+    FD_THROW("echo R-worker " << w << " (" << client_->endpoint(w) << ") did not reject a malformed ATTEND as the "
+                              << "R-worker does; got " << got);
+  }
 }
 
 LinkSet::~LinkSet() {
@@ -197,8 +236,8 @@ std::string LinkSet::why_silent() const {
     if (waitid(P_PID, id_t(servers_[w]->pid()), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) continue;
     std::string how = info.si_code == CLD_EXITED ? "exited with status " + std::to_string(info.si_status)
                                                  : "was killed by signal " + std::to_string(info.si_status);
-    out += (out.empty() ? "" : "; ") + ("echo R-worker " + std::to_string(w) + " (pid " + std::to_string(info.si_pid) +
-                                        ") " + how);
+    out += (out.empty() ? "" : "; ") +
+           ("echo R-worker " + std::to_string(w) + " (pid " + std::to_string(info.si_pid) + ") " + how);
   }
   return out.empty() ? "" : " [" + out + "]";
 }

@@ -29,14 +29,14 @@ struct TransportCase {
   int links = 1;          // echo R-workers, each sent its request at once
   uint64_t size = 0;      // nominal request bytes per link (S)
   WireShape shape;
-  uint32_t n_seq = 0;     // sequences per request: the most that fit in S, at least one
+  uint32_t n_seq = 0;  // sequences per request: the most that fit in S, at least one
 
   static constexpr int kRequestFrames = 5, kReplyFrames = 2;  // header included
-  size_t seq_request_bytes() const;  // 8 + (heads + 2 kv_heads) head_dim elem
-  size_t request_bytes() const;      // per link, header included
-  size_t reply_bytes() const;        // per link, header included
+  size_t seq_request_bytes() const;                           // 8 + (heads + 2 kv_heads) head_dim elem
+  size_t request_bytes() const;                               // per link, header included
+  size_t reply_bytes() const;                                 // per link, header included
   size_t bytes_per_step() const { return size_t(links) * (request_bytes() + reply_bytes()); }
-  std::string name() const;          // "tcp/io:1/links:2/size:1M"
+  std::string name() const;  // "tcp/io:1/links:2/size:1M"
 };
 
 // A case of `size` bytes per link (sizes as parse_size takes them). ConfigError when S cannot hold a
@@ -81,7 +81,7 @@ class LinkSet {
   std::unique_ptr<RWorkerClient> client_;
   proto::Header header_;
   std::vector<std::unique_ptr<uint8_t, void (*)(void*)>> staging_;  // per link: ids | q | k | v
-  std::vector<std::vector<ConstBuffer>> frames_;                     // per link, into staging_
+  std::vector<std::vector<ConstBuffer>> frames_;                    // per link, into staging_
   std::vector<std::pair<size_t, uint64_t>> requests_;
 };
 

@@ -21,7 +21,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODELS_DIR = REPO_ROOT / "experiments" / "models"
-PROGRAMS = ("fd-weights", "fd-generate", "fd-bench", "fd-transport-bench", "fd-sim")
+PROGRAMS = ("fd-weights", "fd-generate", "fd-bench", "fd-transport-bench", "fd-sim", "fd-attn-bench")
 
 # Make fd_numpy_ref importable whatever the rootdir / import mode.
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -138,14 +138,15 @@ def test_help_lists_the_options_and_google_benchmark_flags(fd_bin):
 
 def _report(repo_root, folder, out):
     subprocess.run([sys.executable, str(repo_root / "analysis" / "rworker_report.py"), str(folder), "--out", str(out)],
-                   check=True, capture_output=True, text=True, timeout=120)
+                   check=True, capture_output=True, text=True, timeout=120, cwd=repo_root)
     return out.read_text()
 
 
 @pytest.mark.parametrize("machine", ["dev-machine", "gpu-machine"])
 def test_report_reproduces_the_committed_one(repo_root, tmp_path, machine):
-    d = repo_root / "artifacts" / "rworker" / machine
-    assert _report(repo_root, d, tmp_path / "REPORT.md") == (d / "REPORT.md").read_text()
+    # As artifacts/rworker/README.md says it was made: from the repository root, the folder given relative.
+    d = f"artifacts/rworker/{machine}"
+    assert _report(repo_root, d, tmp_path / "REPORT.md") == (repo_root / d / "REPORT.md").read_text()
 
 
 def test_report_reads_the_google_benchmark_format(repo_root, tmp_path, attn):
