@@ -142,7 +142,7 @@ def _report(repo_root, folder, out):
     return out.read_text()
 
 
-@pytest.mark.parametrize("machine", ["dev-machine", "gpu-machine", "dev-machine-gbench"])
+@pytest.mark.parametrize("machine", ["dev-machine", "gpu-machine", "dev-machine-gbench", "gpu-machine-gbench"])
 def test_report_reproduces_the_committed_one(repo_root, tmp_path, machine):
     # As artifacts/rworker/README.md says it was made: from the repository root, the folder given relative.
     d = f"artifacts/rworker/{machine}"
