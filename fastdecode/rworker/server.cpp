@@ -31,25 +31,22 @@ void pin_openmp_threads(const std::vector<int>& cpus, int n_threads) {
   }
 }
 
-void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt, const std::atomic<bool>* stop,
-                        const std::function<void(const std::string&)>& on_bound) {
-  zmq::context_t ctx(opt.io_threads);
+void run_router_loop(const RouterLoop& loop) {
+  zmq::context_t ctx(loop.io_threads);
   zmq::socket_t sock(ctx, zmq::socket_type::router);
   sock.set(zmq::sockopt::linger, 0);
-  // One frame may not exceed the message limit; libzmq drops the peer's connection if it does.
-  sock.set(zmq::sockopt::maxmsgsize, int64_t(service.config().limits.max_message_bytes));
+  sock.set(zmq::sockopt::maxmsgsize, int64_t(loop.max_message_bytes));
   sock.set(zmq::sockopt::router_mandatory, 0);
   try {
-    sock.bind(opt.listen);
+    sock.bind(loop.listen);
   } catch (const zmq::error_t& e) {
-    FD_THROW("cannot listen on " << opt.listen << ": " << e.what());
+    FD_THROW("cannot listen on " << loop.listen << ": " << e.what());
   }
-  if (on_bound) on_bound(sock.get(zmq::sockopt::last_endpoint));
+  if (loop.on_bound) loop.on_bound(sock.get(zmq::sockopt::last_endpoint));
 
   std::vector<zmq::message_t> parts;
   std::vector<proto::Frame> frames;
-  while (!service.shutdown_requested()) {
-    if (stop && stop->load()) break;
+  while (!loop.done()) {
     zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
     try {
       zmq::poll(&item, 1, std::chrono::milliseconds(100));
@@ -69,7 +66,24 @@ void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt
     frames.clear();
     for (size_t i = 1; i < parts.size(); ++i)
       frames.push_back({static_cast<const uint8_t*>(parts[i].data()), parts[i].size()});
-    std::vector<zmq::message_t> reply = service.handle(frames.data(), frames.size());
+    std::vector<zmq::message_t> reply = loop.handle(frames.data(), frames.size());
+    // Reply: routing id, then the frames. A peer that vanished just loses its reply.
+    sock.send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    for (size_t i = 0; i < reply.size(); ++i)
+      sock.send(reply[i], i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  }
+}
+
+void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt, const std::atomic<bool>* stop,
+                        const std::function<void(const std::string&)>& on_bound) {
+  RouterLoop loop;
+  loop.listen = opt.listen;
+  loop.io_threads = opt.io_threads;
+  loop.max_message_bytes = service.config().limits.max_message_bytes;
+  loop.on_bound = on_bound;
+  loop.done = [&] { return service.shutdown_requested() || (stop && stop->load()); };
+  loop.handle = [&](const proto::Frame* frames, size_t n) {
+    std::vector<zmq::message_t> reply = service.handle(frames, n);
     if (opt.verbose || reply.size() > 1) {
       proto::Header h;
       std::memcpy(&h, reply[0].data(), proto::kHeaderBytes);
@@ -78,12 +92,9 @@ void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt
                      proto::error_code_name(proto::ErrorCode(h.status)), (unsigned long long)h.request_id,
                      int(reply[1].size()), static_cast<const char*>(reply[1].data()));
     }
-    // Reply: routing id, then the frames. A peer that vanished just loses its reply.
-    zmq::message_t id = std::move(parts[0]);
-    sock.send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-    for (size_t i = 0; i < reply.size(); ++i)
-      sock.send(reply[i], i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-  }
+    return reply;
+  };
+  run_router_loop(loop);
 }
 
 }  // namespace fd

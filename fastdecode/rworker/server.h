@@ -2,6 +2,8 @@
 // RWorkerService, until SHUTDOWN or a stop signal.
 #pragma once
 #include <atomic>
+#include <functional>
+#include <vector>
 #include <string>
 
 #include "fastdecode/rworker/service.h"
@@ -14,6 +16,21 @@ struct RWorkerServerOptions {
   int io_threads = 2;
   bool verbose = false;
 };
+
+// The ROUTER loop every R-worker process runs (fd-rworker; the benchmark's echo R-worker): bind, then
+// one request at a time — its frames (routing id stripped) to `handle`, the frames it returns back to
+// the sender (a vanished peer just loses its reply) — until `done()` says so (checked after every
+// request and every 100 ms of quiet). `on_bound` receives the endpoint actually bound (tcp://...:*
+// resolves to a port). Throws fd::Error if it cannot bind.
+struct RouterLoop {
+  std::string listen;
+  int io_threads = 1;
+  size_t max_message_bytes = size_t(1) << 30;  // one frame over it: libzmq drops the peer's connection
+  std::function<std::vector<zmq::message_t>(const proto::Frame* frames, size_t n)> handle;
+  std::function<bool()> done;
+  std::function<void(const std::string&)> on_bound;
+};
+void run_router_loop(const RouterLoop& loop);
 
 // Runs until SHUTDOWN or *stop becomes true (checked every 100 ms). `on_bound` receives the endpoint
 // actually bound (tcp://...:* resolves to a port). Throws fd::Error if it cannot bind.

@@ -21,19 +21,7 @@ RWorkerService::RWorkerService(RWorkerConfig cfg) : cfg_(std::move(cfg)) {}
 
 std::vector<zmq::message_t> RWorkerService::reply(const Header& req, MsgType type, std::vector<zmq::message_t> frames,
                                                   uint64_t compute_ns, int32_t status) const {
-  Header h;
-  h.status = status;
-  h.type = uint16_t(type);
-  h.request_id = req.request_id;
-  h.layer = req.layer;
-  h.n_seq = req.n_seq;
-  h.n_heads = req.n_heads;
-  h.n_kv_heads = req.n_kv_heads;
-  h.head_dim = req.head_dim;
-  h.dtype = req.dtype;
-  h.n_frames = uint8_t(frames.size());
-  h.compute_ns = compute_ns;
-  const auto bytes = proto::encode_header(h);
+  const auto bytes = proto::encode_header(proto::reply_header(req, type, frames.size(), status, compute_ns));
   std::vector<zmq::message_t> out;
   out.emplace_back(bytes.data(), bytes.size());
   for (auto& f : frames) out.push_back(std::move(f));

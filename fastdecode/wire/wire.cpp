@@ -99,6 +99,22 @@ std::vector<size_t> expected_frame_sizes(const Header& h) {
   malformed("unknown message type " + std::to_string(h.type));
 }
 
+Header reply_header(const Header& req, MsgType type, size_t n_frames, int32_t status, uint64_t compute_ns) {
+  Header h;
+  h.type = uint16_t(type);
+  h.request_id = req.request_id;
+  h.layer = req.layer;
+  h.n_seq = req.n_seq;
+  h.n_heads = req.n_heads;
+  h.n_kv_heads = req.n_kv_heads;
+  h.head_dim = req.head_dim;
+  h.dtype = req.dtype;
+  h.n_frames = uint8_t(n_frames);
+  h.status = status;
+  h.compute_ns = compute_ns;
+  return h;
+}
+
 Message decode(const Frame* parts, size_t n_parts, const Limits& lim) {
   if (n_parts == 0) malformed("empty message");
   if (parts[0].size != kHeaderBytes)

@@ -72,6 +72,10 @@ struct Header {
 
 std::array<uint8_t, kHeaderBytes> encode_header(const Header& h);
 
+// The header of a reply to `req`: the request's id, layer, sequence count and shape, the reply's type,
+// frame count and status (every R-worker builds its replies' headers so).
+Header reply_header(const Header& req, MsgType type, size_t n_frames, int32_t status = 0, uint64_t compute_ns = 0);
+
 // A header of `type` for a model shape (heads, KV heads, head dim) and tensor dtype; n_seq as given.
 Header make_header(MsgType type, int n_heads, int n_kv_heads, int head_dim, WireDType dtype, uint32_t n_seq = 0);
 

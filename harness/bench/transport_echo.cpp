@@ -1,5 +1,7 @@
 #include "harness/bench/transport_echo.h"
 
+#include "fastdecode/rworker/server.h"
+
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -10,9 +12,9 @@
 #include <memory>
 #include <vector>
 #include <zmq.hpp>
-#include <zmq_addon.hpp>
 
 #include "fastdecode/core/cli_main.h"
+#include "fastdecode/rworker/server.h"
 #include "fastdecode/wire/wire.h"
 
 namespace fd::bench {
@@ -27,21 +29,8 @@ void on_signal(int) {
   g_stop = 1;
 }
 
-// A reply header the way the R-worker builds it: the request's id, layer and shape, the reply's type,
-// frame count and status.
-zmq::message_t reply_header(const Header& req, MsgType type, size_t n_frames, ErrorCode status = ErrorCode::None) {
-  Header h;
-  h.type = uint16_t(type);
-  h.request_id = req.request_id;
-  h.layer = req.layer;
-  h.n_seq = req.n_seq;
-  h.n_heads = req.n_heads;
-  h.n_kv_heads = req.n_kv_heads;
-  h.head_dim = req.head_dim;
-  h.dtype = req.dtype;
-  h.n_frames = uint8_t(n_frames);
-  h.status = int32_t(status);
-  const auto bytes = proto::encode_header(h);
+zmq::message_t reply_header_frame(const Header& req, MsgType type, size_t n_frames, ErrorCode status = ErrorCode::None) {
+  const auto bytes = proto::encode_header(proto::reply_header(req, type, n_frames, int32_t(status)));
   return zmq::message_t(bytes.data(), bytes.size());
 }
 
@@ -93,53 +82,25 @@ int transport_echo_main(int argc, char** argv) {
     std::signal(SIGTERM, on_signal);
     proto::Limits limits;
     limits.max_message_bytes = size_t(max_message_mb * 1e6);
-    zmq::context_t ctx(io_threads);
-    zmq::socket_t sock(ctx, zmq::socket_type::router);
-    sock.set(zmq::sockopt::linger, 0);
-    sock.set(zmq::sockopt::maxmsgsize, int64_t(limits.max_message_bytes));
-    const std::string ep = ipc.empty() ? listen : "ipc://" + ipc;
-    try {
-      sock.bind(ep);
-    } catch (const zmq::error_t& e) {
-      FD_THROW("cannot listen on " << ep << ": " << e.what());
-    }
-    if (print_endpoint) {
-      std::printf("%s\n", sock.get(zmq::sockopt::last_endpoint).c_str());
-      std::fflush(stdout);
-    }
     ReplyBytes o;
     int attends = 0;
     bool shutdown = false;
-    std::vector<zmq::message_t> parts;
-    std::vector<proto::Frame> frames;
-    while (!shutdown && !g_stop) {
-      zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
-      try {
-        zmq::poll(&item, 1, std::chrono::milliseconds(100));
-      } catch (const zmq::error_t& e) {
-        if (e.num() == EINTR) continue;
-        throw;
-      }
-      if (!(item.revents & ZMQ_POLLIN)) {
-        if (getppid() != parent) return 0;
-        continue;
-      }
-      parts.clear();
-      try {
-        if (!zmq::recv_multipart(sock, std::back_inserter(parts))) continue;
-      } catch (const zmq::error_t& e) {
-        if (e.num() == EINTR) continue;
-        throw;
-      }
-      if (parts.size() < 2) continue;  // a routing id alone: nothing to answer
-      frames.clear();
-      for (size_t i = 1; i < parts.size(); ++i)
-        frames.push_back({static_cast<const uint8_t*>(parts[i].data()), parts[i].size()});
+    fd::RouterLoop loop;
+    loop.listen = ipc.empty() ? listen : "ipc://" + ipc;
+    loop.io_threads = io_threads;
+    loop.max_message_bytes = limits.max_message_bytes;
+    loop.on_bound = [&](const std::string& ep) {
+      if (!print_endpoint) return;
+      std::printf("%s\n", ep.c_str());
+      std::fflush(stdout);
+    };
+    loop.done = [&] { return shutdown || g_stop || getppid() != parent; };  // the benchmark went away: so do we
+    loop.handle = [&](const proto::Frame* frames, size_t n) {
       Header req{};
       if (frames[0].size == proto::kHeaderBytes) std::memcpy(&req, frames[0].data, proto::kHeaderBytes);
       std::vector<zmq::message_t> reply;
       try {
-        const proto::Message m = proto::decode(frames.data(), frames.size(), limits);
+        const proto::Message m = proto::decode(frames, n, limits);
         if (m.h.msg_type() == MsgType::Attend) {
           if (fail_after > 0 && attends >= fail_after) {
             std::fprintf(stderr, "fd-transport-bench serve: --fail-after %d: exiting with status 3\n", fail_after);
@@ -147,12 +108,12 @@ int transport_echo_main(int argc, char** argv) {
             std::_Exit(3);
           }
           ++attends;
-          const size_t n =
+          const size_t bytes =
               size_t(m.h.n_seq) * m.h.n_heads * m.h.head_dim * proto::wire_dtype_size(proto::WireDType(m.h.dtype));
-          reply.push_back(reply_header(m.h, MsgType::AttendReply, 1));
-          reply.emplace_back(o.get(n), n, nullptr, nullptr);  // zero-copy, constant bytes
+          reply.push_back(reply_header_frame(m.h, MsgType::AttendReply, 1));
+          reply.emplace_back(o.get(bytes), bytes, nullptr, nullptr);  // zero-copy, constant bytes
         } else if (m.h.msg_type() == MsgType::Shutdown) {
-          reply.push_back(reply_header(m.h, MsgType::Ok, 0));
+          reply.push_back(reply_header_frame(m.h, MsgType::Ok, 0));
           shutdown = true;
         } else {
           throw proto::ProtocolError(ErrorCode::Malformed, std::string(proto::msg_type_name(m.h.msg_type())) +
@@ -160,14 +121,12 @@ int transport_echo_main(int argc, char** argv) {
         }
       } catch (const proto::ProtocolError& e) {
         reply.clear();
-        reply.push_back(reply_header(req, MsgType::Error, 1, e.code()));
+        reply.push_back(reply_header_frame(req, MsgType::Error, 1, e.code()));
         reply.emplace_back(e.what(), std::strlen(e.what()));
       }
-      // Routing id, then the reply. A peer that vanished just loses it.
-      sock.send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-      for (size_t i = 0; i < reply.size(); ++i)
-        sock.send(reply[i], i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    }
+      return reply;
+    };
+    fd::run_router_loop(loop);
     return 0;
   });
 }

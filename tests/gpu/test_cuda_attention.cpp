@@ -296,60 +296,17 @@ TEST(CudaAttention, AppendKvRoundTrip) {
 TEST(CudaAttention, RejectsUnsupportedShapes) {
   FD_SKIP_WITHOUT_GPU();
   // Shape checks come before any launch: null pointers never reach the device.
-  EXPECT_THROW(fd::cuda::decode_attention({.q = nullptr,
-                                           .k_cache = nullptr,
-                                           .v_cache = nullptr,
-                                           .slots = nullptr,
-                                           .lens = nullptr,
-                                           .B = 1,
-                                           .max_ctx = 16,
-                                           .Hq = 6,
-                                           .Hkv = 4,
-                                           .D = 64,
-                                           .out = nullptr,
-                                           .workspace = nullptr},
-                                          nullptr),
-               fd::Error);  // Hq not a multiple of Hkv
-  EXPECT_THROW(fd::cuda::decode_attention({.q = nullptr,
-                                           .k_cache = nullptr,
-                                           .v_cache = nullptr,
-                                           .slots = nullptr,
-                                           .lens = nullptr,
-                                           .B = 1,
-                                           .max_ctx = 16,
-                                           .Hq = 4,
-                                           .Hkv = 4,
-                                           .D = 48,
-                                           .out = nullptr,
-                                           .workspace = nullptr},
-                                          nullptr),
-               fd::Error);  // D not a multiple of 32
-  EXPECT_THROW(fd::cuda::decode_attention({.q = nullptr,
-                                           .k_cache = nullptr,
-                                           .v_cache = nullptr,
-                                           .slots = nullptr,
-                                           .lens = nullptr,
-                                           .B = 1,
-                                           .max_ctx = 4096,
-                                           .Hq = 4,
-                                           .Hkv = 4,
-                                           .D = 64,
-                                           .out = nullptr,
-                                           .workspace = nullptr},
-                                          nullptr),
-               fd::Error);  // a split plan without a workspace
-  EXPECT_THROW(fd::cuda::prefill_attention({.q = nullptr,
-                                            .k = nullptr,
-                                            .v = nullptr,
-                                            .starts = nullptr,
-                                            .n_seq = 1,
-                                            .max_len = 16,
-                                            .Hq = 4,
-                                            .Hkv = 4,
-                                            .D = 288,
-                                            .out = nullptr},
-                                           nullptr),
-               fd::Error);                                                   // D > 256
+  const fd::cuda::DecodeAttentionParams dec{.B = 1, .max_ctx = 16, .Hq = 4, .Hkv = 4, .D = 64};
+  const auto decode_with = [&](auto edit) {
+    fd::cuda::DecodeAttentionParams p = dec;
+    edit(p);
+    fd::cuda::decode_attention(p, nullptr);
+  };
+  EXPECT_THROW(decode_with([](auto& p) { p.Hq = 6; }), fd::Error);        // Hq not a multiple of Hkv
+  EXPECT_THROW(decode_with([](auto& p) { p.D = 48; }), fd::Error);        // D not a multiple of 32
+  EXPECT_THROW(decode_with([](auto& p) { p.max_ctx = 4096; }), fd::Error);  // a split plan without a workspace
+  EXPECT_THROW(fd::cuda::prefill_attention({.n_seq = 1, .max_len = 16, .Hq = 4, .Hkv = 4, .D = 288}, nullptr),
+               fd::Error);  // D > 256
   EXPECT_EQ(fd::cuda::decode_attention_workspace_floats(4, 8, 64, 64), 0u);  // one split: no workspace
 }
 
