@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +15,11 @@
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/error.h"
 #include "kernels/cpu/decode_attention.h"
+
+namespace fd {
+// gtest's names for the parameters (found by ADL).
+void PrintTo(Isa isa, std::ostream* os) { *os << isa_name(isa); }
+}  // namespace fd
 
 namespace {
 
@@ -164,6 +170,9 @@ std::vector<int> contexts_for(int n_seq) {
 struct GridCase {
   int n_seq, Hq, H, D;
 };
+void PrintTo(const GridCase& c, std::ostream* os) {
+  *os << "B=" << c.n_seq << " Hq=" << c.Hq << " Hkv=" << c.H << " D=" << c.D;
+}
 
 // An ISA this CPU lacks skips its cases visibly (ctest: "Skipped"); FD_REQUIRE_ISA (a comma-separated
 // list, e.g. "avx2,avx512", set by the GPU-machine scripts for its Xeon) makes a listed ISA's skip a
