@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,12 +21,24 @@ struct Request {
   std::vector<int32_t> prompt;  // token ids, non-empty
   int64_t max_new_tokens = 1;   // generation stops after this many tokens
   bool stop_at_eos = false;     // also stop when the model emits its eos_token_id
+  // This request's sampling; unset = the run's (EngineContext::sampling). The draw stays a pure function
+  // of (sampling.seed, id, step), so a request's tokens do not depend on its batch-mates' settings.
+  std::optional<SamplingParams> sampling;
+  // Teacher forcing (workload.score): when non-empty, the model still picks a token at every step (that
+  // pick is what the step emits, GeneratedToken::token), but the token appended to the sequence and fed
+  // to the next step is forced[i] for the i-th generated token. max_new_tokens == forced.size() and
+  // stop_at_eos == false (validate_request checks both), so every engine scores the same token stream.
+  std::vector<int32_t> forced;
+  // Record this request's full logits row (fp32 [vocab], as the engine computed them, before sampling)
+  // for every generated token, in GeneratedToken::logits. Off = nothing copied, nothing kept.
+  bool record_logits = false;
 };
 
 struct GeneratedToken {
   uint64_t request_id = 0;
   int32_t token = 0;
   bool finished = false;  // last token of the request; its resources are freed
+  std::vector<float> logits;  // [vocab] when the request has record_logits, else empty
 };
 
 // A timed interval inside a step, drawn as one event on `track` in trace.json.
