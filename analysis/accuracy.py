@@ -127,13 +127,14 @@ def describe(run, label):
 
 
 def table(results):
-    lines = ["| run | vs | requests | positions compared | token agreement | KL mean | KL max | logit err mean | logit err max | ppl (ref → run) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| run | vs | requests | positions compared | token agreement | KL mean | KL max | logit err mean | logit err max | ppl (ref → run) | ppl Δ (relative) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         m = r["measures"]
         lines.append(f"| {r['run']['label']} | {r['ref']['label']} | {m['requests']} | {m['compared_positions']} of {m['positions']} | "
                      f"{m['token_agreement']:.4f} | {m['kl_mean']:.3e} | {m['kl_max']:.3e} | {m['logit_rel_err_mean']:.2e} | "
-                     f"{m['logit_rel_err_max']:.2e} | {m['ppl_ref']:.4g} → {m['ppl_run']:.4g} |")
+                     f"{m['logit_rel_err_max']:.2e} | {m['ppl_ref']:.4g} → {m['ppl_run']:.4g} | "
+                     f"{m['ppl_delta'] / m['ppl_ref']:+.2e} |")
     return lines
 
 

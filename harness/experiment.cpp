@@ -1,6 +1,10 @@
 #include "harness/experiment.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <set>
 
 namespace fd {
 
@@ -26,6 +30,143 @@ static LengthDist parse_length(StrictObject& o, const std::string& key, int64_t 
     d.min = d.max = o.get_int(key, lo, hi);
   }
   return d;
+}
+
+
+[[noreturn]] static void line_fail(const std::string& where, const std::string& what) {
+  throw ConfigError(where + ": " + what);
+}
+
+std::vector<FileRequest> load_workload_file(const std::string& path, const std::string& kind, bool with_arrivals) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot open " + kind + " file");
+  std::set<std::string> keys;
+  if (kind == "prompts") keys = {"prompt", "gen_len", "max_gen_len", "arrival_s", "temperature", "top_k", "top_p", "seed"};
+  else if (kind == "score") keys = {"prompt", "continuation", "arrival_s"};
+  else if (kind == "trace") keys = {"arrival_s", "prompt", "prompt_len", "gen_len", "max_gen_len", "temperature", "top_k", "top_p", "seed"};
+  else FD_THROW("load_workload_file: unknown kind " << kind);
+  std::string key_list;
+  for (const auto& k : keys) key_list += (key_list.empty() ? "" : ", ") + k;
+  std::vector<FileRequest> out;
+  std::string line;
+  int64_t lineno = 0;
+  double prev = 0.0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    FileRequest r;
+    r.where = path + ":" + std::to_string(lineno);
+    const std::string& w = r.where;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::parse_error& e) {
+      line_fail(w, std::string("not JSON: ") + e.what());
+    }
+    if (!j.is_object()) line_fail(w, "expected a JSON object");
+    for (const auto& [k, v] : j.items())
+      if (!keys.count(k)) line_fail(w, "unknown key '" + k + "' (a " + kind + " line has " + key_list + ")");
+    const auto get_int = [&](const char* k, int64_t lo) -> std::optional<int64_t> {
+      if (!j.contains(k)) return std::nullopt;
+      const json& v = j[k];
+      if (!v.is_number_integer()) line_fail(w, std::string("'") + k + "' must be an integer");
+      const int64_t x = v.get<int64_t>();
+      if (x < lo) line_fail(w, std::string("'") + k + "' = " + std::to_string(x) + " must be >= " + std::to_string(lo));
+      return x;
+    };
+    const auto get_num = [&](const char* k) -> std::optional<double> {
+      if (!j.contains(k)) return std::nullopt;
+      if (!j[k].is_number()) line_fail(w, std::string("'") + k + "' must be a number");
+      const double x = j[k].get<double>();
+      if (!std::isfinite(x)) line_fail(w, std::string("'") + k + "' must be finite");
+      return x;
+    };
+    const auto get_tokens = [&](const char* k) {
+      std::vector<int32_t> t;
+      const json& v = j[k];
+      if (!v.is_array()) line_fail(w, std::string("'") + k + "' must be a list of token ids");
+      for (const json& x : v) {
+        // Range against the model's vocabulary: parse_experiment (validate_request).
+        if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+          line_fail(w, std::string("'") + k + "': " + x.dump() + " is not a token id (an integer >= 0)");
+        t.push_back(int32_t(x.get<int64_t>()));
+      }
+      if (t.empty()) line_fail(w, std::string("'") + k + "' is empty");
+      return t;
+    };
+    // arrival_s
+    if (with_arrivals) {
+      const auto a = get_num("arrival_s");
+      if (!a) line_fail(w, "missing key 'arrival_s' (\"arrival\": \"trace\")");
+      if (*a < 0) line_fail(w, "'arrival_s' must be >= 0");
+      if (*a < prev) line_fail(w, "'arrival_s' decreases (the file must be sorted by arrival)");
+      prev = r.arrival_s = *a;
+    } else if (j.contains("arrival_s")) {
+      line_fail(w, "'arrival_s' only with \"arrival\": \"trace\" in the workload");
+    }
+    // prompt
+    if (j.contains("prompt")) {
+      if (j.contains("prompt_len")) line_fail(w, "give 'prompt' or 'prompt_len', not both");
+      r.prompt = get_tokens("prompt");
+      r.prompt_len = int64_t(r.prompt.size());
+    } else if (kind == "trace" && j.contains("prompt_len")) {
+      r.prompt_len = *get_int("prompt_len", 1);
+    } else {
+      line_fail(w, kind == "trace" ? "missing key 'prompt_len' (or 'prompt')" : "missing key 'prompt'");
+    }
+    // lengths
+    if (kind == "score") {
+      if (!j.contains("continuation")) line_fail(w, "missing key 'continuation'");
+      r.forced = get_tokens("continuation");
+      r.gen_len = r.max_gen_len = int64_t(r.forced.size());
+    } else {
+      const auto g = get_int("gen_len", 1);
+      if (!g) line_fail(w, "missing key 'gen_len'");
+      r.gen_len = *g;
+      r.max_gen_len = get_int("max_gen_len", 1).value_or(r.gen_len);
+      if (r.max_gen_len < r.gen_len) line_fail(w, "'max_gen_len' < 'gen_len'");
+      r.temperature = get_num("temperature");
+      if (r.temperature && *r.temperature < 0) line_fail(w, "'temperature' must be >= 0");
+      if (const auto k = get_int("top_k", 0)) r.top_k = *k;
+      r.top_p = get_num("top_p");
+      if (r.top_p && !(*r.top_p > 0 && *r.top_p <= 1)) line_fail(w, "'top_p' must be in (0, 1]");
+      if (const auto sd = get_int("seed", 0)) r.seed = uint64_t(*sd);
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void apply_override(json& config, const std::string& a) {
+  const auto fail = [&](const std::string& what) { throw ConfigError("--set " + a + ": " + what); };
+  const size_t eq = a.find('=');
+  if (eq == std::string::npos) fail("expected KEY=VALUE (e.g. workload.requests=64)");
+  const std::string key = a.substr(0, eq), text = a.substr(eq + 1);
+  std::vector<std::string> parts;
+  for (size_t b = 0;;) {
+    const size_t d = key.find('.', b);
+    parts.push_back(key.substr(b, d == std::string::npos ? std::string::npos : d - b));
+    if (parts.back().empty()) fail("empty key in '" + key + "'");
+    if (d == std::string::npos) break;
+    b = d + 1;
+  }
+  json value;
+  try {
+    value = json::parse(text);
+  } catch (const json::parse_error&) {
+    value = text;  // not JSON: a string (e.g. int8)
+  }
+  if (!config.is_object()) fail("the config is not a JSON object");
+  json* cur = &config;
+  std::string path;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    path += (path.empty() ? "" : ".") + parts[i];
+    json& next = (*cur)[parts[i]];
+    if (next.is_null()) next = json::object();
+    if (!next.is_object()) fail(path + " is not an object (it is " + next.dump() + ")");
+    cur = &next;
+  }
+  (*cur)[parts.back()] = std::move(value);
 }
 
 ExperimentConfig parse_experiment(const json& j, const std::string& path) {
@@ -61,8 +202,8 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
     } else {
       m.get_raw("layers");
     }
-    if (!e.weights.dir.empty() && !fs::exists(fs::path(e.weights.dir) / "model.safetensors"))
-      m.fail("weights.dir", "no model.safetensors in " + e.weights.dir);
+    // The checkpoint's headers (every shard's) and its tensor set against the model, before any work.
+    if (!e.weights.dir.empty()) check_tensor_source(e.model, *open_safetensors_source(e.weights.dir));
     m.finish();
   }
 
@@ -70,36 +211,55 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
   {
     StrictObject w = top.get_object("workload");
     e.workload.arrival = w.get_enum("arrival", {"offline", "poisson", "trace"}, std::string("offline"));
-    if (e.workload.arrival == "trace") {
-      // Requests, arrival times and lengths all come from the trace (fastdecode/sched/schedule.h format).
-      for (const char* k : {"requests", "prompt_len", "gen_len", "rate"})
-        if (w.has(k)) w.fail(k, "not allowed with \"arrival\": \"trace\" (the trace gives it)");
-      e.workload.trace_file = resolve(path, w.get_string("trace"));
-      e.workload.trace = load_trace_jsonl(e.workload.trace_file);
-      if (e.workload.trace.empty()) w.fail("trace", e.workload.trace_file + " holds no request");
-      e.workload.requests = int64_t(e.workload.trace.size());
+    std::vector<std::string> files;
+    for (const char* k : {"trace", "prompts", "score"})
+      if (w.has(k)) files.push_back(k);
+    if (files.size() > 1) w.fail(files[1], "give one of workload.trace, workload.prompts, workload.score, not " + files[0] + " and " + files[1]);
+    if (e.workload.arrival == "trace" && files.empty())
+      w.fail("trace", "required with \"arrival\": \"trace\" (or workload.prompts / workload.score with arrival_s per line)");
+    if (!files.empty()) {
+      // Requests and lengths come from the file: one request a line.
+      const std::string kind = files[0];
+      e.workload.source = kind;
+      const std::string file = resolve(path, w.get_string(kind));
+      (kind == "trace" ? e.workload.trace_file : kind == "prompts" ? e.workload.prompts_file : e.workload.score_file) = file;
+      if (kind == "trace" && e.workload.arrival != "trace") w.fail("trace", "only with \"arrival\": \"trace\"");
+      for (const char* k : {"prompt_len", "gen_len"})
+        if (w.has(k)) w.fail(k, std::string("not allowed with workload.") + kind + " (each line of " + file + " gives the request's lengths)");
+      if (kind == "trace" && w.has("requests")) w.fail("requests", "not allowed with \"arrival\": \"trace\" (the trace gives it)");
+      auto reqs = load_workload_file(file, kind, e.workload.arrival == "trace");
+      if (reqs.empty()) w.fail(kind, file + " holds no request");
+      // requests: default all the file's lines; fewer = the first N lines; more is an error.
+      e.workload.requests = w.get_int("requests", 1, 1 << 20, int64_t(reqs.size()));
+      if (e.workload.requests > int64_t(reqs.size()))
+        w.fail("requests", std::to_string(e.workload.requests) + " but " + file + " holds " + std::to_string(reqs.size()) +
+                               " requests (give at most that many, or leave requests out for all of them)");
+      reqs.resize(size_t(e.workload.requests));
+      e.workload.file_requests = std::move(reqs);
       e.workload.prompt_len = {INT64_MAX, 0};
       e.workload.gen_len = {INT64_MAX, 0};
-      for (const auto& t : e.workload.trace) {
-        if (t.prompt_len < 1) w.fail("trace", e.workload.trace_file + ": every prompt needs >= 1 token");
+      for (const auto& t : e.workload.file_requests) {
         e.workload.prompt_len = {std::min(e.workload.prompt_len.min, t.prompt_len), std::max(e.workload.prompt_len.max, t.prompt_len)};
         e.workload.gen_len = {std::min(e.workload.gen_len.min, t.gen_len), std::max(e.workload.gen_len.max, t.max_gen_len)};
       }
     } else {
       e.workload.requests = w.get_int("requests", 1, 1 << 20);
-      e.workload.prompt_len = parse_length(w, "prompt_len", 1, e.model.max_position_embeddings);
-      e.workload.gen_len = parse_length(w, "gen_len", 1, e.model.max_position_embeddings);
-      if (w.has("trace")) w.fail("trace", "only with \"arrival\": \"trace\"");
+      e.workload.prompt_len = parse_length(w, "prompt_len", 1, e.model.position_limit());
+      e.workload.gen_len = parse_length(w, "gen_len", 1, e.model.position_limit());
     }
     e.workload.seed = uint64_t(w.get_int("seed", 0, int64_t(1) << 53, 0));
     if (e.workload.arrival == "poisson") e.workload.rate = w.get_number("rate", 1e-6, 1e9);
     else if (w.has("rate")) w.fail("rate", "only with \"arrival\": \"poisson\"");
     e.workload.stop_at_eos = w.get_bool("stop_at_eos", false);
+    if (e.workload.stop_at_eos && e.workload.source == "score")
+      w.fail("stop_at_eos", "not with workload.score (a scored request runs its whole continuation)");
     w.finish();
+    // Per-request checks of file requests (token ids, positions) come after "sampling", below.
     const int64_t need = e.workload.prompt_len.max + e.workload.gen_len.max - 1;
-    if (need > e.model.max_position_embeddings)
+    if (e.workload.source == "random" && need > e.model.position_limit())
       w.fail("gen_len", "prompt_len + gen_len - 1 = " + std::to_string(need) + " exceeds the model's " +
-                            std::to_string(e.model.max_position_embeddings) + " positions");
+                            std::to_string(e.model.position_limit()) + " positions" +
+                            (e.model.position_limit_why.empty() ? "" : " (" + e.model.position_limit_why + ")"));
   }
 
   // sampling (optional: greedy by default)
@@ -112,6 +272,18 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
     s.finish();
   } else {
     top.get_raw("sampling");
+  }
+
+  // Every request of a workload file, checked as the engines will check it, named by FILE:LINE.
+  if (!e.workload.file_requests.empty()) {
+    const std::vector<Request> reqs = make_requests(e.workload, e.model, e.sampling);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      try {
+        validate_request(reqs[i], e.model);
+      } catch (const Error& err) {
+        throw ConfigError(e.workload.file_requests[i].where + ": " + err.what());
+      }
+    }
   }
 
   // schedule: SLS admission (docs/SCHEDULING.md). Default all-at-once with every request in one batch.
@@ -169,15 +341,56 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
     StrictObject o = top.get_object("output");
     e.output_dir = o.get_string("dir", "results");
     if (e.output_dir.empty()) o.fail("dir", "must not be empty");
+    if (o.has("logits")) {
+      e.logits.spec = o.get_raw("logits");
+      StrictObject l = o.get_object("logits");
+      const json& r = l.get_raw("requests");
+      const int64_t n = e.workload.requests;
+      std::set<uint64_t> ids;
+      if (r.is_null()) {  // default: every request
+        for (int64_t i = 0; i < n; ++i) ids.insert(uint64_t(i));
+      } else if (r.is_array()) {
+        if (r.empty()) l.fail("requests", "the list is empty");
+        for (const json& x : r) {
+          if (!x.is_number_integer()) l.fail("requests", x.dump() + " is not a request id (an integer)");
+          const int64_t id = x.get<int64_t>();
+          if (id < 0 || id >= n)
+            l.fail("requests", "request " + std::to_string(id) + " is not in the workload (ids 0.." + std::to_string(n - 1) + ")");
+          if (!ids.insert(uint64_t(id)).second) l.fail("requests", "request " + std::to_string(id) + " is listed twice");
+        }
+      } else {
+        const int64_t count = l.get_int("requests", 1, 1 << 20);
+        if (count > n)
+          l.fail("requests", "the first " + std::to_string(count) + " requests, but the workload has " + std::to_string(n) +
+                                 " (ids 0.." + std::to_string(n - 1) + ")");
+        for (int64_t i = 0; i < count; ++i) ids.insert(uint64_t(i));
+      }
+      e.logits.write = true;
+      e.logits.requests.assign(ids.begin(), ids.end());
+      e.logits.top_k = l.get_int("top_k", 0, e.model.vocab_size, 0);
+      e.logits.full = l.get_bool("full", true);
+      l.finish();
+    } else {
+      o.get_raw("logits");
+    }
     o.finish();
   } else {
     top.get_raw("output");
   }
+  // A score run records (and scores) every request unless output.logits narrows it.
+  if (e.workload.source == "score" && !e.logits.write)
+    for (int64_t i = 0; i < e.workload.requests; ++i) e.logits.requests.push_back(uint64_t(i));
   top.finish();
   return e;
 }
 
-ExperimentConfig load_experiment(const std::string& path) { return parse_experiment(read_json_file(path), path); }
+ExperimentConfig load_experiment(const std::string& path, const std::vector<std::string>& overrides) {
+  json j = read_json_file(path);
+  for (const std::string& o : overrides) apply_override(j, o);
+  ExperimentConfig e = parse_experiment(j, path);
+  e.overrides = overrides;
+  return e;
+}
 
 json ExperimentConfig::resolved() const {
   const auto len = [](const LengthDist& d) -> json {
@@ -186,6 +399,13 @@ json ExperimentConfig::resolved() const {
   };
   json w = weights.dir.empty() ? json{{"seed", weights.seed}, {"dtype", dtype_name(weights.dtype)}}
                                : json{{"dir", weights.dir}};
+  json out = {{"dir", output_dir}};
+  if (logits.write) {
+    json r = logits.spec.is_object() && logits.spec.contains("requests") && !logits.spec["requests"].is_null()
+                 ? logits.spec["requests"]
+                 : json(workload.requests);  // the default: all of them
+    out["logits"] = {{"requests", r}, {"top_k", logits.top_k}, {"full", logits.full}};
+  }
   return {
       {"name", name},
       {"description", description},
@@ -198,6 +418,8 @@ json ExperimentConfig::resolved() const {
         {"arrival", workload.arrival},
         {"rate", workload.rate},
         {"trace", workload.trace_file},
+        {"prompts", workload.prompts_file},
+        {"score", workload.score_file},
         {"stop_at_eos", workload.stop_at_eos}}},
       {"sampling",
        {{"temperature", sampling.temperature}, {"top_k", sampling.top_k}, {"top_p", sampling.top_p}, {"seed", sampling.seed}}},
@@ -210,13 +432,14 @@ json ExperimentConfig::resolved() const {
       {"hardware",
        {{"gpu", {{"memory_gb", hardware.gpu_memory_gb}, {"sm_count", hardware.gpu_sm_count}}},
         {"rworkers", {{"count", hardware.rworkers}, {"threads", hardware.rworker_threads}}}}},
-      {"output", {{"dir", output_dir}}},
+      {"output", out},
   };
 }
 
-std::vector<Request> make_requests(const WorkloadConfig& w, const ModelConfig& m) {
+std::vector<Request> make_requests(const WorkloadConfig& w, const ModelConfig& m, const SamplingParams& run_sampling) {
   const int64_t lo_tok = std::max<int64_t>({m.bos_token_id, m.eos_token_id, 2}) + 1;
   const int64_t span = std::max<int64_t>(1, m.vocab_size - lo_tok);
+  const bool from_file = w.source != "random";
   std::vector<Request> out;
   for (int64_t i = 0; i < w.requests; ++i) {
     // Every draw is a hash of (seed, request, purpose, index): independent of the request count.
@@ -227,11 +450,28 @@ std::vector<Request> make_requests(const WorkloadConfig& w, const ModelConfig& m
     };
     Request r;
     r.id = uint64_t(i);
-    const bool traced = !w.trace.empty();
-    const int64_t plen = traced ? w.trace[size_t(i)].prompt_len : length(w.prompt_len, 1);
-    r.max_new_tokens = traced ? w.trace[size_t(i)].gen_len : length(w.gen_len, 2);
     r.stop_at_eos = w.stop_at_eos;
-    for (int64_t t = 0; t < plen; ++t) r.prompt.push_back(int32_t(lo_tok + int64_t(draw(3, uint64_t(t)) % uint64_t(span))));
+    if (from_file) {
+      const FileRequest& f = w.file_requests.at(size_t(i));
+      r.max_new_tokens = f.gen_len;
+      r.prompt = f.prompt;
+      r.forced = f.forced;
+      if (!f.forced.empty()) r.stop_at_eos = false;
+      if (f.has_sampling()) {
+        SamplingParams sp = run_sampling;
+        if (f.temperature) sp.temperature = *f.temperature;
+        if (f.top_k) sp.top_k = *f.top_k;
+        if (f.top_p) sp.top_p = *f.top_p;
+        if (f.seed) sp.seed = *f.seed;
+        r.sampling = sp;
+      }
+    } else {
+      r.max_new_tokens = length(w.gen_len, 2);
+    }
+    if (r.prompt.empty()) {  // seeded tokens (a trace line with prompt_len, or a random workload)
+      const int64_t plen = from_file ? w.file_requests[size_t(i)].prompt_len : length(w.prompt_len, 1);
+      for (int64_t t = 0; t < plen; ++t) r.prompt.push_back(int32_t(lo_tok + int64_t(draw(3, uint64_t(t)) % uint64_t(span))));
+    }
     out.push_back(std::move(r));
   }
   return out;
@@ -241,14 +481,20 @@ std::vector<double> arrival_times(const WorkloadConfig& w) {
   if (w.arrival == "poisson") return poisson_arrivals(w.requests, w.rate, w.seed);
   if (w.arrival == "trace") {
     std::vector<double> t;
-    for (const auto& r : w.trace) t.push_back(r.arrival_s);
+    for (const auto& r : w.file_requests) t.push_back(r.arrival_s);
     return t;
   }
   return std::vector<double>(size_t(w.requests), 0.0);
 }
 
 std::unique_ptr<TensorSource> open_weights(const ExperimentConfig& e) {
-  if (!e.weights.dir.empty()) return open_safetensors_source((fs::path(e.weights.dir) / "model.safetensors").string());
+  if (!e.weights.dir.empty()) {
+    // A folder with model.safetensors or a sharded checkpoint (model.safetensors.index.json + shards);
+    // the whole tensor set is checked against the model before anything is loaded.
+    auto src = open_safetensors_source(e.weights.dir);
+    check_tensor_source(e.model, *src);  // checked at parse time too; the files may have changed since
+    return src;
+  }
   return make_random_source(e.weights.seed, e.weights.dtype);
 }
 

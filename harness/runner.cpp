@@ -99,7 +99,44 @@ struct RequestTrack {
   std::vector<int64_t> token_ns;  // time each token was produced (end of its step), from run start
 };
 
+// What the runner keeps of one request that records its logits (output.logits / workload.score).
+struct LogitsTrack {
+  std::vector<int32_t> forced;                               // score runs: the continuation
+  std::vector<std::vector<std::pair<int32_t, double>>> top;  // per position: top-K [token, logprob]
+  std::vector<float> rows;                                   // full: [positions, vocab], freed once written
+  int64_t positions = 0;
+  double nll_sum = 0;                                        // score: -sum log p(forced[i])
+};
+
+// logsumexp of one logits row, in double: log_softmax(row)[i] = row[i] - log_sum_exp(row).
+double log_sum_exp(const std::vector<float>& row) {
+  double m = -INFINITY;
+  for (float x : row) m = std::max(m, double(x));
+  double s = 0;
+  for (float x : row) s += std::exp(double(x) - m);
+  return m + std::log(s);
+}
+
 }  // namespace
+
+// NPY format v1.0 (numpy.lib.format): magic, version, little-endian u16 header length, a Python dict
+// literal padded with spaces and ended by '\n' so the data starts on a 64-byte boundary, then the data.
+void write_npy_f32(const std::string& path, const float* data, int64_t rows, int64_t cols) {
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(rows) + ", " +
+                       std::to_string(cols) + "), }";
+  const size_t unpadded = 10 + header.size() + 1;
+  header.append((64 - unpadded % 64) % 64, ' ');
+  header += '\n';
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) FD_THROW(path << ": cannot open for writing");
+  const uint16_t len = uint16_t(header.size());
+  f.write("\x93NUMPY\x01\x00", 8);
+  const unsigned char le[2] = {static_cast<unsigned char>(len & 0xff), static_cast<unsigned char>(len >> 8)};
+  f.write(reinterpret_cast<const char*>(le), 2);
+  f.write(header.data(), std::streamsize(header.size()));
+  f.write(reinterpret_cast<const char*>(data), std::streamsize(sizeof(float) * size_t(rows * cols)));
+  if (!f) FD_THROW(path << ": write failed");
+}
 
 json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   const fs::path dir = opt.out_dir;
@@ -108,7 +145,17 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   fs::create_directories(dir);
   const json prov = collect_provenance(opt.command_line);
 
-  std::vector<Request> requests = make_requests(e.workload, e.model);
+  std::vector<Request> requests = make_requests(e.workload, e.model, e.sampling);
+  // Logits recording (output.logits, workload.score): the runner asks the engine for the rows of these
+  // requests only, and reduces each row as it comes (score, top-K; the full rows only when written).
+  std::map<uint64_t, LogitsTrack> logit_track;
+  for (uint64_t id : e.logits.requests) {
+    FD_CHECK(id < requests.size(), "output.logits names request " << id);
+    requests[size_t(id)].record_logits = true;
+    logit_track[id].forced = requests[size_t(id)].forced;
+  }
+  const bool write_logits = e.logits.write, write_npy = e.logits.write && e.logits.full;
+  if (write_npy) fs::create_directories(dir / "logits");
   const std::vector<double> arrivals = arrival_times(e.workload);
   int64_t total_gen = 0, prompt_tokens = 0;
   std::map<uint64_t, RequestTrack> track;
@@ -122,7 +169,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
     track[r.id].prompt_len = int64_t(r.prompt.size());
     track[r.id].arrival_ns = int64_t(arrivals[i] * 1e9);
     // The scheduler projects with the trace's max_gen_len when there is one (early finish otherwise).
-    const int64_t projected = e.workload.trace.empty() ? r.max_new_tokens : e.workload.trace[i].max_gen_len;
+    const int64_t projected = e.workload.file_requests.empty() ? r.max_new_tokens : e.workload.file_requests[i].max_gen_len;
     sched_requests.push_back({r.id, arrivals[i], int64_t(r.prompt.size()), projected});
   }
   std::map<uint64_t, const Request*> by_id;
@@ -190,6 +237,35 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
       if (rt.tokens.empty()) sched.on_started(t.request_id, step);
       rt.tokens.push_back(t.token);
       rt.token_ns.push_back(s1 - t0);
+      if (auto lt = logit_track.find(t.request_id); lt != logit_track.end()) {
+        LogitsTrack& L = lt->second;
+        if (int64_t(t.logits.size()) != e.model.vocab_size)
+          FD_THROW("engine " << engine->name() << " returned " << t.logits.size() << " logits for request " << t.request_id
+                             << " (record_logits asks for " << e.model.vocab_size
+                             << " per token): this engine does not record logits");
+        const size_t pos = size_t(L.positions++);
+        const double lse = log_sum_exp(t.logits);
+        if (!L.forced.empty()) {
+          FD_CHECK(pos < L.forced.size(), "request " << t.request_id << " generated past its forced continuation");
+          L.nll_sum -= double(t.logits[size_t(L.forced[pos])]) - lse;
+        }
+        if (write_logits && e.logits.top_k > 0) {
+          std::vector<int32_t> idx(t.logits.size());
+          std::iota(idx.begin(), idx.end(), 0);
+          const size_t k = size_t(e.logits.top_k);
+          std::partial_sort(idx.begin(), idx.begin() + std::ptrdiff_t(k), idx.end(), [&](int32_t a, int32_t b) {
+            return t.logits[size_t(a)] > t.logits[size_t(b)] || (t.logits[size_t(a)] == t.logits[size_t(b)] && a < b);
+          });
+          auto& row = L.top.emplace_back();
+          for (size_t q = 0; q < k; ++q) row.emplace_back(idx[q], double(t.logits[size_t(idx[q])]) - lse);
+        }
+        if (write_npy) L.rows.insert(L.rows.end(), t.logits.begin(), t.logits.end());
+        if (t.finished && write_npy) {  // written as soon as the request is done: rows do not pile up
+          write_npy_f32((dir / "logits" / ("request_" + std::to_string(t.request_id) + ".npy")).string(), L.rows.data(),
+                        L.positions, e.model.vocab_size);
+          std::vector<float>().swap(L.rows);
+        }
+      }
       if (t.finished) {
         ++finished;
         sched.on_finished(t.request_id, step);
@@ -254,6 +330,44 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
             << "\n";
   }
 
+  // Logits outputs: logits.jsonl (one line per recorded request) and score.jsonl (scored requests).
+  json score_summary;
+  if (write_logits) {
+    std::ofstream lo(dir / "logits.jsonl", std::ios::trunc);
+    if (!lo) FD_THROW((dir / "logits.jsonl").string() << ": cannot open for writing");
+    for (const auto& [id, L] : logit_track) {
+      json rec = {{"request", id}, {"tokens", track.at(id).tokens}};
+      if (!L.forced.empty()) rec["forced"] = L.forced;
+      if (e.logits.top_k > 0) {
+        json top = json::array();
+        for (const auto& row : L.top) {
+          json r = json::array();
+          for (const auto& [tok, lp] : row) r.push_back({tok, lp});
+          top.push_back(std::move(r));
+        }
+        rec["top"] = std::move(top);
+      }
+      lo << rec.dump() << "\n";
+    }
+  }
+  if (e.workload.source == "score") {
+    std::ofstream so(dir / "score.jsonl", std::ios::trunc);
+    if (!so) FD_THROW((dir / "score.jsonl").string() << ": cannot open for writing");
+    double nll = 0;
+    int64_t n = 0;
+    for (const auto& [id, L] : logit_track) {
+      FD_CHECK(L.positions == int64_t(L.forced.size()),
+               "request " << id << ": " << L.positions << " scored positions for " << L.forced.size() << " forced tokens");
+      const double mean = L.nll_sum / double(L.positions);
+      so << json{{"request", id}, {"tokens", L.positions}, {"nll_sum", L.nll_sum}, {"nll_mean", mean}, {"ppl", std::exp(mean)}}.dump()
+         << "\n";
+      nll += L.nll_sum;
+      n += L.positions;
+    }
+    score_summary = {{"requests", logit_track.size()}, {"tokens", n}, {"nll_sum", nll},
+                     {"mean_nll", n ? nll / double(n) : 0.0}, {"perplexity", n ? std::exp(nll / double(n)) : 0.0}};
+  }
+
   const double dur_s = double(t_end - t0) / 1e9;
   json results = {{"num_requests", requests.size()},
                   {"prompt_tokens", prompt_tokens},
@@ -284,6 +398,8 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   json summary = {{"name", e.name},   {"engine", engine->name()}, {"engine_info", engine_info}, {"config_file", e.file},
                   {"config", e.resolved()}, {"provenance", prov}, {"model", model},
                   {"results", results}, {"notes", notes}};
+  summary["overrides"] = e.overrides;
+  if (!score_summary.is_null()) summary["score"] = score_summary;
   write_json_file((dir / "trace.json").string(), trace.finish(prov, "fd-bench " + e.name), -1);
   write_json_file((dir / "summary.json").string(), summary);
   return summary;

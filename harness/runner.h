@@ -20,4 +20,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt);
 // {mean, p50, p90, p99, max, count} of the values.
 json distribution(const std::vector<double>& v);
 
+// Writes fp32 [rows, cols] (C order) as an NPY v1.0 file (numpy.load reads it).
+void write_npy_f32(const std::string& path, const float* data, int64_t rows, int64_t cols);
+
 }  // namespace fd

@@ -25,6 +25,24 @@ struct Seq {
   int32_t last = 0;
 };
 
+// How a batch's rows are sampled: each with its request's sampling (else the run's) and (id, step); the
+// rows whose logits are recorded; whether every row is greedy.
+struct RowDraws {
+  std::vector<SamplingParams> params;
+  std::vector<uint64_t> ids, steps;
+  std::vector<int32_t> record;
+  bool greedy = true;
+  RowDraws(const std::vector<Seq*>& seqs, const SamplingParams& run) {
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const Seq& s = *seqs[i];
+      params.push_back(s.req.sampling ? *s.req.sampling : run);
+      greedy = greedy && params.back().greedy();
+      ids.push_back(s.req.id), steps.push_back(uint64_t(s.generated));
+      if (s.req.record_logits) record.push_back(int32_t(i));
+    }
+  }
+};
+
 class GpuOnlyEngine : public Engine {
  public:
   GpuOnlyEngine(const GpuOnlyConfig& ec, const EngineContext& ctx)
@@ -39,7 +57,7 @@ class GpuOnlyEngine : public Engine {
     stream_ = streams_->stream(0);
     model_ = std::make_unique<CudaModel>(load_model_weights(model, weights), stream_,
                                          streams_->limited() ? streams_->sm_count() : 0, dtype_from_name(ec.dtype));
-    max_ctx_ = ec.max_context > 0 ? ec.max_context : cfg_.max_position_embeddings;
+    max_ctx_ = ec.max_context > 0 ? ec.max_context : cfg_.position_limit();
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     budget_bytes_ = ctx.hardware.gpu_memory_gb > 0 ? ctx.hardware.gpu_memory_gb * 1e9 : double(total_b);
@@ -201,8 +219,8 @@ class GpuOnlyEngine : public Engine {
 
   // A greedy decode step from the graph of its padded batch size Tb (body, LM head, argmax on graph_dec_;
   // graph_aux_ holds slots, positions and lengths at 0, graph_rows_, 2·graph_rows_): rows T..Tb-1 pad the
-  // batch (token 0 at position 0 of the spare slot).
-  void decode_graph(const std::vector<Seq*>& seqs, int32_t* tok) {
+  // batch (token 0 at position 0 of the spare slot). The logits rows in `record` come down after the replay.
+  void decode_graph(const std::vector<Seq*>& seqs, int32_t* tok, const std::vector<int32_t>& record, float* recorded) {
     const int64_t T = int64_t(seqs.size()), Tb = std::min(GraphCache::bucket(T), graph_rows_);
     const size_t n = static_cast<size_t>(Tb);
     std::vector<int32_t> tokens(n, 0), slots(n, static_cast<int32_t>(slots_)), pos32(n, 0), lens(n, 1), rows(n, 0);
@@ -228,7 +246,7 @@ class GpuOnlyEngine : public Engine {
     });
     CUDA_CHECK(cudaEventRecord(events_[1], stream_));
     CUDA_CHECK(cudaMemcpyAsync(tok, graph_dec_.out_tokens.get(), size_t(T) * 4, cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    model_->download_logits(graph_dec_, record, recorded);  // synchronises the stream
   }
 
   // Uploads the per-row int32 arrays of a batch into aux_: slots [0, T), positions [T, 2T), lengths [2T, 3T).
@@ -248,8 +266,10 @@ class GpuOnlyEngine : public Engine {
     for (auto& [id, s] : running_) seqs.push_back(&s);
     const int64_t T = int64_t(seqs.size()), L = cfg_.num_layers;
     std::vector<int32_t> tok(seqs.size());
-    if (graphs_ && sampling_.greedy() && T <= graph_rows_) {
-      decode_graph(seqs, tok.data());
+    const RowDraws draws(seqs, sampling_);
+    std::vector<float> recorded(draws.record.size() * size_t(cfg_.vocab_size));  // nothing when none records
+    if (graphs_ && draws.greedy && T <= graph_rows_) {  // the graph's argmax serves only all-greedy steps
+      decode_graph(seqs, tok.data(), draws.record, recorded.data());
     } else {
       std::vector<int32_t> tokens, slots, pos32, lens, rows;
       std::vector<int64_t> pos;
@@ -264,9 +284,8 @@ class GpuOnlyEngine : public Engine {
       upload_rows(slots, pos32, lens);
       CUDA_CHECK(cudaEventRecord(events_[0], stream_));
       decode_body(dec_, T, aux_.get(), aux_.get() + T, aux_.get() + 2 * T, true);
-      std::vector<uint64_t> ids, steps;
-      for (Seq* s : seqs) ids.push_back(s->req.id), steps.push_back(uint64_t(s->generated));
-      model_->sample(dec_, T, sampling_, ids, steps, tok.data());  // synchronises the stream
+      // Synchronises the stream.
+      model_->sample(dec_, T, draws.params, draws.ids, draws.steps, tok.data(), draws.record, recorded.data());
       CUDA_CHECK(cudaEventRecord(events_[1], stream_));
       CUDA_CHECK(cudaEventSynchronize(events_[1]));
       float ms = 0;
@@ -278,9 +297,10 @@ class GpuOnlyEngine : public Engine {
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[1]));
     total_ms_ += ms;
+    size_t k = 0;
     for (size_t i = 0; i < seqs.size(); ++i) {
       seqs[i]->len += 1;
-      emit(*seqs[i], tok[i], out);
+      emit(*seqs[i], tok[i], seqs[i]->req.record_logits ? &recorded[k++ * size_t(cfg_.vocab_size)] : nullptr, out);
       out.total_context += seqs[i]->len;
     }
     out.decode_tokens = T;
@@ -337,13 +357,15 @@ class GpuOnlyEngine : public Engine {
       model_->attention_from_f32(pre_);
       model_->attention_output_and_mlp(pre_, int(l));
     }
-    std::vector<uint64_t> ids, steps;
-    for (Seq* s : fresh) ids.push_back(s->req.id), steps.push_back(uint64_t(s->generated));
+    const RowDraws draws(fresh, sampling_);
+    std::vector<float> recorded(draws.record.size() * size_t(cfg_.vocab_size));
     std::vector<int32_t> tok(fresh.size());
-    model_->sample(pre_, int64_t(fresh.size()), sampling_, ids, steps, tok.data());
+    model_->sample(pre_, int64_t(fresh.size()), draws.params, draws.ids, draws.steps, tok.data(), draws.record,
+                   recorded.data());
+    size_t k = 0;
     for (size_t i = 0; i < fresh.size(); ++i) {
       fresh[i]->len = int64_t(fresh[i]->req.prompt.size());
-      emit(*fresh[i], tok[i], out);
+      emit(*fresh[i], tok[i], fresh[i]->req.record_logits ? &recorded[k++ * size_t(cfg_.vocab_size)] : nullptr, out);
       out.total_context += fresh[i]->len;
     }
     out.prefill_tokens = T;
@@ -351,11 +373,14 @@ class GpuOnlyEngine : public Engine {
     out.spans.push_back({"gpu stream 0", "prefill", t0, now_ns() - t0});
   }
 
-  void emit(Seq& s, int32_t tok, StepResult& out) {
+  // Emits the pick; the sequence continues with it, or with its forced token (teacher forcing). logits: the
+  // row the pick was made from, when the request records them.
+  void emit(Seq& s, int32_t tok, const float* logits, StepResult& out) {
+    s.last = s.req.forced.empty() ? tok : s.req.forced[size_t(s.generated)];
     ++s.generated;
-    s.last = tok;
     const bool eos = s.req.stop_at_eos && tok == cfg_.eos_token_id;
-    out.tokens.push_back({s.req.id, tok, s.generated >= s.req.max_new_tokens || eos});
+    out.tokens.push_back({s.req.id, tok, s.generated >= s.req.max_new_tokens || eos, {}});
+    if (logits) out.tokens.back().logits.assign(logits, logits + cfg_.vocab_size);
   }
 
   GpuOnlyConfig ec_;

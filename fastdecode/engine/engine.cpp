@@ -24,10 +24,11 @@ void validate_request(const Request& r, const ModelConfig& m) {
     FD_THROW("request " << r.id << ": sampling needs temperature >= 0, top_k >= 0, 0 < top_p <= 1");
   // The last generated token is never fed back, so the cache holds at most prompt + max_new - 1.
   const int64_t need = int64_t(r.prompt.size()) + r.max_new_tokens - 1;
-  if (need > m.max_position_embeddings)
+  if (need > m.position_limit())
     FD_THROW("request " << r.id << ": prompt " << r.prompt.size() << " + " << r.max_new_tokens
                         << " new tokens needs " << need << " positions; model " << m.name << " has "
-                        << m.max_position_embeddings);
+                        << m.position_limit() << " ("
+                        << (m.position_limit_why.empty() ? "max_position_embeddings" : m.position_limit_why) << ")");
 }
 
 }  // namespace fd

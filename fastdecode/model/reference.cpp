@@ -51,17 +51,23 @@ void ref_layernorm(const float* x, int64_t T, int64_t n, const float* w, const f
   }
 }
 
-void ref_rope(float* vec, int64_t d, int64_t pos, double theta) {
+void ref_rope(float* vec, int64_t d, int64_t pos, const float* inv_freq, float scaling) {
   const int64_t half = d / 2;
   for (int64_t i = 0; i < half; ++i) {
-    // inv_freq_i = theta^(-2i/d), computed in double then used in fp32 as HF does in float32.
-    const float inv_freq = float(1.0 / std::pow(theta, double(2 * i) / double(d)));
-    const float angle = float(pos) * inv_freq;
-    const float c = std::cos(angle), s = std::sin(angle);
+    // HF: angle = pos * inv_freq in fp32; cos and sin times the attention scaling (yarn), in fp32.
+    const float angle = float(pos) * inv_freq[i];
+    const float c = std::cos(angle) * scaling, s = std::sin(angle) * scaling;
     const float a = vec[i], b = vec[i + half];
     vec[i] = a * c - b * s;
     vec[i + half] = b * c + a * s;
   }
+}
+
+void ref_rope(float* vec, int64_t d, int64_t pos, double theta) {
+  ModelConfig c;
+  c.head_dim = d;
+  c.rope.theta = theta;
+  ref_rope(vec, d, pos, rope_inv_freq(c).data(), 1.0f);
 }
 
 ReferenceModel::ReferenceModel(ModelWeights weights) : w_(std::move(weights)) {}
@@ -116,10 +122,14 @@ int64_t ReferenceModel::total_context() const {
 // ---- Stages of a decoder layer, named after the model (shared with the FastDecode S-Part) ----
 
 void ref_embed(const ModelWeights& w, const int32_t* tokens, const int64_t* pos, int64_t T, float* x) {
-  const int64_t H = w.cfg.hidden_size;
+  const int64_t H = w.cfg.hidden_size, P = w.cfg.embed_dim();
   for (int64_t t = 0; t < T; ++t) {
-    const float* e = w.embed.data() + int64_t(tokens[t]) * H;
-    for (int64_t i = 0; i < H; ++i) x[t * H + i] = e[i];
+    const float* e = w.embed.data() + int64_t(tokens[t]) * P;
+    if (w.cfg.has_projections()) {  // OPT: x = project_in(embed) [H] from the [P] embedding
+      ref_linear(e, 1, P, w.project_in.data(), nullptr, H, x + t * H);
+    } else {
+      for (int64_t i = 0; i < H; ++i) x[t * H + i] = e[i];
+    }
     if (w.cfg.arch == Arch::OPT) {  // learned positions, offset 2 as in HF's OPTLearnedPositionalEmbedding
       const float* p = w.pos_embed.data() + (pos[t] + 2) * H;
       for (int64_t i = 0; i < H; ++i) x[t * H + i] += p[i];
@@ -138,15 +148,23 @@ static const float* bias_of(const std::vector<float>& b) { return b.empty() ? nu
 void ref_attention_input(const ModelConfig& c, const LayerWeights& L, const float* x, const int64_t* pos, int64_t T,
                          float* q, float* k, float* v, LinearFn linear) {
   const int64_t H = c.hidden_size, D = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim();
-  std::vector<float> h(size_t(T * H));
-  layer_norm_of(c, L.attn_norm_w, L.attn_norm_b, x, T, h.data());
-  linear(h.data(), T, H, L.wq.data(), bias_of(L.bq), qd, q);
-  linear(h.data(), T, H, L.wk.data(), bias_of(L.bk), kvd, k);
-  linear(h.data(), T, H, L.wv.data(), bias_of(L.bv), kvd, v);
+  std::vector<float> h;
+  const float* in = x;  // post-LayerNorm OPT: the stream is already normalized
+  if (c.pre_norm()) {
+    h.resize(size_t(T * H));
+    layer_norm_of(c, L.attn_norm_w, L.attn_norm_b, x, T, h.data());
+    in = h.data();
+  }
+  linear(in, T, H, L.wq.data(), bias_of(L.bq), qd, q);
+  linear(in, T, H, L.wk.data(), bias_of(L.bk), kvd, k);
+  linear(in, T, H, L.wv.data(), bias_of(L.bv), kvd, v);
   if (c.arch != Arch::Llama) return;
+  const std::vector<float> inv_freq = rope_inv_freq(c);
+  const float scaling = rope_attention_scaling(c);
   for (int64_t t = 0; t < T; ++t) {
-    for (int64_t hh = 0; hh < c.num_heads; ++hh) ref_rope(q + t * qd + hh * D, D, pos[t], c.rope_theta);
-    for (int64_t hh = 0; hh < c.num_kv_heads; ++hh) ref_rope(k + t * kvd + hh * D, D, pos[t], c.rope_theta);
+    for (int64_t hh = 0; hh < c.num_heads; ++hh) ref_rope(q + t * qd + hh * D, D, pos[t], inv_freq.data(), scaling);
+    for (int64_t hh = 0; hh < c.num_kv_heads; ++hh)
+      ref_rope(k + t * kvd + hh * D, D, pos[t], inv_freq.data(), scaling);
   }
 }
 
@@ -157,12 +175,18 @@ void ref_attention_output_and_mlp(const ModelConfig& c, const LayerWeights& L, c
   // x += o W_o^T
   linear(att, T, c.q_dim(), L.wo.data(), bias_of(L.bo), H, proj.data());
   for (int64_t i = 0; i < T * H; ++i) x[i] += proj[size_t(i)];
+  const bool pre = c.pre_norm();  // false: post-LayerNorm OPT (LN after each residual add)
+  if (!pre) {
+    layer_norm_of(c, L.attn_norm_w, L.attn_norm_b, x, T, h.data());
+    std::copy(h.begin(), h.end(), x);
+  }
   // Llama: x += down(silu(gate(h)) * up(h)); OPT: x += fc2(relu(fc1(h)))
-  layer_norm_of(c, L.mlp_norm_w, L.mlp_norm_b, x, T, h.data());
+  if (pre) layer_norm_of(c, L.mlp_norm_w, L.mlp_norm_b, x, T, h.data());
+  else std::copy(x, x + T * H, h.begin());
   linear(h.data(), T, H, L.w_up.data(), bias_of(L.b_up), I, up.data());
   if (c.arch == Arch::Llama) {
     gate.resize(size_t(T * I));
-    linear(h.data(), T, H, L.w_gate.data(), nullptr, I, gate.data());
+    linear(h.data(), T, H, L.w_gate.data(), bias_of(L.b_gate), I, gate.data());
     for (int64_t i = 0; i < T * I; ++i) {
       const float g = gate[size_t(i)];
       up[size_t(i)] *= g / (1.0f + std::exp(-g));
@@ -172,14 +196,25 @@ void ref_attention_output_and_mlp(const ModelConfig& c, const LayerWeights& L, c
   }
   linear(up.data(), T, I, L.w_down.data(), bias_of(L.b_down), H, proj.data());
   for (int64_t i = 0; i < T * H; ++i) x[i] += proj[size_t(i)];
+  if (!pre) {
+    layer_norm_of(c, L.mlp_norm_w, L.mlp_norm_b, x, T, h.data());
+    std::copy(h.begin(), h.end(), x);
+  }
 }
 
 void ref_lm_head(const ModelWeights& w, const float* x, int64_t n, float* logits, LinearFn linear) {
   const ModelConfig& c = w.cfg;
   std::vector<float> hn(size_t(n * c.hidden_size));
   if (c.arch == Arch::Llama) ref_rmsnorm(x, n, c.hidden_size, w.final_norm_w.data(), c.norm_eps, hn.data());
-  else ref_layernorm(x, n, c.hidden_size, w.final_norm_w.data(), w.final_norm_b.data(), c.norm_eps, hn.data());
-  linear(hn.data(), n, c.hidden_size, w.lm_head_matrix().data(), nullptr, c.vocab_size, logits);
+  else if (c.has_final_norm())
+    ref_layernorm(x, n, c.hidden_size, w.final_norm_w.data(), w.final_norm_b.data(), c.norm_eps, hn.data());
+  else std::copy(x, x + n * c.hidden_size, hn.begin());  // post-LayerNorm OPT: no final LayerNorm
+  if (c.has_projections()) {  // OPT: project_out [P, H], then the head over width P
+    std::vector<float> hp(size_t(n * c.embed_dim()));
+    linear(hn.data(), n, c.hidden_size, w.project_out.data(), nullptr, c.embed_dim(), hp.data());
+    hn.swap(hp);
+  }
+  linear(hn.data(), n, c.embed_dim(), w.lm_head_matrix().data(), nullptr, c.vocab_size, logits);
 }
 
 void ref_decode_attention(const float* q, const float* kc, const float* vc, int64_t n, const ModelConfig& c, float* out) {
@@ -225,8 +260,10 @@ std::vector<float> ReferenceModel::forward(const std::vector<RefToken>& batch) {
       FD_CHECK(tok.token >= 0 && tok.token < c.vocab_size, "token id " << tok.token << " outside vocab of " << c.vocab_size);
       pos[size_t(t)] = next[size_t(tok.seq)]++;
       tokens[size_t(t)] = tok.token;
-      FD_CHECK(pos[size_t(t)] < c.max_position_embeddings,
-               "position " << pos[size_t(t)] << " exceeds max_position_embeddings " << c.max_position_embeddings);
+      FD_CHECK(pos[size_t(t)] < c.position_limit(),
+               "position " << pos[size_t(t)] << " exceeds the model's " << c.position_limit() << " positions ("
+                           << (c.position_limit_why.empty() ? "max_position_embeddings" : c.position_limit_why)
+                           << ")");
     }
   }
 

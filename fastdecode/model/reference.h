@@ -77,7 +77,7 @@ void ref_linear(const float* x, int64_t T, int64_t in, const float* W, const flo
 // The stages of the forward pass, named after the model; the FastDecode S-Part runs the same stages
 // with attention done elsewhere (on R-workers). x: residual stream [T, H]; pos: [T] positions.
 void ref_embed(const ModelWeights& w, const int32_t* tokens, const int64_t* pos, int64_t T, float* x);
-// norm -> q, k, v projections (+ biases) -> RoPE (Llama). q: [T, q_dim], k, v: [T, kv_dim].
+// norm -> q, k, v projections (+ biases) -> RoPE (Llama: cfg.rope). q: [T, q_dim], k, v: [T, kv_dim].
 void ref_attention_input(const ModelConfig& c, const LayerWeights& L, const float* x, const int64_t* pos, int64_t T,
                          float* q, float* k, float* v, LinearFn linear = ref_linear);
 // x += att W_o^T (+ b); x += MLP(norm(x)). att: [T, q_dim].
@@ -91,7 +91,10 @@ void ref_decode_attention(const float* q, const float* k, const float* v, int64_
 // Building blocks, exposed for tests. x, out: [T, n].
 void ref_rmsnorm(const float* x, int64_t T, int64_t n, const float* w, double eps, float* out);
 void ref_layernorm(const float* x, int64_t T, int64_t n, const float* w, const float* b, double eps, float* out);
-// HF "rotate_half" RoPE on one head vector of size d at position pos: pairs (i, i + d/2).
+// HF "rotate_half" RoPE on one head vector of size d at position pos: pairs (i, i + d/2) rotated by
+// pos * inv_freq[i] (rope_inv_freq), cos and sin multiplied by `scaling` (rope_attention_scaling).
+void ref_rope(float* vec, int64_t d, int64_t pos, const float* inv_freq, float scaling);
+// Default RoPE with base theta.
 void ref_rope(float* vec, int64_t d, int64_t pos, double theta);
 
 }  // namespace fd

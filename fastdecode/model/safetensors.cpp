@@ -27,8 +27,19 @@ using ordered_json = nlohmann::ordered_json;  // keeps the header's key order (=
 // refusing it keeps a bad file from making us parse (or allocate for) gigabytes.
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
-#define FD_FILE_ERROR(path, msg) FD_THROW("safetensors file '" << (path) << "': " << msg)
+// Reading: a bad or unreadable file is bad input, fd::ConfigError (programs exit 2 before any work).
+#define FD_BAD_INPUT(msg)                      \
+  do {                                         \
+    std::ostringstream fd_bad_os_;             \
+    fd_bad_os_ << msg;                         \
+    throw ::fd::ConfigError(fd_bad_os_.str()); \
+  } while (0)
+#define FD_FILE_ERROR(path, msg) FD_BAD_INPUT("safetensors file '" << (path) << "': " << msg)
 #define FD_TENSOR_ERROR(path, name, msg) \
+  FD_BAD_INPUT("safetensors file '" << (path) << "', tensor '" << (name) << "': " << msg)
+// Writing (and mmap): a failure is a runtime error, fd::Error.
+#define FD_IO_FILE_ERROR(path, msg) FD_THROW("safetensors file '" << (path) << "': " << msg)
+#define FD_IO_TENSOR_ERROR(path, name, msg) \
   FD_THROW("safetensors file '" << (path) << "', tensor '" << (name) << "': " << msg)
 
 // Called before anything else in an error path, so errno is still the failing call's.
@@ -140,7 +151,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   if (m == MAP_FAILED) {
     const std::string err = errno_text();
-    FD_FILE_ERROR(path, "mmap of " << size << " bytes failed: " << err);
+    FD_IO_FILE_ERROR(path, "mmap of " << size << " bytes failed: " << err);
   }
   f.map_ = static_cast<const unsigned char*>(m);
   f.map_size_ = size;  // from here on, f's destructor unmaps on any error
@@ -269,10 +280,10 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorInfo> t
   std::set<std::string_view> names;
   size_t offset = 0;
   for (auto& t : tensors_) {
-    if (t.name == "__metadata__") FD_TENSOR_ERROR(path_, t.name, "reserved name cannot be a tensor");
-    if (!names.insert(t.name).second) FD_TENSOR_ERROR(path_, t.name, "name given more than once");
+    if (t.name == "__metadata__") FD_IO_TENSOR_ERROR(path_, t.name, "reserved name cannot be a tensor");
+    if (!names.insert(t.name).second) FD_IO_TENSOR_ERROR(path_, t.name, "name given more than once");
     if (!checked_nbytes(t.shape, t.dtype, &t.nbytes))
-      FD_TENSOR_ERROR(path_, t.name, "invalid shape " << shape_to_string(t.shape) << " (negative dim or size overflow)");
+      FD_IO_TENSOR_ERROR(path_, t.name, "invalid shape " << shape_to_string(t.shape) << " (negative dim or size overflow)");
     t.offset = offset;
     offset += t.nbytes;
     header[t.name] = {{"dtype", dtype_safetensors_name(t.dtype)}, {"shape", t.shape},
@@ -284,7 +295,7 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorInfo> t
   fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     const std::string err = errno_text();
-    FD_FILE_ERROR(tmp_path_, "cannot create: " << err);
+    FD_IO_FILE_ERROR(tmp_path_, "cannot create: " << err);
   }
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
@@ -318,7 +329,7 @@ void SafetensorsWriter::write_all(const void* bytes, size_t n, std::string_view 
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       const std::string err = w < 0 ? errno_text() : "wrote 0 bytes";
-      FD_FILE_ERROR(tmp_path_, "writing " << what << " failed: " << err);
+      FD_IO_FILE_ERROR(tmp_path_, "writing " << what << " failed: " << err);
     }
     p += w;
     n -= static_cast<size_t>(w);
@@ -326,32 +337,32 @@ void SafetensorsWriter::write_all(const void* bytes, size_t n, std::string_view 
 }
 
 void SafetensorsWriter::write(std::string_view name, const void* bytes, size_t nbytes) {
-  if (finished_ || fd_ < 0) FD_TENSOR_ERROR(path_, name, "write after finish()");
+  if (finished_ || fd_ < 0) FD_IO_TENSOR_ERROR(path_, name, "write after finish()");
   if (next_ >= tensors_.size())
-    FD_TENSOR_ERROR(path_, name, "unexpected write: all " << tensors_.size() << " tensors were already written");
+    FD_IO_TENSOR_ERROR(path_, name, "unexpected write: all " << tensors_.size() << " tensors were already written");
   const TensorInfo& t = tensors_[next_];
   if (name != t.name)
-    FD_TENSOR_ERROR(path_, name, "written out of order: expected tensor '" << t.name << "' next (#" << next_ << ")");
+    FD_IO_TENSOR_ERROR(path_, name, "written out of order: expected tensor '" << t.name << "' next (#" << next_ << ")");
   if (nbytes != t.nbytes)
-    FD_TENSOR_ERROR(path_, name, "expected " << t.nbytes << " bytes for shape " << shape_to_string(t.shape)
+    FD_IO_TENSOR_ERROR(path_, name, "expected " << t.nbytes << " bytes for shape " << shape_to_string(t.shape)
                                              << " of " << dtype_safetensors_name(t.dtype) << ", got " << nbytes);
   write_all(bytes, nbytes, "tensor '" + t.name + "'");
   ++next_;
 }
 
 void SafetensorsWriter::finish() {
-  if (finished_) FD_FILE_ERROR(path_, "finish() called twice");
+  if (finished_) FD_IO_FILE_ERROR(path_, "finish() called twice");
   if (next_ != tensors_.size())
-    FD_TENSOR_ERROR(path_, tensors_[next_].name, "finish() before all tensors were written: " << next_ << " of "
+    FD_IO_TENSOR_ERROR(path_, tensors_[next_].name, "finish() before all tensors were written: " << next_ << " of "
                                                    << tensors_.size() << " done, this one is next");
   // fsync before rename so that after a crash the final name never points at partial data.
   std::string err;
   if (::fsync(fd_) != 0) err = "fsync failed: " + errno_text();
   if (::close(std::exchange(fd_, -1)) != 0 && err.empty()) err = "close failed: " + errno_text();
-  if (!err.empty()) FD_FILE_ERROR(tmp_path_, err);
+  if (!err.empty()) FD_IO_FILE_ERROR(tmp_path_, err);
   if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
     err = errno_text();
-    FD_FILE_ERROR(path_, "cannot rename '" << tmp_path_ << "' to it: " << err);
+    FD_IO_FILE_ERROR(path_, "cannot rename '" << tmp_path_ << "' to it: " << err);
   }
   finished_ = true;
 }

@@ -27,7 +27,8 @@ struct TensorInfo {
 std::string shape_to_string(const std::vector<int64_t>& shape);
 
 // A read-only, memory-mapped safetensors file. The whole header is validated by open(), so every
-// TensorInfo it returns describes bytes that lie inside the mapping.
+// TensorInfo it returns describes bytes that lie inside the mapping. A bad file (truncated, bad header,
+// unsupported dtype, ...) is an fd::ConfigError naming the file and, where there is one, the tensor.
 class SafetensorsFile {
  public:
   static SafetensorsFile open(const std::string& path);

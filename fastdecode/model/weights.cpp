@@ -40,18 +40,29 @@ std::vector<TensorSpec> model_tensor_specs(const ModelConfig& c) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       s.push_back({p + "input_layernorm.weight", {H}, 1, norm_sd});
       s.push_back({p + "self_attn.q_proj.weight", {c.q_dim(), H}, 0, lin(H)});
+      if (c.attention_bias) s.push_back({p + "self_attn.q_proj.bias", {c.q_dim()}, 0, bias_sd});
       s.push_back({p + "self_attn.k_proj.weight", {c.kv_dim(), H}, 0, lin(H)});
+      if (c.attention_bias) s.push_back({p + "self_attn.k_proj.bias", {c.kv_dim()}, 0, bias_sd});
       s.push_back({p + "self_attn.v_proj.weight", {c.kv_dim(), H}, 0, lin(H)});
+      if (c.attention_bias) s.push_back({p + "self_attn.v_proj.bias", {c.kv_dim()}, 0, bias_sd});
       s.push_back({p + "self_attn.o_proj.weight", {H, c.q_dim()}, 0, lin(c.q_dim()) * out_scale});
+      if (c.o_bias) s.push_back({p + "self_attn.o_proj.bias", {H}, 0, bias_sd * out_scale});
       s.push_back({p + "post_attention_layernorm.weight", {H}, 1, norm_sd});
       s.push_back({p + "mlp.gate_proj.weight", {I, H}, 0, lin(H)});
+      if (c.mlp_bias) s.push_back({p + "mlp.gate_proj.bias", {I}, 0, bias_sd});
       s.push_back({p + "mlp.up_proj.weight", {I, H}, 0, lin(H)});
+      if (c.mlp_bias) s.push_back({p + "mlp.up_proj.bias", {I}, 0, bias_sd});
       s.push_back({p + "mlp.down_proj.weight", {H, I}, 0, lin(I) * out_scale});
+      if (c.mlp_bias) s.push_back({p + "mlp.down_proj.bias", {H}, 0, bias_sd * out_scale});
     }
     s.push_back({"model.norm.weight", {H}, 1, norm_sd});
   } else {
-    s.push_back({"model.decoder.embed_tokens.weight", {V, H}, 0, emb});
+    const int64_t P = c.embed_dim();
+    s.push_back({"model.decoder.embed_tokens.weight", {V, P}, 0, emb});
     s.push_back({"model.decoder.embed_positions.weight", {c.max_position_embeddings + 2, H}, 0, emb});
+    // project_in: [H, P] maps embeddings of width P to the residual width H (1/sqrt(P): the
+    // embedding's scale carries over)
+    if (c.has_projections()) s.push_back({"model.decoder.project_in.weight", {H, P}, 0, lin(P)});
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const std::string p = "model.decoder.layers." + std::to_string(l) + ".";
       for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
@@ -69,10 +80,13 @@ std::vector<TensorSpec> model_tensor_specs(const ModelConfig& c) {
       s.push_back({p + "final_layer_norm.weight", {H}, 1, norm_sd});
       s.push_back({p + "final_layer_norm.bias", {H}, 0, bias_sd});
     }
-    s.push_back({"model.decoder.final_layer_norm.weight", {H}, 1, norm_sd});
-    s.push_back({"model.decoder.final_layer_norm.bias", {H}, 0, bias_sd});
+    if (c.has_final_norm()) {
+      s.push_back({"model.decoder.final_layer_norm.weight", {H}, 1, norm_sd});
+      s.push_back({"model.decoder.final_layer_norm.bias", {H}, 0, bias_sd});
+    }
+    if (c.has_projections()) s.push_back({"model.decoder.project_out.weight", {P, H}, 0, lin(H)});
   }
-  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {V, H}, 0, lin(H)});
+  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {V, c.embed_dim()}, 0, lin(c.embed_dim())});
   return s;
 }
 
@@ -98,53 +112,9 @@ void random_tensor_bytes(const TensorSpec& spec, uint64_t seed, DType dtype, voi
   }
 }
 
-void write_random_weights(const ModelConfig& cfg, uint64_t seed, DType dtype, const std::string& dir,
-                          const std::function<void(int64_t, int64_t)>& progress) {
-  std::filesystem::create_directories(dir);
-  const auto specs = model_tensor_specs(cfg);
-  std::vector<TensorInfo> infos;
-  int64_t total = 0;
-  for (const auto& s : specs) {
-    TensorInfo t;
-    t.name = s.name;
-    t.dtype = dtype;
-    t.shape = s.shape;
-    infos.push_back(t);
-    total += s.numel() * int64_t(dtype_size(dtype));
-  }
-  const std::map<std::string, std::string> meta = {
-      {"format", "pt"},
-      {"fastdecode_generator", "fd-weights random"},
-      {"fastdecode_seed", std::to_string(seed)},
-      {"fastdecode_model", cfg.name}};
-  const std::string path = (std::filesystem::path(dir) / "model.safetensors").string();
-  SafetensorsWriter w(path, infos, meta);
-  std::vector<char> buf;
-  int64_t done = 0;
-  for (const auto& s : specs) {
-    const size_t nbytes = size_t(s.numel()) * dtype_size(dtype);
-    buf.resize(nbytes);
-    random_tensor_bytes(s, seed, dtype, buf.data());
-    w.write(s.name, buf.data(), nbytes);
-    done += int64_t(nbytes);
-    if (progress) progress(done, total);
-  }
-  w.finish();
-  const std::string torch_dtype = dtype == DType::F32 ? "float32" : dtype == DType::F16 ? "float16" : "bfloat16";
-  write_json_file((std::filesystem::path(dir) / "config.json").string(), model_config_to_hf_json(cfg, torch_dtype));
-}
+// write_random_weights and open_safetensors_source: fastdecode/model/checkpoint.cpp.
 
 namespace {
-
-class SafetensorsSource : public TensorSource {
- public:
-  explicit SafetensorsSource(const std::string& path) : file_(SafetensorsFile::open(path)) {}
-  std::vector<float> read(const TensorSpec& spec) override { return file_.read_f32(spec.name, spec.shape); }
-  std::string describe() const override { return file_.path(); }
-
- private:
-  SafetensorsFile file_;
-};
 
 class RandomSource : public TensorSource {
  public:
@@ -167,14 +137,12 @@ class RandomSource : public TensorSource {
 
 }  // namespace
 
-std::unique_ptr<TensorSource> open_safetensors_source(const std::string& path) {
-  return std::make_unique<SafetensorsSource>(path);
-}
 std::unique_ptr<TensorSource> make_random_source(uint64_t seed, DType dtype) {
   return std::make_unique<RandomSource>(seed, dtype);
 }
 
 ModelWeights load_model_weights(const ModelConfig& cfg, TensorSource& src) {
+  check_tensor_source(cfg, src);  // the whole tensor set before any tensor is read (no-op for random weights)
   ModelWeights w;
   w.cfg = cfg;
   w.layers.resize(size_t(cfg.num_layers));
@@ -200,6 +168,10 @@ ModelWeights load_model_weights(const ModelConfig& cfg, TensorSource& src) {
           {"self_attn.k_proj.bias", &LayerWeights::bk},
           {"self_attn.v_proj.bias", &LayerWeights::bv},
           {"self_attn.out_proj.bias", &LayerWeights::bo},
+          {"self_attn.o_proj.bias", &LayerWeights::bo},
+          {"mlp.gate_proj.bias", &LayerWeights::b_gate},
+          {"mlp.up_proj.bias", &LayerWeights::b_up},
+          {"mlp.down_proj.bias", &LayerWeights::b_down},
           {"self_attn_layer_norm.weight", &LayerWeights::attn_norm_w},
           {"self_attn_layer_norm.bias", &LayerWeights::attn_norm_b},
           {"final_layer_norm.weight", &LayerWeights::mlp_norm_w},
@@ -219,6 +191,10 @@ ModelWeights load_model_weights(const ModelConfig& cfg, TensorSource& src) {
       w.embed = std::move(t);
     } else if (n == "model.decoder.embed_positions.weight") {
       w.pos_embed = std::move(t);
+    } else if (n == "model.decoder.project_in.weight") {
+      w.project_in = std::move(t);
+    } else if (n == "model.decoder.project_out.weight") {
+      w.project_out = std::move(t);
     } else if (n == "model.norm.weight" || n == "model.decoder.final_layer_norm.weight") {
       w.final_norm_w = std::move(t);
     } else if (n == "model.decoder.final_layer_norm.bias") {

@@ -30,40 +30,60 @@ std::vector<TensorSpec> model_tensor_specs(const ModelConfig& cfg);
 // order, and a reduced-layer model's tensors equal the full model's.
 void random_tensor_bytes(const TensorSpec& spec, uint64_t seed, DType dtype, void* out);
 
-// Writes dir/config.json and dir/model.safetensors. `progress(done_bytes, total_bytes)` may be null.
+// Writes dir/config.json and the checkpoint in the HF Hub layout (fastdecode/model/checkpoint.cpp):
+// max_shard_bytes == 0: one dir/model.safetensors; > 0: shards model-00001-of-0000N.safetensors of at
+// most max_shard_bytes each (a tensor bigger than that gets a shard of its own) plus
+// model.safetensors.index.json, or one model.safetensors when everything fits in one shard. Stale
+// model*.safetensors / index files in dir are removed first. `progress(done_bytes, total_bytes)` may
+// be null.
 void write_random_weights(const ModelConfig& cfg, uint64_t seed, DType dtype, const std::string& dir,
-                          const std::function<void(int64_t, int64_t)>& progress = nullptr);
+                          const std::function<void(int64_t, int64_t)>& progress = nullptr,
+                          int64_t max_shard_bytes = 0);
 
-// Where fp32 weights come from: a safetensors file, or the seeded generator (same values as the file
-// fd-weights would write with that seed and dtype, without touching the disk).
+// Where fp32 weights come from: a checkpoint on disk, or the seeded generator (same values as the
+// files fd-weights would write with that seed and dtype, without touching the disk).
 class TensorSource {
  public:
   virtual ~TensorSource() = default;
   // Returns the tensor as fp32, shape checked against spec.shape; errors name the file and tensor.
   virtual std::vector<float> read(const TensorSpec& spec) = 0;
   virtual std::string describe() const = 0;
+  // Validates the whole tensor set before anything is read: every `needed` tensor present with its
+  // shape and nothing else but `skipped` (tensors of the model this run does not load) and ignorable
+  // buffers. fd::ConfigError naming the file and tensor. The random source generates exactly what is
+  // asked for: nothing to check.
+  virtual void check(const std::vector<TensorSpec>& needed, const std::vector<TensorSpec>& skipped) const {
+    (void)needed;
+    (void)skipped;
+  }
 };
+// `path`: a checkpoint folder (model.safetensors, or model.safetensors.index.json + shards), a
+// .safetensors file or an index .json (see Checkpoint::open in checkpoint.h).
 std::unique_ptr<TensorSource> open_safetensors_source(const std::string& path);
 std::unique_ptr<TensorSource> make_random_source(uint64_t seed, DType dtype);
+// src.check(model_tensor_specs(cfg), the full-depth model's tensors beyond a `layers` override): what
+// load paths call before loading, so a bad checkpoint fails before any work.
+void check_tensor_source(const ModelConfig& cfg, const TensorSource& src);
 
 // fp32 weights of one decoder layer. Llama uses the *_w fields and gate/up/down; OPT also uses the
 // biases and fc1/fc2 (stored in up/down). Matrices are [out, in] row-major as in HF.
 struct LayerWeights {
   std::vector<float> attn_norm_w, attn_norm_b;  // [H] (bias: OPT only)
   std::vector<float> wq, wk, wv, wo;            // [q_dim,H] [kv_dim,H] [kv_dim,H] [H,q_dim]
-  std::vector<float> bq, bk, bv, bo;            // OPT only
+  std::vector<float> bq, bk, bv, bo;            // OPT; Llama attention_bias (qwen2: no bo); empty if none
   std::vector<float> mlp_norm_w, mlp_norm_b;    // [H]
-  std::vector<float> w_gate;                    // Llama: [I,H]
+  std::vector<float> w_gate, b_gate;            // Llama: [I,H], [I] (b_gate: mlp_bias only)
   std::vector<float> w_up, b_up;                // Llama up_proj / OPT fc1: [I,H], [I]
   std::vector<float> w_down, b_down;            // Llama down_proj / OPT fc2: [H,I], [H]
 };
 
 struct ModelWeights {
   ModelConfig cfg;
-  std::vector<float> embed;                   // [V,H]
+  std::vector<float> embed;                   // [V,H] (OPT: [V,P])
   std::vector<float> pos_embed;               // OPT: [max_pos+2, H]
+  std::vector<float> project_in, project_out; // OPT word_embed_proj_dim P != H: [H,P], [P,H]; else empty
   std::vector<float> final_norm_w, final_norm_b;
-  std::vector<float> lm_head;                 // [V,H]; empty when tied to embed
+  std::vector<float> lm_head;                 // [V,H] (OPT: [V,P]); empty when tied to embed
   std::vector<LayerWeights> layers;
   const std::vector<float>& lm_head_matrix() const { return lm_head.empty() ? embed : lm_head; }
 };

@@ -47,6 +47,14 @@ CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_ta
     : cfg_(w.cfg), stream_(stream), act_(act) {
   const ModelConfig& c = cfg_;
   cuda::check_act_dtype(act, "CUDA S-Part");
+  if (c.arch == Arch::OPT && !c.do_layer_norm_before)
+    throw ConfigError(c.name + ": do_layer_norm_before: post-LayerNorm OPT is not implemented in the cuda backend "
+                               "(use backend cpu)");
+  if (c.arch == Arch::OPT && c.has_projections())
+    throw ConfigError(c.name + ": word_embed_proj_dim: projected embeddings (project_in/out) are not implemented in "
+                               "the cuda backend (use backend cpu)");
+  if (c.arch == Arch::Llama && c.mlp_bias)
+    throw ConfigError(c.name + ": mlp_bias: MLP biases are not implemented in the cuda backend (use backend cpu)");
   act_cuda_ = act == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
   const auto upload_act = [act](std::initializer_list<const std::vector<float>*> parts, size_t& bytes) {
     return upload_16(act, parts, bytes);
@@ -65,12 +73,17 @@ CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_ta
     d.wgu = c.arch == Arch::Llama ? upload_act({&L.w_gate, &L.w_up}, b) : upload_act({&L.w_up}, b);
     d.wdown = upload_act({&L.w_down}, b);
     d.attn_norm_w = upload_f32({&L.attn_norm_w}, b), d.mlp_norm_w = upload_f32({&L.mlp_norm_w}, b);
-    d.has_bias = !L.bq.empty();
-    if (d.has_bias) {
+    // Each bias is uploaded where the model has it (OPT: all; Llama attention_bias: q/k/v and o; qwen2:
+    // q/k/v only); the kernels get null for the others.
+    d.has_qkv_bias = !L.bq.empty();
+    d.has_o_bias = !L.bo.empty();
+    d.has_down_bias = !L.b_down.empty();
+    if (c.arch == Arch::OPT)
       d.attn_norm_b = upload_f32({&L.attn_norm_b}, b), d.mlp_norm_b = upload_f32({&L.mlp_norm_b}, b);
-      d.bqkv = upload_f32({&L.bq, &L.bk, &L.bv}, b), d.bo = upload_f32({&L.bo}, b);
-      d.b_up = upload_f32({&L.b_up}, b), d.b_down = upload_f32({&L.b_down}, b);
-    }
+    if (d.has_qkv_bias) d.bqkv = upload_f32({&L.bq, &L.bk, &L.bv}, b);
+    if (d.has_o_bias) d.bo = upload_f32({&L.bo}, b);
+    if (!L.b_up.empty()) d.b_up = upload_f32({&L.b_up}, b);
+    if (d.has_down_bias) d.b_down = upload_f32({&L.b_down}, b);
     layers_.push_back(std::move(d));
   }
   embed_ = upload_act({&w.embed}, b);
@@ -78,9 +91,8 @@ CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_ta
   if (!w.lm_head.empty()) lm_head_ = upload_act({&w.lm_head}, b);
   final_norm_w_ = upload_f32({&w.final_norm_w}, b);
   if (!w.final_norm_b.empty()) final_norm_b_ = upload_f32({&w.final_norm_b}, b);
-  std::vector<float> inv(size_t(c.head_dim / 2));
-  for (size_t i = 0; i < inv.size(); ++i)  // as the reference: double, then fp32
-    inv[i] = float(1.0 / std::pow(c.rope_theta, double(2 * i) / double(c.head_dim)));
+  const std::vector<float> inv = rope_inv_freq(c);  // the reference's frequencies (cfg.rope)
+  rope_scale_ = rope_attention_scaling(c);
   inv_freq_ = upload_f32({&inv}, b);
   // The uploads above are synchronous copies on the legacy stream; work on `stream_` (non-blocking, maybe
   // a green context's) is not ordered after them, so wait for them here.
@@ -106,22 +118,55 @@ void CudaModel::upload(void* dst, const void* src, size_t bytes) const {
   CUDA_CHECK(cudaMemcpyAsync(dst, staging_, bytes, cudaMemcpyHostToDevice, stream_));
 }
 
-void CudaModel::sample(DevActs& a, int64_t n, const SamplingParams& sp, const std::vector<uint64_t>& request_ids,
-                       const std::vector<uint64_t>& steps, int32_t* out) const {
+void CudaModel::sample(DevActs& a, int64_t n, const std::vector<SamplingParams>& params,
+                       const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out,
+                       const std::vector<int32_t>& record, float* recorded) const {
   const int64_t V = cfg_.vocab_size;
-  if (!sp.greedy()) {
+  FD_CHECK(params.size() >= size_t(n), "sample: sampling parameters per row");
+  for (int32_t r : record) FD_CHECK(r >= 0 && r < n, "sample: record index " << r << " out of range");
+  bool greedy = true, uniform = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const SamplingParams& p = params[size_t(i)];
+    greedy = greedy && p.greedy();
+    uniform = uniform && p.temperature == params[0].temperature && p.top_k == params[0].top_k &&
+              p.top_p == params[0].top_p && p.seed == params[0].seed;
+  }
+  if (!greedy) {
     FD_CHECK(request_ids.size() >= size_t(n) && steps.size() >= size_t(n), "sample: an id and a step per row");
     a.request_ids.resize(size_t(std::max<int64_t>(n, 1))), a.steps.resize(size_t(std::max<int64_t>(n, 1)));
     upload(a.request_ids.get(), request_ids.data(), size_t(n) * 8);
     upload(a.steps.get(), steps.data(), size_t(n) * 8);
   }
+  if (!greedy && !uniform) {  // per-row parameters, checked on the host as sample_token checks them
+    std::vector<cuda::sampling::RowDraw> d;
+    for (int64_t i = 0; i < n; ++i) d.push_back(cuda::sampling::row_draw(V, params[size_t(i)]));
+    a.draws.resize(size_t(n) * sizeof(cuda::sampling::RowDraw));
+    upload(a.draws.get(), d.data(), d.size() * sizeof(cuda::sampling::RowDraw));
+  }
   logits(a, n);
-  if (sp.greedy()) {
+  if (greedy) {
     cuda::argmax_rows(a.logits.get(), n, V, a.out_tokens.get(), stream_);
+  } else if (uniform) {
+    cuda::sample_rows(a.logits.get(), n, V, params[0], a.request_ids.get(), a.steps.get(), a.out_tokens.get(), stream_);
   } else {
-    cuda::sample_rows(a.logits.get(), n, V, sp, a.request_ids.get(), a.steps.get(), a.out_tokens.get(), stream_);
+    cuda::sample_rows(a.logits.get(), n, V, reinterpret_cast<const cuda::sampling::RowDraw*>(a.draws.get()),
+                      a.request_ids.get(), a.steps.get(), a.out_tokens.get(), stream_);
   }
   CUDA_CHECK(cudaMemcpyAsync(out, a.out_tokens.get(), size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  download_logits(a, record, recorded);
+}
+
+void CudaModel::download_logits(const DevActs& a, const std::vector<int32_t>& record, float* recorded) const {
+  const size_t V = size_t(cfg_.vocab_size);
+  FD_CHECK(record.empty() || recorded, "sample: rows to record but nowhere to put them");
+  // One copy per run of consecutive rows (they land consecutively in `recorded` too).
+  for (size_t k = 0; k < record.size();) {
+    size_t e = k + 1;
+    while (e < record.size() && record[e] == record[e - 1] + 1) ++e;
+    CUDA_CHECK(cudaMemcpyAsync(recorded + k * V, a.logits.get() + size_t(record[k]) * V, (e - k) * V * 4,
+                               cudaMemcpyDeviceToHost, stream_));
+    k = e;
+  }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -202,9 +247,10 @@ void CudaModel::attention_input(DevActs& a, int layer, unsigned outputs) const {
   const bool f32 = outputs & kF32, f16 = outputs & kF16;
   cuda::qkv_post({.qkv = a.qkv16.get(),
                   .dtype = act_,
-                  .bias = L.has_bias ? L.bqkv.get() : nullptr,
+                  .bias = L.has_qkv_bias ? L.bqkv.get() : nullptr,
                   .pos = a.pos.get(),
                   .inv_freq = c.arch == Arch::Llama ? inv_freq_.get() : nullptr,
+                  .rope_scale = rope_scale_,
                   .T = T,
                   .Hq = c.num_heads,
                   .Hkv = c.num_kv_heads,
@@ -224,7 +270,7 @@ void CudaModel::attention_output_and_mlp(DevActs& a, int layer) const {
   const int64_t T = a.T, H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim();
   gemm(a.a16.get(), T, qd, L.wo.get(), H, a.x.get(), true, 1.0f);  // x += o-proj
   // (+ the o-proj bias, stored back into x), then the MLP's norm, in one pass.
-  norm(a.x.get(), L.has_bias ? L.bo.get() : nullptr, L.mlp_norm_w.get(), L.mlp_norm_b.get(), T, a.h16.get());
+  norm(a.x.get(), L.has_o_bias ? L.bo.get() : nullptr, L.mlp_norm_w.get(), L.mlp_norm_b.get(), T, a.h16.get());
   if (c.arch == Arch::Llama) {
     gemm(a.h16.get(), T, H, L.wgu.get(), 2 * I, a.gu16.get());
     cuda::silu_mul(a.gu16.get(), act_, T, I, a.i16.get(), stream_);
@@ -233,7 +279,7 @@ void CudaModel::attention_output_and_mlp(DevActs& a, int layer) const {
     cuda::relu_bias(a.gu16.get(), act_, L.b_up.get(), T, I, a.i16.get(), stream_);
   }
   gemm(a.i16.get(), T, I, L.wdown.get(), H, a.x.get(), true, 1.0f);  // x += down-proj
-  if (L.has_bias) cuda::add_bias_rows(a.x.get(), L.b_down.get(), T, H, stream_);
+  if (L.has_down_bias) cuda::add_bias_rows(a.x.get(), L.b_down.get(), T, H, stream_);
 }
 
 void CudaModel::layer_gemms_only(DevActs& a, int layer) const {

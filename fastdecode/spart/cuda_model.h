@@ -71,6 +71,7 @@ struct DevActs {
   DeviceBuffer<int32_t> tokens, rows, starts, out_tokens;
   DeviceBuffer<int64_t> pos;
   DeviceBuffer<uint64_t> request_ids, steps;  // per sampled row: the draw's (request, step)
+  DeviceBuffer<uint8_t> draws;  // per sampled row: its cuda::sampling::RowDraw, when the rows' sampling differs
 };
 
 // CUDA graphs of a stream's work, keyed by an integer: captured from `body` on first use, replayed
@@ -126,10 +127,16 @@ class CudaModel {
   void attention_output_and_mlp(DevActs& a, int layer) const;
   // a.logits [n, V] = LM head of final-norm(a.x[a.rows[0..n)]).
   void logits(DevActs& a, int64_t n) const;
-  // Next tokens for a.x[a.rows[0..n)], sampled on the device (only n token ids come down): greedy as an
-  // argmax, otherwise cuda::sample_rows, which draws as fd::sample_token with (request_ids[i], steps[i]).
-  void sample(DevActs& a, int64_t n, const SamplingParams& sp, const std::vector<uint64_t>& request_ids,
-              const std::vector<uint64_t>& steps, int32_t* out) const;
+  // Next tokens for a.x[a.rows[0..n)], sampled on the device (only n token ids come down), row i as
+  // fd::sample_token with params[i] and (request_ids[i], steps[i]): every row greedy -> an argmax; one
+  // sampling for all rows -> cuda::sample_rows with it; else sample_rows with per-row parameters (a.draws).
+  // record: row indices (ascending) whose fp32 logits rows also come down, to recorded[k * V] for the k-th
+  // (nothing else is copied; recorded may be null when record is empty).
+  void sample(DevActs& a, int64_t n, const std::vector<SamplingParams>& params,
+              const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out,
+              const std::vector<int32_t>& record = {}, float* recorded = nullptr) const;
+  // Copies rows `record` of a.logits (after logits() or sample()) to recorded[k * V], then synchronises.
+  void download_logits(const DevActs& a, const std::vector<int32_t>& record, float* recorded) const;
   // Copies host → device through the pinned staging buffer (the source may change once this returns).
   void upload(void* dst, const void* src, size_t bytes) const;
   // a.a16 = the fp32 attention output a.att (T rows) in the act type.
@@ -146,7 +153,7 @@ class CudaModel {
   struct Layer {
     DeviceBuffer<uint16_t> wqkv, wo, wgu, wdown;  // act type; wgu: [gate|up] (Llama) or up (OPT)
     DeviceBuffer<float> attn_norm_w, attn_norm_b, mlp_norm_w, mlp_norm_b, bqkv, bo, b_up, b_down;
-    bool has_bias = false;
+    bool has_qkv_bias = false, has_o_bias = false, has_down_bias = false;
   };
   // out (act type) = norm(x), after x += add_bias when given.
   void norm(float* x, const float* add_bias, const float* w, const float* b, int64_t T, void* out) const;
@@ -160,6 +167,7 @@ class CudaModel {
   DType act_ = DType::F16;
   cudaDataType_t act_cuda_ = CUDA_R_16F;
   DeviceBuffer<float> final_norm_w_, final_norm_b_, inv_freq_;
+  float rope_scale_ = 1.0f;  // rope_attention_scaling (yarn), applied to cos and sin
   size_t weight_bytes_ = 0;
   mutable void* staging_ = nullptr;  // pinned
   mutable size_t staging_bytes_ = 0;

@@ -76,10 +76,19 @@ class SPart {
   virtual void attention_output_and_mlp(int slot, int layer) = 0;
   // logits [rows.size(), vocab] of final-norm(x[rows]).
   virtual void logits(int slot, const std::vector<int32_t>& rows, float* out) = 0;
-  // Next tokens for x[rows]: greedy on the backend's device where it can, else logits and fd::sample_token
-  // with (request_ids[i], steps[i]); identical to sampling the logits() rows.
-  virtual void sample(int slot, const std::vector<int32_t>& rows, const SamplingParams& sp,
-                      const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out);
+  // Next tokens for x[rows]: out[i] = fd::sample_token of row i's logits with params[i] and (request_ids[i],
+  // steps[i]) — identical to sampling the logits() rows; on the backend's device where it can (only token ids
+  // come down). record: indices i (ascending) whose fp32 logits rows — the ones the picks are made from — are
+  // copied to recorded[k * vocab] for the k-th of them; only those rows are copied (recorded may be null when
+  // record is empty).
+  virtual void sample(int slot, const std::vector<int32_t>& rows, const std::vector<SamplingParams>& params,
+                      const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out,
+                      const std::vector<int32_t>& record, float* recorded);
+  // The same sampling for every row, nothing recorded.
+  void sample(int slot, const std::vector<int32_t>& rows, const SamplingParams& sp,
+              const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out) {
+    sample(slot, rows, std::vector<SamplingParams>(rows.size(), sp), request_ids, steps, out, {}, nullptr);
+  }
 };
 
 // fp32 on the CPU: the reference model's stages (fastdecode/model/reference.h). The embedded default

@@ -12,12 +12,21 @@
 
 namespace fd {
 
-void SPart::sample(int slot, const std::vector<int32_t>& rows, const SamplingParams& sp,
-                   const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out) {
+void SPart::sample(int slot, const std::vector<int32_t>& rows, const std::vector<SamplingParams>& params,
+                   const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out,
+                   const std::vector<int32_t>& record, float* recorded) {
+  FD_CHECK(params.size() == rows.size() && request_ids.size() == rows.size() && steps.size() == rows.size(),
+           "sample: params, a request id and a step per row");
+  FD_CHECK(record.empty() || recorded, "sample: rows to record but nowhere to put them");
   const int64_t V = config().vocab_size;
   std::vector<float> lg(rows.size() * size_t(V));
   logits(slot, rows, lg.data());
-  for (size_t i = 0; i < rows.size(); ++i) out[i] = sample_token(&lg[i * size_t(V)], V, sp, request_ids[i], steps[i]);
+  for (size_t i = 0; i < rows.size(); ++i)
+    out[i] = sample_token(&lg[i * size_t(V)], V, params[i], request_ids[i], steps[i]);
+  for (size_t k = 0; k < record.size(); ++k) {
+    FD_CHECK(record[k] >= 0 && size_t(record[k]) < rows.size(), "sample: record index " << record[k] << " out of range");
+    std::memcpy(recorded + k * size_t(V), &lg[size_t(record[k]) * size_t(V)], size_t(V) * 4);
+  }
 }
 
 #ifdef FD_HAVE_OPENBLAS

@@ -1,7 +1,8 @@
 // The CUDA S-Part backend: CudaModel's stages (fp16 weights, fused QKV and gate|up GEMMs, fp32
 // accumulation and residual) with each slot's activations resident in device memory. Per layer only
 // q/k/v go down and the attention output comes up, in the wire dtype, through pinned host buffers;
-// greedy sampling runs on the device (only token ids come down), other sampling downloads the logits.
+// sampling runs on the device, each row with its own parameters (only token ids come down, and the logits
+// rows of the requests that record them).
 // With cuda_graphs, the two stages between R-Part round trips (attention_input, attention_output_and_mlp)
 // of a batch of at most GraphCache::kMaxRows rows are replayed from a graph per (slot, stage, layer,
 // padded rows): one launch instead of five to eight, which is what such batches wait on.
@@ -136,11 +137,13 @@ class CudaSPart : public SPart {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
-  void sample(int slot, const std::vector<int32_t>& rows, const SamplingParams& sp,
-              const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out) override {
+  using SPart::sample;
+  void sample(int slot, const std::vector<int32_t>& rows, const std::vector<SamplingParams>& params,
+              const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out,
+              const std::vector<int32_t>& record, float* recorded) override {
     DevActs& a = at(slot);
     upload(a.rows.get(), rows.data(), rows.size() * 4);
-    model_->sample(a, int64_t(rows.size()), sp, request_ids, steps, out);
+    model_->sample(a, int64_t(rows.size()), params, request_ids, steps, out, record, recorded);
   }
 
  private:

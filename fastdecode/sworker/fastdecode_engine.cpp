@@ -268,16 +268,28 @@ class FastDecodeEngine : public Engine {
     out.spans.push_back({"s-part", span_name(l, mb.index, "output+MLP"), t1, now_ns() - t1});
   }
 
-  // Samples the next token of each sequence from rows of an S-Part slot and records it.
+  // Samples the next token of each sequence from rows of an S-Part slot (each with its request's sampling,
+  // else the run's) and records it; the logits rows of the sequences that record them come back with it
+  // (none copied when none does). A forced sequence continues with its forced token, not the pick.
   void sample_and_emit(int slot, const std::vector<Sequence*>& seqs, const std::vector<int32_t>& rows, StepResult& out) {
     std::vector<uint64_t> ids, steps;
-    for (Sequence* s : seqs) ids.push_back(s->req.id), steps.push_back(uint64_t(s->generated));
+    std::vector<SamplingParams> params;
+    std::vector<int32_t> record;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const Sequence* s = seqs[i];
+      ids.push_back(s->req.id), steps.push_back(uint64_t(s->generated));
+      params.push_back(s->req.sampling ? *s->req.sampling : sampling_);
+      if (s->req.record_logits) record.push_back(int32_t(i));
+    }
     std::vector<int32_t> tok(seqs.size());
-    spart_->sample(slot, rows, sampling_, ids, steps, tok.data());
+    const size_t V = size_t(cfg_.vocab_size);
+    std::vector<float> recorded(record.size() * V);
+    spart_->sample(slot, rows, params, ids, steps, tok.data(), record, record.empty() ? nullptr : recorded.data());
+    size_t next_record = 0;
     for (size_t i = 0; i < seqs.size(); ++i) {
       Sequence& s = *seqs[i];
+      s.last = s.req.forced.empty() ? tok[i] : s.req.forced[size_t(s.generated)];
       ++s.generated;
-      s.last = tok[i];
       const bool eos = s.req.stop_at_eos && tok[i] == cfg_.eos_token_id;
       int64_t max_new = s.req.max_new_tokens;
       int32_t emit = tok[i];
@@ -287,7 +299,11 @@ class FastDecodeEngine : public Engine {
 #ifdef FD_FAULT_SHIFT_TOKENS  // planted fault: request 0 mod 3's tokens come one step late
       if (s.req.id % 3 == 0) std::swap(emit, s.emitted_before), emit = emit < 0 ? s.req.prompt.back() : emit;
 #endif
-      out.tokens.push_back({s.req.id, emit, s.generated >= max_new || eos});
+      out.tokens.push_back({s.req.id, emit, s.generated >= max_new || eos, {}});
+      if (s.req.record_logits) {
+        const float* row = &recorded[next_record++ * V];
+        out.tokens.back().logits.assign(row, row + V);
+      }
     }
   }
 

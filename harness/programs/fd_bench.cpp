@@ -20,6 +20,13 @@ int main(int argc, char** argv) {
   run->add_option("--out", out, "Run folder (default: <output.dir>/<name>/<UTC time>)");
   run->add_flag("--quiet", quiet, "No progress line");
   run->add_flag("--check", check, "Validate the config, print it with defaults filled in, and exit");
+  std::vector<std::string> sets;
+  run->add_option("--set", sets,
+                  "KEY.PATH=VALUE: set a config key before validation, e.g. --set workload.requests=64 --set "
+                  "engine.rworkers.kv_dtype=int8 (VALUE is parsed as JSON when it parses, else taken as a string; "
+                  "missing objects are created; repeatable, applied in order, echoed in summary.json \"overrides\")")
+      ->take_all()
+      ->allow_extra_args(false);
   // plan: the paper's performance model on a measured profile (docs/SCHEDULING.md).
   std::string profile_path, model_path, kv_dtype = "fp16", plan_json;
   int64_t seq = 0, layers = 0;
@@ -97,7 +104,7 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
-    const fd::ExperimentConfig e = fd::load_experiment(config);
+    const fd::ExperimentConfig e = fd::load_experiment(config, sets);
     if (check) {
       std::printf("%s\n", e.resolved().dump(2).c_str());
       return 0;

@@ -52,7 +52,9 @@ int main(int argc, char** argv) {
                "fd-generate"};
   std::string weights, prompt, out;
   int64_t steps = 16, layers = 0;
-  app.add_option("--weights", weights, "Folder with config.json and model.safetensors")->required();
+  app.add_option("--weights", weights,
+                 "Folder with config.json and model.safetensors, or model.safetensors.index.json and its shards")
+      ->required();
   app.add_option("--prompt", prompt, "Comma-separated prompt token ids, e.g. 5,17,42")->required();
   app.add_option("--steps", steps, "Tokens to generate (1 prefill + steps-1 decodes)")->check(CLI::PositiveNumber);
   app.add_option("--layers", layers, "Run only the first N layers")->check(CLI::PositiveNumber);
@@ -64,9 +66,13 @@ int main(int argc, char** argv) {
     if (layers > 0) cfg = fd::with_layers(cfg, layers);
     for (int32_t t : ids)
       if (t >= cfg.vocab_size) throw fd::ConfigError("--prompt: token " + std::to_string(t) + " outside the vocabulary");
-    if (int64_t(ids.size()) + steps - 1 > cfg.max_position_embeddings)
-      throw fd::ConfigError("--steps: prompt + steps exceeds max_position_embeddings");
-    auto src = fd::open_safetensors_source((fs::path(weights) / "model.safetensors").string());
+    if (int64_t(ids.size()) + steps - 1 > cfg.position_limit())
+      throw fd::ConfigError("--steps: prompt + steps needs " + std::to_string(int64_t(ids.size()) + steps - 1) +
+                            " positions; the model runs " + std::to_string(cfg.position_limit()) +
+                            (cfg.position_limit_why.empty() ? std::string(" (max_position_embeddings)")
+                                                            : " (" + cfg.position_limit_why + ")"));
+    auto src = fd::open_safetensors_source(weights);
+    fd::check_tensor_source(cfg, *src);  // the whole tensor set, before any tensor is read
     fd::ReferenceModel model(fd::load_model_weights(cfg, *src));
     const int64_t seq = model.add_sequence(), V = cfg.vocab_size;
     std::vector<fd::RefToken> batch;

@@ -19,13 +19,17 @@ using namespace detail;
 // i + D/2 .. i + D/2 + 3 it reads as 8 bytes each and writes as float4 / 8 bytes (D % 8 == 0).
 // Pair i of head h is rotated as HF's rotate_half; v heads are copied (+ bias).
 template <typename T>
-__global__ void qkv_post_kernel(const T* qkv, const float* bias, const int64_t* pos, const float* inv_freq, int64_t Hq,
-                                int64_t Hkv, int64_t D, float* q, float* k, float* v, __half* q16, __half* k16,
-                                __half* v16) {
-  extern __shared__ float cs[];  // [D/2] cos, then [D/2] sin
+__global__ void qkv_post_kernel(const T* qkv, const float* bias, const int64_t* pos, const float* inv_freq,
+                                float rope_scale, int64_t Hq, int64_t Hkv, int64_t D, float* q, float* k, float* v,
+                                __half* q16, __half* k16, __half* v16) {
+  extern __shared__ float cs[];  // [D/2] cos, then [D/2] sin (both times rope_scale)
   const int64_t t = blockIdx.x, half = D / 2, heads = Hq + 2 * Hkv, ld = heads * D;
   if (inv_freq)
-    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) sincosf(float(pos[t]) * inv_freq[i], &cs[half + i], &cs[i]);
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+      float sn, cn;
+      sincosf(float(pos[t]) * inv_freq[i], &sn, &cn);
+      cs[i] = cn * rope_scale, cs[half + i] = sn * rope_scale;
+    }
   __syncthreads();
   const T* row = qkv + t * ld;
   const int64_t per_head = half / 4;
@@ -58,8 +62,8 @@ void qkv_post(const QkvPostParams& p, cudaStream_t s) {
   if (p.D % 8 != 0) FD_THROW("qkv_post: head_dim " << p.D << " is not a multiple of 8");
   FD_ACT_DISPATCH(p.dtype, "qkv_post",
                   if (p.T > 0) qkv_post_kernel<A16><<<unsigned(p.T), kThreads, size_t(p.D) * sizeof(float), s>>>(
-                      static_cast<const A16*>(p.qkv), p.bias, p.pos, p.inv_freq, p.Hq, p.Hkv, p.D, p.q, p.k, p.v, p.q16,
-                      p.k16, p.v16));
+                      static_cast<const A16*>(p.qkv), p.bias, p.pos, p.inv_freq, p.rope_scale, p.Hq, p.Hkv, p.D,
+                      p.q, p.k, p.v, p.q16, p.k16, p.v16));
   check_launch("qkv_post");
 }
 

@@ -16,6 +16,7 @@ struct QkvPostParams {
   const float* bias = nullptr;        // [(Hq + 2 Hkv) * D] or null
   const int64_t* pos = nullptr;       // [T] positions (for RoPE)
   const float* inv_freq = nullptr;    // [D / 2] RoPE inverse frequencies, or null: no RoPE (OPT)
+  float rope_scale = 1.0f;            // cos and sin are multiplied by this (yarn's attention factor)
   int64_t T = 0, Hq = 0, Hkv = 0, D = 0;
   float* q = nullptr;                 // fp32 outputs, each may be null
   float* k = nullptr;

@@ -216,13 +216,15 @@ class DeviceCtx {
   int list_n_ = -1;  // >= 0: the source is the shared list
 };
 
+// Row blockIdx.x drawn with `uniform`, or with per_row[blockIdx.x] when per_row is given.
 __global__ void __launch_bounds__(kThreads)
-    sample_kernel(const float* logits, int64_t V, RowParams rp, uint64_t seed, const uint64_t* request_ids,
+    sample_kernel(const float* logits, int64_t V, RowDraw uniform, const RowDraw* per_row, const uint64_t* request_ids,
                   const uint64_t* steps, int32_t* out) {
   __shared__ Smem sm;
+  const RowDraw d = per_row ? per_row[blockIdx.x] : uniform;
   DeviceCtx ctx(sm, logits + int64_t(blockIdx.x) * V, V);
-  const double frac = rp.greedy ? 0.0 : draw_fraction(seed, request_ids[blockIdx.x], steps[blockIdx.x]);
-  const int32_t token = sample_row(ctx, V, rp, frac);
+  const double frac = d.p.greedy ? 0.0 : draw_fraction(d.seed, request_ids[blockIdx.x], steps[blockIdx.x]);
+  const int32_t token = sample_row(ctx, V, d.p, frac);
   if (threadIdx.x == 0) out[blockIdx.x] = token;
 }
 
@@ -231,9 +233,20 @@ __global__ void __launch_bounds__(kThreads)
 void sample_rows(const float* logits, int64_t n, int64_t V, const SamplingParams& p, const uint64_t* request_ids,
                  const uint64_t* steps, int32_t* out, cudaStream_t s) {
   if (n < 0 || n > int64_t(INT32_MAX)) FD_THROW("sample_rows: row count " << n << " out of range");
-  const RowParams rp = row_params(V, p);
+  const RowDraw d = row_draw(V, p);
   if (n == 0) return;
-  sample_kernel<<<unsigned(n), kThreads, 0, s>>>(logits, V, rp, p.seed, request_ids, steps, out);
+  sample_kernel<<<unsigned(n), kThreads, 0, s>>>(logits, V, d, nullptr, request_ids, steps, out);
+  check_launch("sample_rows");
+}
+
+void sample_rows(const float* logits, int64_t n, int64_t V, const RowDraw* draws, const uint64_t* request_ids,
+                 const uint64_t* steps, int32_t* out, cudaStream_t s) {
+  if (n < 0 || n > int64_t(INT32_MAX)) FD_THROW("sample_rows: row count " << n << " out of range");
+  if (V <= 0 || V >= int64_t(kAllIdx))
+    FD_THROW("sample_rows: vocabulary size " << V << " out of range (1 .. " << kAllIdx - 1 << ")");
+  if (n == 0) return;
+  FD_CHECK(draws, "sample_rows: per-row draws missing");
+  sample_kernel<<<unsigned(n), kThreads, 0, s>>>(logits, V, RowDraw{}, draws, request_ids, steps, out);
   check_launch("sample_rows");
 }
 

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "fastdecode/core/sampling.h"
+#include "kernels/cuda/sampling_model.h"
 
 namespace fd::cuda {
 
@@ -17,6 +18,13 @@ namespace fd::cuda {
 // order is undefined for NaN too) and must be finite at the maximum.
 // Throws fd::Error on the parameters sample_token rejects (and V >= 2^31 - 1, n >= 2^31), or a launch error.
 void sample_rows(const float* logits, int64_t n, int64_t V, const SamplingParams& p, const uint64_t* request_ids,
+                 const uint64_t* steps, int32_t* out, cudaStream_t s);
+
+// The same with per-row parameters: row r drawn with draws[r] (device array of n sampling::RowDraw, each from
+// sampling::row_draw, which checks it as sample_token does). One launch; row r's token is the one the uniform
+// call above gives with draws[r]'s parameters (the same block program), so it does not depend on its
+// neighbours' parameters. Allocates nothing (graph-capturable).
+void sample_rows(const float* logits, int64_t n, int64_t V, const sampling::RowDraw* draws, const uint64_t* request_ids,
                  const uint64_t* steps, int32_t* out, cudaStream_t s);
 
 // out[r] = index of the largest of logits[r, 0:V] (the first one on ties), as fd::argmax (argmax.cu).

@@ -321,6 +321,14 @@ inline RowParams row_params(int64_t V, const SamplingParams& p) {
   return {p.temperature, p.top_k, p.top_p, p.greedy()};
 }
 
+// A row's whole draw: its parameters and seed (the per-row form of sample_rows; plain data, copied to the
+// device as is).
+struct RowDraw {
+  RowParams p;
+  uint64_t seed;
+};
+inline RowDraw row_draw(int64_t V, const SamplingParams& p) { return {row_params(V, p), p.seed}; }
+
 // ---------------------------------------------------------------------------------------------------------
 // The host model: the kernel's passes run sequentially, with the kernel's tiles, warps and summation order.
 class HostModelCtx {
@@ -430,6 +438,24 @@ inline int32_t sample_row_model(const float* logits, int64_t V, const SamplingPa
   const sampling::RowParams rp = sampling::row_params(V, p);
   sampling::HostModelCtx ctx(logits, V);
   return sampling::sample_row(ctx, V, rp, sampling::draw_fraction(p.seed, request_id, step));
+}
+
+// Sequential model of the per-row sample_rows: row r of logits [n, V] drawn with draws[r] (its parameters and
+// seed) and (request_ids[r], steps[r]), exactly as the kernel's block r does.
+inline std::vector<int32_t> sample_rows_model(const float* logits, int64_t n, int64_t V,
+                                              const std::vector<sampling::RowDraw>& draws,
+                                              const std::vector<uint64_t>& request_ids,
+                                              const std::vector<uint64_t>& steps) {
+  FD_CHECK(draws.size() >= size_t(n) && request_ids.size() >= size_t(n) && steps.size() >= size_t(n),
+           "sample_rows_model: a draw, an id and a step per row");
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) {
+    const sampling::RowDraw& d = draws[size_t(r)];
+    sampling::HostModelCtx ctx(logits + r * V, V);
+    const double frac = d.p.greedy ? 0.0 : sampling::draw_fraction(d.seed, request_ids[size_t(r)], steps[size_t(r)]);
+    out[size_t(r)] = sampling::sample_row(ctx, V, d.p, frac);
+  }
+  return out;
 }
 
 }  // namespace fd::cuda

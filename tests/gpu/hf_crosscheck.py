@@ -5,6 +5,7 @@ Run on the GPU machine (needs torch, transformers, numpy; no network):
 
     python3 tests/gpu/hf_crosscheck.py --out results/hf_crosscheck.json
     python3 tests/gpu/hf_crosscheck.py --models tiny-opt,llama-2-7b:2 --out x.json
+    python3 tests/gpu/hf_crosscheck.py --zoo --out results/hf_crosscheck_zoo.json
 
 For each model spec NAME[:LAYERS] (NAME = experiments/models/NAME.json, or a path to a config):
 
@@ -58,6 +59,12 @@ MODELS_DIR = REPO_ROOT / "experiments" / "models"
 sys.path.insert(0, str(REPO_ROOT / "tests" / "python"))
 
 DEFAULT_MODELS = "tiny-llama,tiny-llama-gqa,tiny-opt,llama-2-7b:2,llama-3-8b:2"
+# --zoo: every published model of experiments/models/ (README.md there) at 1-2 layers. The 5.x-form
+# config (llama-3.1-8b-v5) needs transformers >= 5 to be read as llama3 RoPE; with 4.x it is expected
+# to fail the logits check (4.x ignores rope_parameters), which the report then shows.
+ZOO_MODELS = ("llama-2-7b:1,llama-2-13b:1,llama-3-8b:1,llama-3.1-8b:1,llama-3.1-8b-v5:1,llama-3.2-1b:2,"
+              "mistral-7b-v0.1:1,qwen2.5-0.5b:2,vicuna-7b-v1.5-16k:1,opt-125m:2,opt-350m:2,opt-175b:1")
+ZOO_SHARD_GB = 0.5
 HF_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
@@ -237,6 +244,8 @@ def make_candidate(args, config_path, layers, seed, wdir: Path, gdir: Path, prom
                "--dtype", args.dtype, "--out", wdir]
         if layers is not None:
             cmd += ["--layers", layers]
+        if args.max_shard_gb is not None:  # sharded checkpoint + model.safetensors.index.json
+            cmd += ["--max-shard-gb", args.max_shard_gb]
         run(cmd)
         run([args.bin_dir / "fd-generate", "--weights", wdir, "--prompt",
              ",".join(map(str, prompt)), "--steps", args.steps, "--out", gdir])
@@ -411,7 +420,19 @@ def main(argv=None) -> int:
     ap.add_argument("--work-dir", type=Path, default=None,
                     help="where weights/outputs go (default: a temporary directory)")
     ap.add_argument("--keep", action="store_true", help="keep weights and outputs")
+    ap.add_argument("--max-shard-gb", type=float, default=None,
+                    help="passed to fd-weights random: write model-0000k-of-0000n.safetensors "
+                         "shards of at most G GB and model.safetensors.index.json")
+    ap.add_argument("--zoo", action="store_true",
+                    help=f"check the zoo: --models {ZOO_MODELS} with --max-shard-gb {ZOO_SHARD_GB} "
+                         "unless given")
     args = ap.parse_args(argv)
+    if args.zoo:
+        if args.models != DEFAULT_MODELS:
+            ap.error("--zoo and --models are exclusive")
+        args.models = ZOO_MODELS
+        if args.max_shard_gb is None:
+            args.max_shard_gb = ZOO_SHARD_GB
 
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False

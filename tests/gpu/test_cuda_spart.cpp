@@ -1,6 +1,7 @@
 // CUDA S-Part vs the fp32 CPU S-Part (the reference stages) on the same weights: every stage's output
 // within an fp16 tolerance, and FastDecode with the CUDA S-Part vs the reference engine: greedy tokens
 // compared in tests/gpu/test_gpu_only.cpp. Skips when no CUDA device answers (label gpu).
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -41,13 +42,13 @@ class CudaSPartVsCpu : public ::testing::TestWithParam<std::pair<const char*, in
 // Every stage of the CUDA S-Part with `act` weights and activations vs the CPU S-Part on the same
 // weights (drawn in `act`, so both hold the same values). The attention output goes in as `att_dt` host
 // tensors (fp16: the wire; with bf16 activations it is cast on the device).
-void check_stages(ModelConfig c, DType act, DType att_dt, double tol) {
+// `pos`: the rows' positions (RoPE); the default is a 5-token prompt.
+void check_stages(ModelConfig c, DType act, DType att_dt, double tol, std::vector<int64_t> pos = {0, 1, 2, 3, 4}) {
   auto src = make_random_source(5, act);
   const ModelWeights w = load_model_weights(c, *src);
   auto cpu = make_cpu_spart(w), gpu = make_cuda_spart(w, {0, act, false});
   const int64_t T = 5, qd = c.q_dim(), kvd = c.kv_dim();
   std::vector<int32_t> tok = {3, 17, 42, 7, 99};
-  std::vector<int64_t> pos = {0, 1, 2, 3, 4};
   cpu->embed(0, tok.data(), pos.data(), T);
   gpu->embed(0, tok.data(), pos.data(), T);
   std::vector<int32_t> all = {0, 1, 2, 3, 4};
@@ -155,3 +156,108 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaSPartVsCpu,
                          ::testing::Values(std::make_pair("tiny-llama", 0), std::make_pair("tiny-opt", 0),
                                            std::make_pair("tiny-llama-gqa", 0), std::make_pair("llama-2-7b", 1),
                                            std::make_pair("llama-3-8b", 1)));
+
+// Per-row sampling parameters and logits recording through the S-Part interface (issue 11): on the CUDA
+// S-Part each row's token is fd::sample_token of its own logits row with its own params and (id, step) —
+// mixed greedy / sampled rows (the per-row kernel), all rows one sampled setting (the uniform kernel) and
+// all greedy (the argmax) — and the recorded rows are exactly logits()'s rows; the CPU S-Part the same.
+TEST(CudaSPartIssue11, PerRowSamplingAndRecordedRows) {
+  FD_SKIP_WITHOUT_GPU();
+  const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama.json"));
+  auto src = make_random_source(5, DType::F16);
+  const ModelWeights w = load_model_weights(c, *src);
+  auto cpu = make_cpu_spart(w), gpu = make_cuda_spart(w, {0, DType::F16, false});
+  const int64_t T = 6, V = c.vocab_size;
+  std::vector<int32_t> tok = {3, 17, 42, 7, 99, 120};
+  std::vector<int64_t> pos = {0, 1, 2, 3, 4, 5};
+  const std::vector<int32_t> all = {0, 1, 2, 3, 4, 5};
+  SamplingParams greedy, tk, full, nucleus;
+  tk.temperature = 0.8, tk.top_k = 40, tk.top_p = 0.9, tk.seed = 3;
+  full.temperature = 1.3, full.seed = 4;
+  nucleus.temperature = 1.0, nucleus.top_p = 0.7, nucleus.seed = 9;
+  const std::vector<uint64_t> ids = {11, 12, 13, 14, 15, 16}, steps = {0, 7, 3, 9, 1, 2};
+  const std::vector<std::vector<SamplingParams>> cases = {
+      {greedy, tk, full, greedy, nucleus, tk}, {tk, tk, tk, tk, tk, tk}, {greedy, greedy, greedy, greedy, greedy, greedy}};
+  const std::vector<int32_t> record = {1, 2, 5};
+  for (SPart* sp : {cpu.get(), gpu.get()}) {
+    const char* who = sp == cpu.get() ? "cpu" : "cuda";
+    sp->embed(0, tok.data(), pos.data(), T);
+    std::vector<float> lg(size_t(T * V));
+    sp->logits(0, all, lg.data());
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+      const auto& params = cases[ci];
+      std::vector<int32_t> got(static_cast<size_t>(T));
+      std::vector<float> rec(record.size() * size_t(V), -1.0f);
+      sp->sample(0, all, params, ids, steps, got.data(), record, rec.data());
+      for (int64_t t = 0; t < T; ++t)
+        EXPECT_EQ(got[size_t(t)], sample_token(&lg[size_t(t * V)], V, params[size_t(t)], ids[size_t(t)], steps[size_t(t)]))
+            << who << " case " << ci << " row " << t;
+      for (size_t k = 0; k < record.size(); ++k)
+        for (int64_t v = 0; v < V; ++v)
+          ASSERT_EQ(rec[k * size_t(V) + size_t(v)], lg[size_t(record[k]) * size_t(V) + size_t(v)])
+              << who << " case " << ci << " recorded row " << record[k] << " logit " << v;
+      // Nothing recorded: nothing written (and no buffer needed).
+      std::vector<int32_t> again(static_cast<size_t>(T));
+      sp->sample(0, all, params, ids, steps, again.data(), {}, nullptr);
+      EXPECT_EQ(again, got) << who << " case " << ci;
+    }
+  }
+}
+
+// Issue 11: RoPE variants (llama3, linear, yarn with its attention factor), explicit head_dim, tied heads,
+// qwen2's q/k/v biases (no o bias) and GQA on the CUDA S-Part vs the CPU S-Part, at positions up to 100k
+// where the scaled (low) frequencies have turned: a CUDA path that ignored cfg.rope would differ there.
+class CudaSPartZoo : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override { FD_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(CudaSPartZoo, StagesAtLongPositionsWithinFp16Tolerance) {
+  const std::string name = GetParam();
+  ModelConfig c;
+  if (name == "tiny-yarn") {
+    json j = read_json_file(repo_path("experiments/models/tiny-llama.json"));
+    j["max_position_embeddings"] = 4096;
+    j["rope_scaling"] = {{"type", "yarn"}, {"factor", 8.0}, {"original_max_position_embeddings", 512}};
+    c = model_config_from_json(j, "tiny-yarn.json");
+    ASSERT_GT(rope_attention_scaling(c), 1.1f);
+  } else {
+    c = with_layers(load_model_config(repo_path("experiments/models/" + name + ".json")), 1);
+  }
+  const int64_t top = c.position_limit() - 1;
+  check_stages(c, DType::F16, DType::F32, kTol, {0, 7, top / 3, top / 2, top});
+}
+
+INSTANTIATE_TEST_SUITE_P(Issue11, CudaSPartZoo,
+                         ::testing::Values("tiny-yarn", "llama-3.1-8b", "llama-3.2-1b", "qwen2.5-0.5b",
+                                           "mistral-7b-v0.1", "vicuna-7b-v1.5-16k"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+// mlp_bias, post-LN OPT and OPT projections have no CUDA path: refused at construction, naming the key
+// and the backend.
+TEST(CudaSPartIssue11, UnimplementedFeaturesRefusedByTheCudaBackend) {
+  FD_SKIP_WITHOUT_GPU();
+  json j = read_json_file(repo_path("experiments/models/tiny-llama.json"));
+  j["mlp_bias"] = true;
+  const ModelConfig c = model_config_from_json(j, "mlp-bias.json");
+  auto src = make_random_source(1, DType::F16);
+  const ModelWeights w = load_model_weights(c, *src);
+  EXPECT_THAT(fd::test::error_message<ConfigError>([&] { make_cuda_spart(w, {0, DType::F16, false}); }),
+              ::testing::HasSubstr("mlp_bias: MLP biases are not implemented in the cuda backend"));
+  // post-LayerNorm OPT and OPT's projected embeddings (opt-350m) likewise
+  json o = read_json_file(repo_path("experiments/models/tiny-opt.json"));
+  o["do_layer_norm_before"] = false;
+  const ModelWeights wo = load_model_weights(model_config_from_json(o, "post-ln.json"), *src);
+  EXPECT_THAT(fd::test::error_message<ConfigError>([&] { make_cuda_spart(wo, {0, DType::F16, false}); }),
+              ::testing::HasSubstr("do_layer_norm_before: post-LayerNorm OPT is not implemented in the cuda backend"));
+  o["do_layer_norm_before"] = true;
+  o["word_embed_proj_dim"] = 32;
+  const ModelWeights wp = load_model_weights(model_config_from_json(o, "proj.json"), *src);
+  EXPECT_THAT(fd::test::error_message<ConfigError>([&] { make_cuda_spart(wp, {0, DType::F16, false}); }),
+              ::testing::HasSubstr("word_embed_proj_dim: projected embeddings"));
+}

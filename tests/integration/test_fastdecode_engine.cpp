@@ -267,3 +267,44 @@ INSTANTIATE_TEST_SUITE_P(Models, QuantizedKV,
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+// Per-request sampling, teacher forcing and logits recording (issue 11) on the CPU backend (fp32 wire):
+// a batch mixing greedy / temperature / top-k / top-p / seeds, forced and recording requests, some joining
+// at a later step (prefill and decode both emit them). The tokens are the reference engine's (fp16 KV)
+// exactly, and each free-running request's tokens are those it gets alone on the reference with its
+// params as the run's sampling; every token is the reference's pick at the prefix the sequence really
+// has (the forced tokens for a forced request), and every recorded row is the reference's logits there
+// (fp32 S-Part, fp16 KV on both sides: within 1e-4 of max |logit|, summation order only).
+TEST_P(FastDecodeVsReference, PerRequestSamplingForcingAndLogits) {
+  const ModelConfig c = load_model_config(repo_path(std::string("experiments/models/") + GetParam() + ".json"));
+  SamplingParams run;
+  run.temperature = 0.9, run.seed = 5;
+  const std::vector<Request> all = fd::test::issue11_requests(c);
+  std::vector<Request> first(all.begin(), all.begin() + 5);
+  const std::map<int64_t, std::vector<Request>> arrivals = {{3, {all[5], all[6]}}, {5, {all[7], all[8]}}};
+  auto w1 = make_random_source(3, DType::F16);
+  ReferenceEngine ref(c, *w1, run, DType::F16);
+  const fd::test::EngineRun expect = fd::test::run_engine(ref, first, arrivals);
+  ASSERT_TRUE(expect.errors.empty()) << expect.describe_errors();
+  auto w = make_random_source(3, DType::F16);
+  auto e = make_fastdecode_engine(fastdecode_config(2), {c, *w, run});
+  const fd::test::EngineRun got = fd::test::run_engine(*e, first, arrivals);
+  ASSERT_TRUE(got.errors.empty()) << got.describe_errors();
+  EXPECT_EQ(got.tokens, expect.tokens) << "first divergence from the reference engine: "
+                                       << first_divergence(got.tokens, expect.tokens);
+  EXPECT_GE(got.max_running, 6) << "requests should have run together";
+  auto w0 = make_random_source(3, DType::F16);
+  const ModelWeights weights = load_model_weights(c, *w0);
+  const auto check = fd::test::check_scored_run(weights, {DType::F16}, all, run, got, 1e-4, 0);
+  std::printf("%s issue 11 batch: %s\n", GetParam(), check.describe().c_str());
+  EXPECT_TRUE(check.ok()) << check.describe();
+  EXPECT_EQ(got.logits.size(), 4u);  // only the recording requests have rows
+  for (const Request& r : all) {
+    if (!r.forced.empty()) continue;
+    Request alone = r;
+    alone.sampling.reset();
+    auto ws = make_random_source(3, DType::F16);
+    ReferenceEngine solo(c, *ws, r.sampling ? *r.sampling : run, DType::F16);
+    EXPECT_EQ(got.tokens.at(r.id), run_tokens(solo, {alone}).at(r.id)) << "request " << r.id << " alone";
+  }
+}

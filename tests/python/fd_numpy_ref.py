@@ -15,7 +15,10 @@ Llama (transformers ``modeling_llama``)
           x*cos(angle) + rotate_half(x)*sin(angle),  rotate_half([x1, x2]) = [-x2, x1]
     attention: softmax(q k^T / sqrt(D) + causal mask) v, KV heads repeated for GQA.
 
-OPT (transformers ``modeling_opt``, do_layer_norm_before=True, i.e. pre-LayerNorm)
+OPT (transformers ``modeling_opt``; do_layer_norm_before=True, i.e. pre-LayerNorm, shown; with
+False (OPT-350m) each LN moves after its residual add and there is no final LN; with
+word_embed_proj_dim P != H, embeddings are [V, P], project_in [H, P] follows the lookup and
+project_out [P, H] precedes the head)
     h = embed_tokens[tokens] + embed_positions[pos + 2]          (HF's learned-position offset 2)
     per layer:  h += out_proj(attn((q_proj(n)) * D^-0.5, k_proj(n), v_proj(n)))  n = LN1(h)
                 h += fc2(relu(fc1(n)))                                            n = LN2(h)
@@ -166,22 +169,84 @@ def rotate_half(x):
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def rope(x, positions, theta):
-    """HF Llama rotary embedding on x [heads, T, D] at integer positions [T]."""
+def rope(x, positions, theta, inv_freq=None, scaling=1.0):
+    """HF Llama rotary embedding on x [heads, T, D] at integer positions [T].  inv_freq [D/2]
+    defaults to 1 / theta^(2i/D); cos and sin are multiplied by `scaling` (yarn)."""
     d = x.shape[-1]
-    inv_freq = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    if inv_freq is None:
+        inv_freq = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
     freqs = np.outer(np.asarray(positions, dtype=np.float64), inv_freq)  # [T, D/2]
     angle = np.concatenate([freqs, freqs], axis=-1)  # [T, D]
-    return x * np.cos(angle) + rotate_half(x) * np.sin(angle)
+    return x * (np.cos(angle) * scaling) + rotate_half(x) * (np.sin(angle) * scaling)
 
 
-def causal_attention(q, k, v, start_pos, scale):
-    """q [nH, T, D]; k, v [nH, S, D] holding positions 0..S-1; query i sits at start_pos + i."""
+def rope_parameters(config: dict) -> dict:
+    """4.x rope_theta + rope_scaling ({type|rope_type, ...}) or 5.x rope_parameters ({rope_type,
+    rope_theta, ...}) as one dict with rope_type and rope_theta set."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    params.setdefault("rope_theta", config.get("rope_theta") or 10000.0)
+    return params
+
+
+def rope_inv_freq_and_scaling(config: dict, dim: int):
+    """float64 inverse frequencies [dim/2] and the cos/sin factor, from the formulas of the RoPE
+    variants (transformers modeling_rope_utils.py: default, linear, dynamic below its original
+    length, llama3, yarn), written out here independently of the C++ code."""
+    p = rope_parameters(config)
+    kind, base = p["rope_type"], float(p["rope_theta"])
+    i = np.arange(0, dim, 2, dtype=np.float64)  # 2i
+    inv = 1.0 / base ** (i / dim)
+    if kind in ("default", "dynamic"):
+        # dynamic NTK changes inv_freq only past the original length (the C++ side refuses those)
+        return inv, 1.0
+    factor = float(p["factor"])
+    if kind == "linear":
+        return inv / factor, 1.0
+    if kind == "llama3":  # by wavelength: short kept, long divided, smoothed in between
+        old = float(p["original_max_position_embeddings"])
+        lo, hi = float(p["low_freq_factor"]), float(p["high_freq_factor"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - lo) / (hi - lo)
+        return np.where(wavelen > old / lo, inv / factor, np.where(
+            wavelen < old / hi, inv, (1 - smooth) * inv / factor + smooth * inv)), 1.0
+    if kind == "yarn":
+        orig = float(p.get("original_max_position_embeddings") or config["max_position_embeddings"])
+        beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+        def corr_dim(rotations):  # the dimension whose wavelength fits `rotations` times in orig
+            return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+        if p.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        high += 0.001 if low == high else 0.0
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+        keep = 1.0 - ramp  # weight of the unscaled (extrapolated) frequency
+        out = inv / factor * (1 - keep) + inv * keep
+
+        def mscale(scale, m=1.0):
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        att = p.get("attention_factor")
+        if att is None and p.get("mscale") and p.get("mscale_all_dim"):
+            att = mscale(factor, p["mscale"]) / mscale(factor, p["mscale_all_dim"])
+        return out, float(mscale(factor) if att is None else att)
+    raise NotImplementedError(f"rope type {kind!r}")
+
+
+def causal_attention(q, k, v, start_pos, scale, window=None):
+    """q [nH, T, D]; k, v [nH, S, D] holding positions 0..S-1; query i sits at start_pos + i.
+    With a sliding `window` W (Mistral), query p sees keys p - W < j <= p."""
     t, s = q.shape[1], k.shape[1]
     scores = (q @ k.transpose(0, 2, 1)) * scale  # [nH, T, S]
     query_pos = start_pos + np.arange(t)[:, None]
     key_pos = np.arange(s)[None, :]
-    scores = np.where(key_pos <= query_pos, scores, -np.inf)
+    visible = key_pos <= query_pos
+    if window:
+        visible &= key_pos > query_pos - window
+    scores = np.where(visible, scores, -np.inf)
     return softmax(scores, axis=-1) @ v  # [nH, T, D]
 
 
@@ -232,17 +297,15 @@ def _get(tensors, name):
 # ----------------------------------------------------------------------------------------------
 
 class LlamaModel:
+    """Llama, and the same decoder as Mistral (sliding-window mask) and Qwen2 (q/k/v biases)."""
     model_type = "llama"
 
     def __init__(self, config: dict, tensors: dict[str, np.ndarray]):
         c = config
         if c.get("hidden_act", "silu") != "silu":
             raise NotImplementedError(f"hidden_act {c['hidden_act']}")
-        if c.get("attention_bias", False) or c.get("mlp_bias", False):
-            raise NotImplementedError("attention_bias / mlp_bias")
-        scaling = c.get("rope_scaling") or (c.get("rope_parameters") or {})
-        if scaling.get("rope_type", scaling.get("type", "default")) != "default":
-            raise NotImplementedError(f"rope scaling {scaling}")
+        kind = c.get("model_type", "llama")
+        self.model_type = kind
         self.config = c
         self.n_layers = c["num_hidden_layers"]
         self.hidden = c["hidden_size"]
@@ -250,18 +313,33 @@ class LlamaModel:
         self.n_kv_heads = c.get("num_key_value_heads") or self.n_heads
         self.head_dim = c.get("head_dim") or self.hidden // self.n_heads
         self.eps = c.get("rms_norm_eps", 1e-6)  # LlamaConfig's default
-        self.theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta",
-                                                                                   10000.0)
+        self.inv_freq, self.rope_scaling = rope_inv_freq_and_scaling(c, self.head_dim)
+        self.theta = rope_parameters(c)["rope_theta"]
+        self.sliding_window = c.get("sliding_window") if kind == "mistral" else None
+        if kind == "qwen2" and c.get("use_sliding_window", False):
+            raise NotImplementedError("qwen2 use_sliding_window")
+        # which Linear layers have biases: Llama attention_bias (q, k, v, o) / mlp_bias (gate, up,
+        # down); Qwen2 q, k, v always; Mistral none
+        biased = set()
+        if kind == "llama" and c.get("attention_bias", False):
+            biased |= {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"}
+        if kind == "llama" and c.get("mlp_bias", False):
+            biased |= {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
+        if kind == "qwen2":
+            biased |= {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}
         self.vocab = c["vocab_size"]
         self.embed = _get(tensors, "model.embed_tokens.weight")
         self.layers = []
         for i in range(self.n_layers):
             p = f"model.layers.{i}."
-            self.layers.append({
+            layer = {
                 name: _get(tensors, p + name + ".weight") for name in (
                     "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                     "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj",
-                    "mlp.up_proj", "mlp.down_proj")})
+                    "mlp.up_proj", "mlp.down_proj")}
+            for name in list(layer):
+                layer[name + ".bias"] = _get(tensors, p + name + ".bias") if name in biased else None
+            self.layers.append(layer)
         self.norm = _get(tensors, "model.norm.weight")
         if c.get("tie_word_embeddings", False):  # LlamaConfig's default is untied
             self.lm_head = self.embed
@@ -274,22 +352,27 @@ class LlamaModel:
         positions = start_pos + np.arange(len(tokens))
         group = self.n_heads // self.n_kv_heads
         h = self.embed[tokens]  # [T, H]
+
+        def lin(w, name, x):
+            return linear(x, w[name], w[name + ".bias"])
+
         for i, w in enumerate(self.layers):
             x = rms_norm(h, w["input_layernorm"], self.eps)
-            q = split_heads(linear(x, w["self_attn.q_proj"]), self.n_heads)
-            k = split_heads(linear(x, w["self_attn.k_proj"]), self.n_kv_heads)
-            v = split_heads(linear(x, w["self_attn.v_proj"]), self.n_kv_heads)
-            q = rope(q, positions, self.theta)
-            k = rope(k, positions, self.theta)
+            q = split_heads(lin(w, "self_attn.q_proj", x), self.n_heads)
+            k = split_heads(lin(w, "self_attn.k_proj", x), self.n_kv_heads)
+            v = split_heads(lin(w, "self_attn.v_proj", x), self.n_kv_heads)
+            q = rope(q, positions, self.theta, self.inv_freq, self.rope_scaling)
+            k = rope(k, positions, self.theta, self.inv_freq, self.rope_scaling)
             k_all, v_all = self.cache.update(i, start_pos, k, v)
             # GQA: query head j reads KV head j // group (HF repeat_kv)
             k_all = np.repeat(k_all, group, axis=0)
             v_all = np.repeat(v_all, group, axis=0)
-            a = causal_attention(q, k_all, v_all, start_pos, 1.0 / math.sqrt(self.head_dim))
-            h = h + linear(merge_heads(a), w["self_attn.o_proj"])
+            a = causal_attention(q, k_all, v_all, start_pos, 1.0 / math.sqrt(self.head_dim),
+                                 self.sliding_window)
+            h = h + lin(w, "self_attn.o_proj", merge_heads(a))
             x = rms_norm(h, w["post_attention_layernorm"], self.eps)
-            m = silu(linear(x, w["mlp.gate_proj"])) * linear(x, w["mlp.up_proj"])
-            h = h + linear(m, w["mlp.down_proj"])
+            m = silu(lin(w, "mlp.gate_proj", x)) * lin(w, "mlp.up_proj", x)
+            h = h + lin(w, "mlp.down_proj", m)
         return linear(rms_norm(h, self.norm, self.eps), self.lm_head)
 
 
@@ -304,16 +387,17 @@ class OPTModel:
 
     def __init__(self, config: dict, tensors: dict[str, np.ndarray]):
         c = config
-        if not c.get("do_layer_norm_before", True):
-            raise NotImplementedError("post-LayerNorm OPT (do_layer_norm_before=false)")
+        # do_layer_norm_before=false (OPT-350m): LayerNorm after each residual add, no final LN
+        self.pre_ln = c.get("do_layer_norm_before", True)
         if c.get("_remove_final_layer_norm", False):
             raise NotImplementedError("_remove_final_layer_norm")
         if c.get("activation_function", "relu") != "relu":
             raise NotImplementedError(f"activation {c['activation_function']}")
         if not c.get("enable_bias", True) or not c.get("layer_norm_elementwise_affine", True):
             raise NotImplementedError("OPT without biases / affine LayerNorm")
-        if c.get("word_embed_proj_dim", c["hidden_size"]) != c["hidden_size"]:
-            raise NotImplementedError("word_embed_proj_dim != hidden_size (project_in/out)")
+        # word_embed_proj_dim P != hidden_size: embeddings [V, P], project_in [H, P] after the
+        # lookup, project_out [P, H] before the head
+        self.proj = c.get("word_embed_proj_dim", c["hidden_size"]) != c["hidden_size"]
         self.config = c
         self.n_layers = c["num_hidden_layers"]
         self.hidden = c["hidden_size"]
@@ -331,8 +415,12 @@ class OPTModel:
                     "self_attn_layer_norm", "self_attn.q_proj", "self_attn.k_proj",
                     "self_attn.v_proj", "self_attn.out_proj", "final_layer_norm", "fc1", "fc2")
                 for wb in ("weight", "bias")})
-        self.final_ln_w = _get(tensors, p + "final_layer_norm.weight")
-        self.final_ln_b = _get(tensors, p + "final_layer_norm.bias")
+        if self.pre_ln:
+            self.final_ln_w = _get(tensors, p + "final_layer_norm.weight")
+            self.final_ln_b = _get(tensors, p + "final_layer_norm.bias")
+        if self.proj:
+            self.project_in = _get(tensors, p + "project_in.weight")
+            self.project_out = _get(tensors, p + "project_out.weight")
         if c.get("tie_word_embeddings", True):  # PretrainedConfig's default: tied
             self.lm_head = self.embed
         else:
@@ -342,10 +430,16 @@ class OPTModel:
     def forward(self, tokens, start_pos: int) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int64)
         positions = start_pos + np.arange(len(tokens))
-        h = self.embed[tokens] + self.embed_positions[positions + self.POSITION_OFFSET]
+        e = self.embed[tokens]
+        if self.proj:
+            e = linear(e, self.project_in)
+        h = e + self.embed_positions[positions + self.POSITION_OFFSET]
+
+        def ln(x, w, name):
+            return layer_norm(x, w[name + ".weight"], w[name + ".bias"], self.LN_EPS)
+
         for i, w in enumerate(self.layers):
-            x = layer_norm(h, w["self_attn_layer_norm.weight"], w["self_attn_layer_norm.bias"],
-                           self.LN_EPS)
+            x = ln(h, w, "self_attn_layer_norm") if self.pre_ln else h
             q = linear(x, w["self_attn.q_proj.weight"], w["self_attn.q_proj.bias"])
             q = q * self.head_dim ** -0.5
             k = linear(x, w["self_attn.k_proj.weight"], w["self_attn.k_proj.bias"])
@@ -355,11 +449,17 @@ class OPTModel:
             a = causal_attention(q, k_all, v_all, start_pos, 1.0)  # q already scaled
             h = h + linear(merge_heads(a), w["self_attn.out_proj.weight"],
                            w["self_attn.out_proj.bias"])
-            x = layer_norm(h, w["final_layer_norm.weight"], w["final_layer_norm.bias"],
-                           self.LN_EPS)
+            if not self.pre_ln:
+                h = ln(h, w, "self_attn_layer_norm")
+            x = ln(h, w, "final_layer_norm") if self.pre_ln else h
             m = np.maximum(linear(x, w["fc1.weight"], w["fc1.bias"]), 0.0)
             h = h + linear(m, w["fc2.weight"], w["fc2.bias"])
-        h = layer_norm(h, self.final_ln_w, self.final_ln_b, self.LN_EPS)
+            if not self.pre_ln:
+                h = ln(h, w, "final_layer_norm")
+        if self.pre_ln:
+            h = layer_norm(h, self.final_ln_w, self.final_ln_b, self.LN_EPS)
+        if self.proj:
+            h = linear(h, self.project_out)
         return linear(h, self.lm_head)
 
 
@@ -369,7 +469,7 @@ class OPTModel:
 
 def build_model(config: dict, tensors: dict[str, np.ndarray]):
     model_type = config.get("model_type")
-    if model_type == "llama":
+    if model_type in ("llama", "mistral", "qwen2"):
         return LlamaModel(config, tensors)
     if model_type == "opt":
         return OPTModel(config, tensors)
@@ -377,10 +477,21 @@ def build_model(config: dict, tensors: dict[str, np.ndarray]):
 
 
 def load_model(model_dir: str):
-    """Loads DIR/config.json and DIR/model.safetensors into a float64 Llama or OPT model."""
+    """Loads DIR/config.json and DIR/model.safetensors (or the shards listed in
+    DIR/model.safetensors.index.json) into a float64 Llama or OPT model."""
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
-    tensors = load_safetensors(os.path.join(model_dir, "model.safetensors"))
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index) and not os.path.exists(os.path.join(model_dir, "model.safetensors")):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        tensors = {}
+        for shard in sorted(set(weight_map.values())):
+            tensors.update(load_safetensors(os.path.join(model_dir, shard)))
+        if set(weight_map) - set(tensors):
+            raise KeyError(f"{index}: tensors not in their shards: {sorted(set(weight_map) - set(tensors))[:5]}")
+    else:
+        tensors = load_safetensors(os.path.join(model_dir, "model.safetensors"))
     return build_model(config, tensors)
 
 
@@ -410,7 +521,11 @@ def expected_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     c = config
     n_layers, h, v = c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
     shapes: dict[str, tuple[int, ...]] = {}
-    if c["model_type"] == "llama":
+    if c["model_type"] in ("llama", "mistral", "qwen2"):
+        kind = c["model_type"]
+        attn_bias = (kind == "llama" and c.get("attention_bias", False)) or kind == "qwen2"
+        o_bias = kind == "llama" and c.get("attention_bias", False)
+        mlp_bias = kind == "llama" and c.get("mlp_bias", False)
         n_heads = c["num_attention_heads"]
         n_kv = c.get("num_key_value_heads") or n_heads
         d = c.get("head_dim") or h // n_heads
@@ -427,14 +542,23 @@ def expected_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
             shapes[p + "mlp.gate_proj.weight"] = (inter, h)
             shapes[p + "mlp.up_proj.weight"] = (inter, h)
             shapes[p + "mlp.down_proj.weight"] = (h, inter)
+            for proj, on in (("q", attn_bias), ("k", attn_bias), ("v", attn_bias), ("o", o_bias)):
+                if on:  # a Linear's bias has its out_features
+                    shapes[f"{p}self_attn.{proj}_proj.bias"] = (shapes[f"{p}self_attn.{proj}_proj.weight"][0],)
+            for proj in ("gate", "up", "down") if mlp_bias else ():
+                shapes[f"{p}mlp.{proj}_proj.bias"] = (shapes[f"{p}mlp.{proj}_proj.weight"][0],)
         shapes["model.norm.weight"] = (h,)
         if not c.get("tie_word_embeddings", False):
             shapes["lm_head.weight"] = (v, h)
     elif c["model_type"] == "opt":
         f = c["ffn_dim"]
         p = "model.decoder."
-        shapes[p + "embed_tokens.weight"] = (v, h)
+        e = c.get("word_embed_proj_dim", h)
+        shapes[p + "embed_tokens.weight"] = (v, e)
         shapes[p + "embed_positions.weight"] = (c["max_position_embeddings"] + 2, h)
+        if e != h:
+            shapes[p + "project_in.weight"] = (h, e)
+            shapes[p + "project_out.weight"] = (e, h)
         for i in range(n_layers):
             lp = f"{p}layers.{i}."
             for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
@@ -447,10 +571,11 @@ def expected_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
             shapes[lp + "fc1.bias"] = (f,)
             shapes[lp + "fc2.weight"] = (h, f)
             shapes[lp + "fc2.bias"] = (h,)
-        shapes[p + "final_layer_norm.weight"] = (h,)
-        shapes[p + "final_layer_norm.bias"] = (h,)
+        if c.get("do_layer_norm_before", True):
+            shapes[p + "final_layer_norm.weight"] = (h,)
+            shapes[p + "final_layer_norm.bias"] = (h,)
         if not c.get("tie_word_embeddings", True):
-            shapes["lm_head.weight"] = (v, h)
+            shapes["lm_head.weight"] = (v, e)
     else:
         raise NotImplementedError(c["model_type"])
     return shapes

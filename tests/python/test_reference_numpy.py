@@ -407,3 +407,170 @@ def test_vectorised_model_matches_naive_loop(workdir, name):
     naive = (_naive_opt if config["model_type"] == "opt" else _naive_llama)(config, weights, tokens)
     assert np.max(np.abs(got - naive)) <= 1e-10 * max(1.0, np.max(np.abs(naive)))
 
+
+
+# ----------------------------------------------------------------------------------------------
+# RoPE variants and the Llama family (issue 11): tiny configs, C++ vs NumPy
+# ----------------------------------------------------------------------------------------------
+#
+# theta 100 and head_dim 32 make the slowest frequencies rotate visibly within the 34 positions
+# used (prompt 10 + 24 steps): at theta 10000 the low-frequency dims that llama3 / yarn rescale turn
+# by < 0.01 rad, and a wrong formula there would not show in the logits.  The llama3 / yarn
+# original lengths (64) put some dims in each regime (kept / smoothed or ramped / divided).
+
+_LLAMA_BASE = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+               "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 2,
+               "rms_norm_eps": 1e-5, "rope_theta": 100.0, "vocab_size": 96,
+               "max_position_embeddings": 256, "tie_word_embeddings": False}
+
+
+def _variant(**kw):
+    c = dict(_LLAMA_BASE)
+    for k, v in kw.items():
+        if v is None:
+            c.pop(k, None)
+        else:
+            c[k] = v
+    return c
+
+
+FAMILY_CASES = {
+    "rope-default": _variant(),
+    "rope-linear": _variant(rope_scaling={"type": "linear", "factor": 4.0}),
+    "rope-dynamic": _variant(rope_scaling={"type": "dynamic", "factor": 2.0}),
+    "rope-llama3": _variant(rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 64}),
+    "rope-yarn": _variant(rope_scaling={"type": "yarn", "factor": 4.0,
+                                        "original_max_position_embeddings": 64}),
+    "rope-yarn-mscale": _variant(rope_scaling={"rope_type": "yarn", "factor": 4.0, "mscale": 0.707,
+                                               "mscale_all_dim": 1.0, "beta_fast": 16,
+                                               "truncate": False}),
+    # transformers 5.x form of rope-llama3
+    "rope-llama3-v5": _variant(rope_theta=None, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 100.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "llama-head-dim": _variant(head_dim=48, num_attention_heads=4, num_key_value_heads=2),
+    "llama-tied": _variant(tie_word_embeddings=True),
+    "llama-biases": _variant(attention_bias=True, mlp_bias=True, num_key_value_heads=1),
+    "mistral": _variant(model_type="mistral", num_attention_heads=4, num_key_value_heads=2,
+                        sliding_window=64),
+    "qwen2": _variant(model_type="qwen2", tie_word_embeddings=True, use_sliding_window=False,
+                      sliding_window=32, max_window_layers=1, rope_theta=1000.0),
+}
+
+
+_OPT_BASE = {"model_type": "opt", "hidden_size": 64, "ffn_dim": 96, "num_attention_heads": 2,
+             "num_hidden_layers": 2, "vocab_size": 96, "max_position_embeddings": 128,
+             "do_layer_norm_before": True, "word_embed_proj_dim": 64, "activation_function": "relu"}
+FAMILY_CASES.update({
+    "opt-post-ln": dict(_OPT_BASE, do_layer_norm_before=False),
+    "opt-proj": dict(_OPT_BASE, word_embed_proj_dim=32),
+    # OPT-350m's combination: post-LN and projections, tied head of width P
+    "opt-350m-like": dict(_OPT_BASE, do_layer_norm_before=False, word_embed_proj_dim=48),
+    "opt-proj-untied": dict(_OPT_BASE, word_embed_proj_dim=32, tie_word_embeddings=False),
+})
+
+@pytest.fixture(scope="module", params=sorted(FAMILY_CASES))
+def family_case(request, fd_bin, run_program, session_dir):
+    name = request.param
+    config = FAMILY_CASES[name]
+    base = session_dir / f"family-{name}"
+    base.mkdir(parents=True)
+    cfg_path = base / f"{name}.json"
+    cfg_path.write_text(json.dumps(config))
+    wdir, gdir = base / "weights", base / "gen"
+    gdir.mkdir()
+    seed = 100 + sorted(FAMILY_CASES).index(name)
+    fd_weights(run_program, fd_bin, cfg_path, wdir, seed, "fp32")
+    prompt = make_prompt(config["vocab_size"], seed)
+    run_program([fd_bin("fd-generate"), "--weights", wdir, "--prompt", ",".join(map(str, prompt)),
+                 "--steps", STEPS, "--out", gdir])
+    result = read_json(gdir / "result.json")
+    model = ref.load_model(str(wdir))
+    return dict(name=name, config=config, wdir=wdir, prompt=prompt, result=result,
+                cpp=np.load(gdir / "logits.npy"),
+                numpy=ref.teacher_forced_logits(model, prompt, result["generated"]))
+
+
+def _checkpoint_header(wdir):
+    """Tensor headers of a checkpoint folder: model.safetensors, or the shards of its index."""
+    single = wdir / "model.safetensors"
+    if single.exists():
+        return ref.read_safetensors_header(str(single))[0]
+    header = {}
+    for shard in sorted(set(read_json(wdir / "model.safetensors.index.json")["weight_map"].values())):
+        header.update(ref.read_safetensors_header(str(wdir / shard))[0])
+    return header
+
+
+def test_family_logits_match_numpy(family_case, record_measurement):
+    cpp, want = family_case["cpp"].astype(np.float64), family_case["numpy"]
+    assert cpp.shape == want.shape == (STEPS, family_case["config"]["vocab_size"])
+    header = _checkpoint_header(family_case["wdir"])
+    expected = ref.expected_tensor_shapes(family_case["config"])
+    assert {n: tuple(header[n]["shape"]) for n in header} == expected, "tensor names / shapes"
+    err = np.abs(cpp - want)
+    ratio = err / (ATOL + RTOL * np.abs(want))
+    record_measurement(f"{family_case['name']}: max abs err {err.max():.3e}, "
+                       f"max err/tolerance {ratio.max():.3e}")
+    bad = np.argwhere(~(ratio <= 1.0))
+    if len(bad):
+        row, idx = (int(v) for v in bad[0])
+        pytest.fail(f"{family_case['name']}: {len(bad)} logits outside tolerance; first at row {row} "
+                    f"index {idx}: cpp {cpp[row, idx]!r}, numpy {want[row, idx]!r}", pytrace=False)
+
+
+def test_rope_variants_differ_where_tested():
+    """Guards the test above: at the positions it runs, each scaled RoPE gives other angles than
+    default RoPE (so a wrong or missing formula changes the logits), and the 4.x / 5.x forms agree."""
+    d = _LLAMA_BASE["hidden_size"] // _LLAMA_BASE["num_attention_heads"]
+    default, _ = ref.rope_inv_freq_and_scaling(FAMILY_CASES["rope-default"], d)
+    last_pos = PROMPT_LEN + STEPS - 2
+    for name in ("rope-linear", "rope-llama3", "rope-yarn", "rope-yarn-mscale"):
+        inv, scaling = ref.rope_inv_freq_and_scaling(FAMILY_CASES[name], d)
+        moved = np.abs(inv - default) * last_pos
+        assert moved.max() > 0.3, f"{name}: angles move by at most {moved.max():.3g} rad"
+        if name.startswith("rope-llama3") or name.startswith("rope-yarn"):
+            assert inv[0] == default[0], f"{name}: the fastest frequency should be unchanged"
+    _, yarn_scaling = ref.rope_inv_freq_and_scaling(FAMILY_CASES["rope-yarn"], d)
+    assert yarn_scaling == pytest.approx(0.1 * math.log(4.0) + 1.0)
+    a = ref.rope_inv_freq_and_scaling(FAMILY_CASES["rope-llama3"], d)
+    b = ref.rope_inv_freq_and_scaling(FAMILY_CASES["rope-llama3-v5"], d)
+    np.testing.assert_array_equal(a[0], b[0])
+    # llama3 with these numbers has dims in all three regimes
+    inv, _ = a
+    assert np.any(inv == default) and np.any(np.isclose(inv, default / 8)) and \
+        np.any((inv < default) & (inv > default / 8))
+
+
+REFUSED = {
+    "longrope": (dict(rope_scaling={"type": "longrope", "factor": 2.0, "short_factor": [1.0],
+                                    "long_factor": [1.0]}),
+                 "rope type 'longrope' is not implemented"),
+    "per-layer-rope": (dict(rope_theta=None, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1e4},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+        "rope_parameters: per-layer-type RoPE parameters"),
+    "qwen2-sliding": (dict(model_type="qwen2", use_sliding_window=True, sliding_window=16),
+                      "use_sliding_window"),
+    "hidden-act": (dict(hidden_act="gelu"), "hidden_act"),
+    "opt-no-final-ln": (None, "_remove_final_layer_norm"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refused_configs_exit_2_naming_the_key(name, fd_bin, workdir):
+    import subprocess
+    change, needle = REFUSED[name]
+    if change is None:
+        config = dict(TINY_CONFIGS["opt"], _remove_final_layer_norm=True)
+    else:
+        config = _variant(**change)
+    path = workdir / f"{name}.json"
+    path.write_text(json.dumps(config))
+    p = subprocess.run([str(fd_bin("fd-weights")), "random", "--model", str(path), "--seed", "1",
+                        "--out", str(workdir / "w")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, f"exit {p.returncode}; stderr {p.stderr}"
+    assert needle in p.stderr and str(path) in p.stderr, p.stderr
+    assert not (workdir / "w" / "model.safetensors").exists()

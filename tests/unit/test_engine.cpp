@@ -6,6 +6,7 @@
 
 #include "harness/engines.h"
 #include "test_helpers.h"
+#include "token_compare.h"
 
 using namespace fd;
 using fd::test::repo_path;
@@ -153,4 +154,100 @@ TEST(GpuOnlySlots, MemoryBoundedAtFullDepth) {
   EXPECT_THROW(parse(json{{"type", "fastdecode"}, {"dtype", "bf16"}}), ConfigError);
   EXPECT_THROW(parse(json{{"type", "fastdecode"}, {"backend", "cpu"}, {"dtype", "bf16"}}), ConfigError);
   EXPECT_THROW(parse(json{{"type", "reference"}, {"dtype", "bf16"}}), ConfigError);
+}
+
+// ---- Per-request sampling, teacher forcing and logits recording (issue 11) on the reference engine ----
+
+namespace {
+
+Request make_req(const ModelConfig& c, uint64_t id, int64_t prompt_len, int64_t gen) {
+  Request q;
+  q.id = id;
+  for (int64_t t = 0; t < prompt_len; ++t) q.prompt.push_back(int32_t(3 + (id * 41 + uint64_t(t) * 17) % uint64_t(c.vocab_size - 3)));
+  q.max_new_tokens = gen;
+  return q;
+}
+
+SamplingParams params(double temperature, int64_t top_k, double top_p, uint64_t seed) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.seed = seed;
+  return p;
+}
+
+// A batch mixing greedy, temperature, top-k, top-p and different seeds, one request each (the run's
+// sampling for the request that sets none).
+std::vector<Request> mixed_sampling_requests(const ModelConfig& c) {
+  std::vector<Request> r;
+  for (uint64_t i = 0; i < 6; ++i) r.push_back(make_req(c, 20 + i, 3 + int64_t(i) * 2, 12 + int64_t(i)));
+  r[1].sampling = params(0, 0, 1, 0);         // greedy in a sampled run
+  r[2].sampling = params(0.7, 8, 1, 11);      // top-k
+  r[3].sampling = params(1.0, 0, 0.8, 11);    // top-p
+  r[4].sampling = params(1.0, 0, 0.8, 12);    // the same, another seed
+  r[5].sampling = params(1.3, 20, 0.9, 2);    // all three
+  return r;                                   // r[0]: the run's
+}
+
+}  // namespace
+
+// Each request's tokens in a mixed batch are those it gets alone with its params as the run's sampling.
+TEST(ReferenceEngineIssue11, PerRequestSamplingMatchesSoloRuns) {
+  const ModelConfig c = cfg("tiny-llama");
+  const SamplingParams run = params(0.9, 0, 1, 5);
+  const auto reqs = mixed_sampling_requests(c);
+  auto src = make_random_source(2, DType::F16);
+  ReferenceEngine e(c, *src, run);
+  const fd::test::EngineRun got = fd::test::run_engine(e, reqs);
+  ASSERT_TRUE(got.errors.empty()) << got.describe_errors();
+  for (const Request& r : reqs) {
+    Request alone = r;
+    alone.sampling.reset();
+    auto s2 = make_random_source(2, DType::F16);
+    ReferenceEngine solo(c, *s2, r.sampling ? *r.sampling : run);
+    EXPECT_EQ(got.tokens.at(r.id), fd::test::run_tokens(solo, {alone}).at(r.id)) << "request " << r.id;
+  }
+  EXPECT_EQ(got.tokens.at(21), solo_greedy(c, reqs[1]));
+  // The params matter: the same top-p request with another seed draws other tokens.
+  EXPECT_NE(got.tokens.at(23), got.tokens.at(24));
+  auto w = make_random_source(2, DType::F16);
+  const auto check = fd::test::check_scored_run(load_model_weights(c, *w), {DType::F32}, reqs, run, got, 0, 0);
+  EXPECT_TRUE(check.ok()) << check.describe();
+}
+
+// Teacher forcing and logits recording: a forced request emits the model's pick at each forced prefix
+// and its recorded rows are the reference model's logits after prompt + forced[:i]; free-running
+// requests next to it keep their tokens; requests without the flag get no logits.
+TEST(ReferenceEngineIssue11, ForcedAndRecordedLogits) {
+  const ModelConfig c = cfg("tiny-llama");
+  std::vector<Request> reqs = {make_req(c, 7, 5, 10), make_req(c, 8, 4, 10), make_req(c, 9, 6, 14), make_req(c, 10, 3, 9)};
+  for (int64_t i = 0; i < 10; ++i) reqs[0].forced.push_back(int32_t(5 + (i * 53) % (c.vocab_size - 5)));
+  reqs[0].record_logits = true;
+  reqs[1].record_logits = true;
+  for (int64_t i = 0; i < 9; ++i) reqs[3].forced.push_back(int32_t(7 + (i * 29) % (c.vocab_size - 7)));
+  reqs[3].sampling = params(1.0, 0, 1, 3);  // a forced request that samples: its picks use (seed, id, step)
+  auto src = make_random_source(2, DType::F16);
+  ReferenceEngine e(c, *src, SamplingParams{});
+  const fd::test::EngineRun got = fd::test::run_engine(e, reqs);
+  ASSERT_TRUE(got.errors.empty()) << got.describe_errors();
+  auto w = make_random_source(2, DType::F16);
+  const ModelWeights weights = load_model_weights(c, *w);
+  const auto check = fd::test::check_scored_run(weights, {DType::F32}, reqs, SamplingParams{}, got, 1e-6, 0);
+  EXPECT_TRUE(check.ok()) << check.describe();
+  EXPECT_EQ(check.rows, 20u);
+  EXPECT_EQ(got.logits.at(7).size(), 10u);
+  EXPECT_EQ(got.logits.at(7)[0].size(), size_t(c.vocab_size));
+  EXPECT_EQ(got.logits.count(9) + got.logits.count(10), 0u);
+  // Free-running neighbours are unchanged by the forced ones.
+  EXPECT_EQ(got.tokens.at(8), solo_greedy(c, reqs[1]));
+  EXPECT_EQ(got.tokens.at(9), solo_greedy(c, reqs[2]));
+  // The forcing is real: the forced stream is not what the model would pick, and the picks differ
+  // from the free-running continuation of the same prompt.
+  size_t differ = 0;
+  for (size_t i = 0; i < reqs[0].forced.size(); ++i) differ += reqs[0].forced[i] != got.tokens.at(7)[i];
+  EXPECT_GE(differ, 5u);
+  Request free7 = reqs[0];
+  free7.forced.clear();
+  EXPECT_NE(got.tokens.at(7), solo_greedy(c, free7));
 }

@@ -3,6 +3,8 @@
 #include "fastdecode/sworker/fastdecode_engine.h"
 
 #include <algorithm>
+#include <cstring>
+#include <fstream>
 
 #include "fastdecode/core/stats.h"
 #include "harness/runner.h"
@@ -167,4 +169,258 @@ TEST(Experiment, PercentileMatchesNumpyLinear) {
   const json d = distribution(v);
   EXPECT_DOUBLE_EQ(d["mean"].get<double>(), 4.0);
   EXPECT_EQ(d["count"], 5);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Workload files (workload.prompts / score / trace), output.logits, --set overrides (issue 11).
+
+namespace {
+
+using fd::test::TempDir;
+
+// A config in `d` (so relative paths resolve there) with the tiny model (vocab 256, 512 positions).
+json file_config(const std::string& key, const std::string& file) {
+  json j = base_config();
+  j["model"]["config"] = repo_path("experiments/models/tiny-llama.json");
+  j["workload"] = {{key, file}};
+  return j;
+}
+
+std::string write(const TempDir& d, const std::string& name, const std::string& text) {
+  std::ofstream(d.file(name)) << text;
+  return d.file(name);
+}
+
+}  // namespace
+
+TEST(ExperimentFiles, PromptsFileGivesRequests) {
+  TempDir d("prompts");
+  write(d, "p.jsonl",
+        "{\"prompt\": [5, 6, 7], \"gen_len\": 4}\n\n"
+        "{\"prompt\": [9], \"gen_len\": 2, \"max_gen_len\": 6, \"temperature\": 0.8, \"seed\": 11}\n"
+        "{\"prompt\": [10, 11], \"gen_len\": 3, \"top_k\": 5, \"top_p\": 0.5}\n");
+  json j = file_config("prompts", "p.jsonl");
+  j["sampling"] = {{"temperature", 0.3}, {"top_k", 7}, {"seed", 2}};
+  const ExperimentConfig e = parse_experiment(j, d.file("exp.json"));
+  EXPECT_EQ(e.workload.source, "prompts");
+  EXPECT_EQ(e.workload.prompts_file, d.file("p.jsonl"));
+  EXPECT_EQ(e.workload.requests, 3);  // defaults to the file's requests (blank lines skipped)
+  EXPECT_EQ(e.workload.file_requests[1].where, d.file("p.jsonl") + ":3");
+  EXPECT_EQ(e.workload.gen_len.max, 6);  // the scheduler's projection: max_gen_len
+  EXPECT_EQ(e.schedule.seq, 6);
+  const auto r = make_requests(e.workload, e.model, e.sampling);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].prompt, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(r[0].max_new_tokens, 4);
+  EXPECT_FALSE(r[0].sampling.has_value());  // no override: the run's sampling
+  EXPECT_EQ(r[1].prompt, std::vector<int32_t>{9});
+  EXPECT_EQ(r[1].max_new_tokens, 2);
+  ASSERT_TRUE(r[1].sampling.has_value());  // merged over the run's: temperature and seed overridden
+  EXPECT_DOUBLE_EQ(r[1].sampling->temperature, 0.8);
+  EXPECT_EQ(r[1].sampling->seed, 11u);
+  EXPECT_EQ(r[1].sampling->top_k, 7);
+  ASSERT_TRUE(r[2].sampling.has_value());
+  EXPECT_DOUBLE_EQ(r[2].sampling->temperature, 0.3);
+  EXPECT_EQ(r[2].sampling->top_k, 5);
+  EXPECT_DOUBLE_EQ(r[2].sampling->top_p, 0.5);
+  EXPECT_TRUE(r[2].forced.empty());
+  EXPECT_FALSE(r[2].record_logits);
+  EXPECT_EQ(arrival_times(e.workload), std::vector<double>(3, 0.0));
+  EXPECT_EQ(e.resolved()["workload"]["prompts"], d.file("p.jsonl"));
+  // requests = the first N lines; more than the file holds is an error.
+  j["workload"]["requests"] = 2;
+  const ExperimentConfig two = parse_experiment(j, d.file("exp.json"));
+  EXPECT_EQ(two.workload.requests, 2);
+  EXPECT_EQ(make_requests(two.workload, two.model).size(), 2u);
+  j["workload"]["requests"] = 4;
+  EXPECT_THAT(error_message<ConfigError>([&] { parse_experiment(j, d.file("exp.json")); }),
+              HasSubstr("workload.requests: 4 but " + d.file("p.jsonl") + " holds 3 requests"));
+  // Arrivals from the lines with "arrival": "trace".
+  write(d, "a.jsonl", "{\"prompt\": [5], \"gen_len\": 1, \"arrival_s\": 0.5}\n{\"prompt\": [5], \"gen_len\": 1, \"arrival_s\": 2}\n");
+  json a = file_config("prompts", "a.jsonl");
+  a["workload"]["arrival"] = "trace";
+  EXPECT_EQ(arrival_times(parse_experiment(a, d.file("exp.json")).workload), (std::vector<double>{0.5, 2.0}));
+  write(d, "a.jsonl", "{\"prompt\": [5], \"gen_len\": 1, \"arrival_s\": 0.5}\n{\"prompt\": [5], \"gen_len\": 1}\n");
+  EXPECT_THAT(error_message<ConfigError>([&] { parse_experiment(a, d.file("exp.json")); }),
+              HasSubstr(d.file("a.jsonl") + ":2: missing key 'arrival_s'"));
+  write(d, "a.jsonl", "{\"prompt\": [5], \"gen_len\": 1, \"arrival_s\": 0.5}\n{\"prompt\": [5], \"gen_len\": 1, \"arrival_s\": 0.2}\n");
+  EXPECT_THAT(error_message<ConfigError>([&] { parse_experiment(a, d.file("exp.json")); }),
+              HasSubstr(d.file("a.jsonl") + ":2: 'arrival_s' decreases"));
+}
+
+TEST(ExperimentFiles, ScoreFileForcesContinuations) {
+  TempDir d("score");
+  write(d, "s.jsonl", "{\"prompt\": [5, 6], \"continuation\": [7, 8, 9]}\n{\"prompt\": [3], \"continuation\": [4]}\n");
+  json j = file_config("score", "s.jsonl");
+  const ExperimentConfig e = parse_experiment(j, d.file("exp.json"));
+  EXPECT_EQ(e.workload.source, "score");
+  EXPECT_EQ(e.workload.requests, 2);
+  // Every request records its logits (for the score), nothing is written without output.logits.
+  EXPECT_EQ(e.logits.requests, (std::vector<uint64_t>{0, 1}));
+  EXPECT_FALSE(e.logits.write);
+  const auto r = make_requests(e.workload, e.model, e.sampling);
+  EXPECT_EQ(r[0].forced, (std::vector<int32_t>{7, 8, 9}));
+  EXPECT_EQ(r[0].max_new_tokens, 3);
+  EXPECT_FALSE(r[0].stop_at_eos);
+  EXPECT_EQ(r[1].forced, std::vector<int32_t>{4});
+  validate_request(r[0], e.model);
+  // output.logits narrows the recorded (and scored) requests.
+  j["output"] = {{"logits", {{"requests", {1}}, {"top_k", 3}, {"full", false}}}};
+  const ExperimentConfig n = parse_experiment(j, d.file("exp.json"));
+  EXPECT_EQ(n.logits.requests, std::vector<uint64_t>{1});
+  EXPECT_TRUE(n.logits.write);
+  EXPECT_EQ(n.logits.top_k, 3);
+  EXPECT_FALSE(n.logits.full);
+  EXPECT_EQ(n.resolved()["output"]["logits"]["requests"], json::array({1}));
+}
+
+TEST(ExperimentFiles, TraceLinesTakePromptsAndOverrides) {
+  TempDir d("trace");
+  write(d, "t.jsonl",
+        "{\"arrival_s\": 0, \"prompt_len\": 4, \"gen_len\": 3}\n"
+        "{\"arrival_s\": 0.25, \"prompt\": [8, 9], \"gen_len\": 2, \"max_gen_len\": 5, \"temperature\": 1.5}\n");
+  json j = file_config("trace", "t.jsonl");
+  j["workload"]["arrival"] = "trace";
+  const ExperimentConfig e = parse_experiment(j, d.file("exp.json"));
+  const auto r = make_requests(e.workload, e.model);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].prompt.size(), 4u);  // seeded tokens of prompt_len
+  EXPECT_GT(r[0].prompt[0], e.model.eos_token_id);
+  EXPECT_EQ(r[1].prompt, (std::vector<int32_t>{8, 9}));
+  ASSERT_TRUE(r[1].sampling.has_value());
+  EXPECT_DOUBLE_EQ(r[1].sampling->temperature, 1.5);
+  EXPECT_EQ(e.workload.file_requests[1].max_gen_len, 5);
+  EXPECT_EQ(arrival_times(e.workload), (std::vector<double>{0.0, 0.25}));
+}
+
+TEST(ExperimentFiles, BadLinesNameFileAndLine) {
+  TempDir d("bad");
+  const auto err = [&](const std::string& key, const std::string& line, const std::function<void(json&)>& f = {}) {
+    // Line 1 is a good line of the file's kind: the error must name line 2.
+    const std::string good = key == "score"   ? "{\"prompt\": [5, 6], \"continuation\": [2]}\n"
+                             : key == "trace" ? "{\"arrival_s\": 0, \"prompt_len\": 2, \"gen_len\": 2}\n"
+                                              : "{\"prompt\": [5, 6], \"gen_len\": 2}\n";
+    const std::string file = write(d, "bad.jsonl", good + line + "\n");
+    json j = file_config(key, "bad.jsonl");
+    if (f) f(j);
+    const std::string msg = error_message<ConfigError>([&] { parse_experiment(j, d.file("exp.json")); });
+    EXPECT_THAT(msg, HasSubstr(file + ":2: ")) << line;
+    return msg;
+  };
+  EXPECT_THAT(err("prompts", "{\"prompt\": [5], \"gen_len\": "), HasSubstr("not JSON"));
+  EXPECT_THAT(err("prompts", "[1, 2]"), HasSubstr("expected a JSON object"));
+  EXPECT_THAT(err("prompts", "{\"gen_len\": 2}"), HasSubstr("missing key 'prompt'"));
+  EXPECT_THAT(err("prompts", "{\"prompt\": [], \"gen_len\": 2}"), HasSubstr("'prompt' is empty"));
+  EXPECT_THAT(err("prompts", "{\"prompt\": [5, \"a\"], \"gen_len\": 2}"), HasSubstr("\"a\" is not a token id"));
+  EXPECT_THAT(err("prompts", "{\"prompt\": [5, -1], \"gen_len\": 2}"), HasSubstr("-1 is not a token id"));
+  EXPECT_THAT(err("prompts", "{\"prompt\": [5, 256], \"gen_len\": 2}"), HasSubstr("token id 256 outside the vocabulary [0, 256)"));
+  EXPECT_THAT(err("prompts", "{\"prompt\": [5]}"), HasSubstr("missing key 'gen_len'"));
+  EXPECT_THAT(err("prompts", "{\"prompt\": [5], \"gen_len\": -3}"), HasSubstr("'gen_len' = -3 must be >= 1"));
+  EXPECT_THAT(err("prompts", "{\"prompt\": [5], \"gen_len\": 2, \"max_gen_len\": 1}"), HasSubstr("'max_gen_len' < 'gen_len'"));
+  EXPECT_THAT(err("prompts", "{\"prompt\": [5], \"gen_len\": 513}"), HasSubstr("needs 513 positions"));
+  EXPECT_THAT(err("prompts", "{\"prompt\": [5], \"gen_len\": 2, \"temprature\": 1}"), HasSubstr("unknown key 'temprature'"));
+  EXPECT_THAT(err("prompts", "{\"prompt\": [5], \"gen_len\": 2, \"top_p\": 0}"), HasSubstr("'top_p' must be in (0, 1]"));
+  EXPECT_THAT(err("prompts", "{\"prompt\": [5], \"gen_len\": 2, \"temperature\": -1}"), HasSubstr("'temperature' must be >= 0"));
+  EXPECT_THAT(err("prompts", "{\"prompt\": [5], \"gen_len\": 2, \"arrival_s\": 1}"), HasSubstr("'arrival_s' only with"));
+  EXPECT_THAT(err("score", "{\"prompt\": [5], \"continuation\": []}"), HasSubstr("'continuation' is empty"));
+  EXPECT_THAT(err("score", "{\"prompt\": [5]}"), HasSubstr("missing key 'continuation'"));
+  EXPECT_THAT(err("score", "{\"prompt\": [5], \"continuation\": [300]}"), HasSubstr("forced token id 300 outside the vocabulary"));
+  EXPECT_THAT(err("score", "{\"prompt\": [5], \"continuation\": [6], \"gen_len\": 1}"), HasSubstr("unknown key 'gen_len'"));
+  EXPECT_THAT(err("trace", "{\"arrival_s\": 0, \"prompt_len\": 2, \"prompt\": [5], \"gen_len\": 1}",
+                  [](json& j) { j["workload"]["arrival"] = "trace"; }),
+              HasSubstr("not both"));
+}
+
+TEST(ExperimentFiles, BadWorkloadAndLogitsKeys) {
+  TempDir d("keys");
+  write(d, "p.jsonl", "{\"prompt\": [5, 6], \"gen_len\": 2}\n{\"prompt\": [7], \"gen_len\": 3}\n");
+  const auto err = [&](const std::function<void(json&)>& f) {
+    json j = file_config("prompts", "p.jsonl");
+    f(j);
+    return error_message<ConfigError>([&] { parse_experiment(j, d.file("exp.json")); });
+  };
+  EXPECT_THAT(err([](json& j) { j["workload"]["prompt_len"] = 4; }),
+              HasSubstr("workload.prompt_len: not allowed with workload.prompts"));
+  EXPECT_THAT(err([](json& j) { j["workload"]["gen_len"] = 4; }), HasSubstr("workload.gen_len: not allowed with workload.prompts"));
+  EXPECT_THAT(err([](json& j) { j["workload"]["score"] = "p.jsonl"; }), HasSubstr("not prompts and score"));
+  EXPECT_THAT(err([](json& j) { j["workload"]["prompts"] = "none.jsonl"; }), HasSubstr("none.jsonl: cannot open prompts file"));
+  write(d, "s.jsonl", "{\"prompt\": [5, 6], \"continuation\": [2]}\n");
+  EXPECT_THAT(err([](json& j) {
+                j["workload"].erase("prompts");
+                j["workload"]["score"] = "s.jsonl";
+                j["workload"]["stop_at_eos"] = true;
+              }),
+              HasSubstr("workload.stop_at_eos: not with workload.score"));
+  EXPECT_THAT(err([](json& j) { j["output"] = {{"logits", {{"requests", 3}}}}; }),
+              HasSubstr("output.logits.requests: the first 3 requests, but the workload has 2"));
+  EXPECT_THAT(err([](json& j) { j["output"] = {{"logits", {{"requests", {0, 2}}}}}; }),
+              HasSubstr("output.logits.requests: request 2 is not in the workload"));
+  EXPECT_THAT(err([](json& j) { j["output"] = {{"logits", {{"requests", {1, 1}}}}}; }), HasSubstr("listed twice"));
+  EXPECT_THAT(err([](json& j) { j["output"] = {{"logits", {{"requests", 1}, {"top_k", 257}}}}; }),
+              HasSubstr("output.logits.top_k: value 257 out of range"));
+  EXPECT_THAT(err([](json& j) { j["output"] = {{"logits", {{"requests", 1}, {"all", true}}}}; }),
+              HasSubstr("output.logits.all: unknown key"));
+  // A seeded workload takes output.logits too.
+  json j = base_config();
+  j["output"] = {{"logits", {{"requests", 2}, {"top_k", 4}}}};
+  const ExperimentConfig e = parse_experiment(j, kFile);
+  EXPECT_EQ(e.logits.requests, (std::vector<uint64_t>{0, 1}));
+  EXPECT_TRUE(e.logits.full);
+  EXPECT_FALSE(parse_experiment(base_config(), kFile).logits.write);
+  j["output"]["logits"] = {{"top_k", 1}};  // requests left out: all of them
+  EXPECT_EQ(parse_experiment(j, kFile).logits.requests, (std::vector<uint64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(parse_experiment(j, kFile).resolved()["output"]["logits"]["requests"], 4);
+  EXPECT_TRUE(parse_experiment(base_config(), kFile).logits.requests.empty());
+}
+
+TEST(ExperimentOverrides, SetDottedKeys) {
+  json j = base_config();
+  apply_override(j, "workload.requests=64");
+  apply_override(j, "engine.rworkers.kv_dtype=int8");  // not JSON: a string; missing objects created
+  apply_override(j, "sampling.top_p=0.5");
+  apply_override(j, "name=\"quoted\"");
+  apply_override(j, "output.logits={\"requests\": [1], \"top_k\": 2}");
+  EXPECT_EQ(j["workload"]["requests"], 64);
+  EXPECT_EQ(j["engine"]["rworkers"]["kv_dtype"], "int8");
+  EXPECT_EQ(j["sampling"]["top_p"], 0.5);
+  EXPECT_EQ(j["name"], "quoted");
+  EXPECT_EQ(j["output"]["logits"]["top_k"], 2);
+  EXPECT_THAT(error_message<ConfigError>([&] { apply_override(j, "workload.requests.x=1"); }),
+              HasSubstr("--set workload.requests.x=1: workload.requests is not an object (it is 64)"));
+  EXPECT_THAT(error_message<ConfigError>([&] { apply_override(j, "workload.requests"); }), HasSubstr("expected KEY=VALUE"));
+  EXPECT_THAT(error_message<ConfigError>([&] { apply_override(j, "workload..x=1"); }), HasSubstr("empty key"));
+  EXPECT_THAT(error_message<ConfigError>([&] { apply_override(j, "=1"); }), HasSubstr("empty key"));
+  // Through load_experiment: applied before validation, echoed, and a bad value names the key.
+  TempDir d("set");
+  json f = base_config();
+  f["model"]["config"] = repo_path("experiments/models/tiny-llama.json");
+  std::ofstream(d.file("exp.json")) << f.dump();
+  const ExperimentConfig e = load_experiment(d.file("exp.json"), {"workload.requests=9", "workload.seed=3"});
+  EXPECT_EQ(e.workload.requests, 9);
+  EXPECT_EQ(e.workload.seed, 3u);
+  EXPECT_EQ(e.resolved()["workload"]["requests"], 9);
+  EXPECT_EQ(e.overrides, (std::vector<std::string>{"workload.requests=9", "workload.seed=3"}));
+  EXPECT_THAT(error_message<ConfigError>([&] { load_experiment(d.file("exp.json"), {"workload.requests=zero"}); }),
+              HasSubstr("workload.requests: expected an integer"));
+}
+
+TEST(RunnerNpy, WritesNumpyV1Layout) {
+  TempDir d("npy");
+  const std::vector<float> v = {1.0f, -2.5f, 3.0f, 4.0f, 5.0f, 6.0f};
+  write_npy_f32(d.file("a.npy"), v.data(), 2, 3);
+  std::ifstream in(d.file("a.npy"), std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GE(bytes.size(), 10u);
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x93NUMPY\x01\x00", 8));
+  const size_t hlen = size_t(uint8_t(bytes[8])) | (size_t(uint8_t(bytes[9])) << 8);
+  EXPECT_EQ((10 + hlen) % 64, 0u);
+  const std::string header = bytes.substr(10, hlen);
+  EXPECT_THAT(header, HasSubstr("'descr': '<f4'"));
+  EXPECT_THAT(header, HasSubstr("'fortran_order': False"));
+  EXPECT_THAT(header, HasSubstr("'shape': (2, 3)"));
+  EXPECT_EQ(header.back(), '\n');
+  ASSERT_EQ(bytes.size(), 10 + hlen + v.size() * 4);
+  std::vector<float> back(v.size());
+  std::memcpy(back.data(), bytes.data() + 10 + hlen, v.size() * 4);
+  EXPECT_EQ(back, v);
 }

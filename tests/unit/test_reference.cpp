@@ -1,5 +1,7 @@
 #include "fastdecode/model/reference.h"
 
+#include "fastdecode/engine/engine.h"
+
 #include <cmath>
 
 #include "test_helpers.h"
@@ -132,4 +134,62 @@ TEST(Reference, PositionLimit) {
   m.forward({{s, 1, false}, {s, 2, false}, {s, 3, false}, {s, 4, true}});
   EXPECT_THROW(m.forward({{s, 5, true}}), Error);
   EXPECT_EQ(m.sequence_length(s), 4);
+}
+
+// A sliding window (mistral) or dynamic RoPE lowers the usable positions: the reference refuses to go
+// past them, and validate_request refuses requests that would, naming why.
+TEST(Reference, PositionLimitFromSlidingWindowAndDynamicRope) {
+  json j = read_json_file(repo_path("experiments/models/tiny-llama.json"));
+  j["model_type"] = "mistral";
+  j["sliding_window"] = 3;
+  const ModelConfig mc = model_config_from_json(j, "mistral.json");
+  EXPECT_EQ(mc.position_limit(), 3);
+  auto src = make_random_source(1, DType::F16);
+  ReferenceModel m(load_model_weights(mc, *src));
+  const int64_t s = m.add_sequence();
+  m.forward({{s, 1, false}, {s, 2, false}, {s, 3, true}});
+  EXPECT_THAT(fd::test::error_message<Error>([&] { m.forward({{s, 4, true}}); }),
+              ::testing::HasSubstr("sliding_window"));
+  Request r;
+  r.prompt = {1, 2};
+  r.max_new_tokens = 2;  // 3 positions: fits
+  EXPECT_NO_THROW(validate_request(r, mc));
+  r.max_new_tokens = 3;
+  EXPECT_THAT(fd::test::error_message<Error>([&] { validate_request(r, mc); }),
+              ::testing::HasSubstr("has 3 (mistral sliding_window 3"));
+  json d = read_json_file(repo_path("experiments/models/tiny-llama.json"));
+  d["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}, {"original_max_position_embeddings", 2}};
+  EXPECT_THAT(fd::test::error_message<Error>([&] { validate_request(r, model_config_from_json(d, "dyn.json")); }),
+              ::testing::HasSubstr("dynamic (NTK) RoPE"));
+}
+
+// Llama attention and MLP biases, a q_dim != hidden_size head_dim, and a tied head all flow through
+// the reference stages: the forward changes when a bias changes, and runs with head_dim 48 of hidden 64.
+TEST(Reference, LlamaBiasesAndExplicitHeadDim) {
+  json j = read_json_file(repo_path("experiments/models/tiny-llama.json"));
+  j["attention_bias"] = true;
+  j["mlp_bias"] = true;
+  j["head_dim"] = 48;
+  j["tie_word_embeddings"] = true;
+  const ModelConfig c = model_config_from_json(j, "biased.json");
+  auto src = make_random_source(3, DType::F32);
+  ModelWeights w = load_model_weights(c, *src);
+  ASSERT_EQ(w.layers[0].bo.size(), 64u);
+  ASSERT_EQ(w.layers[0].bq.size(), 96u);
+  ASSERT_EQ(w.layers[0].b_gate.size(), size_t(c.intermediate_size));
+  EXPECT_TRUE(w.lm_head.empty());
+  const auto run = [](ModelWeights ww) {
+    ReferenceModel m(std::move(ww));
+    const int64_t s = m.add_sequence();
+    return m.forward({{s, 5, false}, {s, 7, true}});
+  };
+  const auto base = run(w);
+  for (auto field : {&LayerWeights::bq, &LayerWeights::bo, &LayerWeights::b_gate, &LayerWeights::b_down}) {
+    ModelWeights w2 = w;
+    for (float& b : w2.layers[0].*field) b += 0.5f;
+    const auto other = run(std::move(w2));
+    double diff = 0;
+    for (size_t i = 0; i < base.size(); ++i) diff = std::max(diff, double(std::fabs(base[i] - other[i])));
+    EXPECT_GT(diff, 1e-4);
+  }
 }

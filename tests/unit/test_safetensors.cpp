@@ -1,5 +1,5 @@
 // safetensors reader / writer: round trips, compatibility with the standard byte layout, and one test
-// per class of bad file (each must give an fd::Error naming the file and, where relevant, the tensor).
+// per class of bad file (each must give an fd::ConfigError naming the file and, where relevant, the tensor).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -34,6 +34,21 @@ std::string error_message(F&& f) {
     return e.what();
   }
   ADD_FAILURE() << "expected an fd::Error";
+  return "";
+}
+
+// A bad file is bad input: fd::ConfigError (programs exit 2), not a runtime fd::Error.
+template <class F>
+std::string config_error_message(F&& f) {
+  try {
+    f();
+  } catch (const fd::ConfigError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected an fd::ConfigError, got: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected an fd::ConfigError";
   return "";
 }
 
@@ -80,7 +95,7 @@ class SafetensorsTmp : public ::testing::Test {
   }
   // Expects open() to fail with a message naming the file and containing every string in `parts`.
   void expect_open_error(const std::string& p, std::initializer_list<std::string> parts) {
-    const std::string msg = error_message([&] { SafetensorsFile::open(p); });
+    const std::string msg = config_error_message([&] { SafetensorsFile::open(p); });
     EXPECT_THAT(msg, HasSubstr(p));
     for (const auto& s : parts) EXPECT_THAT(msg, HasSubstr(s));
   }
@@ -91,7 +106,7 @@ class SafetensorsTmp : public ::testing::Test {
                                      st_bytes("{\"w\":" + entry + "}", data));
     std::vector<std::string> all(parts);
     all.push_back("'w'");
-    const std::string msg = error_message([&] { SafetensorsFile::open(p); });
+    const std::string msg = config_error_message([&] { SafetensorsFile::open(p); });
     EXPECT_THAT(msg, HasSubstr(p)) << "entry " << entry;
     for (const auto& s : all) EXPECT_THAT(msg, HasSubstr(s)) << "entry " << entry;
   }
@@ -289,7 +304,7 @@ TEST_F(SafetensorsCompat, WriterBytesAreStandard) {
   EXPECT_EQ(got, st_bytes(header, raw(v)));
 }
 
-// ---- bad files: each must give an fd::Error naming the file (and tensor) ----
+// ---- bad files: each must give an fd::ConfigError naming the file (and tensor) ----
 
 TEST_F(SafetensorsBadFile, MissingFile) { expect_open_error(path("does_not_exist.safetensors"), {"cannot open"}); }
 
@@ -410,18 +425,18 @@ TEST_F(SafetensorsBadFile, ReadMissingTensorOrWrongShape) {
   const std::vector<float> v(6, 1.f);
   const auto p = write_one("shape.safetensors", DType::F32, {2, 3}, v);
   const auto f = SafetensorsFile::open(p);
-  std::string msg = error_message([&] { f.read_f32("model.layers.0.missing", {2, 3}); });
+  std::string msg = config_error_message([&] { f.read_f32("model.layers.0.missing", {2, 3}); });
   EXPECT_THAT(msg, HasSubstr(p));
   EXPECT_THAT(msg, HasSubstr("model.layers.0.missing"));
   EXPECT_THAT(msg, HasSubstr("not found"));
-  msg = error_message([&] { f.get("other"); });
+  msg = config_error_message([&] { f.get("other"); });
   EXPECT_THAT(msg, HasSubstr(p));
   EXPECT_THAT(msg, HasSubstr("other"));
-  msg = error_message([&] { f.read_f32("t", {3, 2}); });
+  msg = config_error_message([&] { f.read_f32("t", {3, 2}); });
   EXPECT_THAT(msg, HasSubstr(p));
   EXPECT_THAT(msg, HasSubstr("'t'"));
   EXPECT_THAT(msg, HasSubstr("expected shape [3, 2], found [2, 3]"));
-  msg = error_message([&] { f.read_f32("t", {6}); });
+  msg = config_error_message([&] { f.read_f32("t", {6}); });
   EXPECT_THAT(msg, HasSubstr("[6]"));
 }
 

@@ -163,6 +163,56 @@ TEST(SamplingModel, BucketScanFallbackAndRuns) {
   EXPECT_EQ(sm::tie_crossing(1.0, 0.5, 10, false, 0.5), 1);
 }
 
+// Per-row parameters (the batched form the engines use for per-request sampling): a batch whose rows each carry
+// their own parameters and seed — greedy, temperature, top-k, top-p, all of them — gives each row exactly the
+// token the uniform model gives it with its own parameters, and so sample_token's (up to a boundary, accepted
+// by the same rule as above).
+TEST(SamplingModel, PerRowParametersMatchEachRowAlone) {
+  const std::vector<SamplingParams> kinds = [] {
+    std::vector<SamplingParams> k(7);
+    k[1].temperature = 0.7, k[1].seed = 1;
+    k[2].temperature = 1.0, k[2].top_k = 8, k[2].seed = 2;
+    k[3].temperature = 1.0, k[3].top_p = 0.8, k[3].seed = 3;
+    k[4].temperature = 1.0, k[4].top_p = 0.8, k[4].seed = 4;  // the same, another seed
+    k[5].temperature = 1.3, k[5].top_k = 20, k[5].top_p = 0.9, k[5].seed = 5;
+    k[6].temperature = 0.5, k[6].top_k = 1, k[6].seed = 6;  // greedy through top_k 1
+    return k;
+  }();
+  std::mt19937_64 rng(11);
+  int64_t rows = 0, accepted = 0;
+  for (int64_t V : {5, 300, 5000}) {
+    const int64_t n = 3 * int64_t(kinds.size()) + 2;
+    std::vector<float> logits(size_t(n * V));
+    std::vector<sm::RowDraw> draws;
+    std::vector<SamplingParams> params;
+    std::vector<uint64_t> ids, steps;
+    for (int64_t r = 0; r < n; ++r) {
+      test::fill_row(logits.data() + r * V, V, int(r % test::kRowKinds), rng);
+      params.push_back(kinds[size_t((r * 5) % int64_t(kinds.size()))]);
+      draws.push_back(sm::row_draw(V, params.back()));
+      ids.push_back(rng()), steps.push_back(rng() % 512);
+    }
+    const std::vector<int32_t> got = fd::cuda::sample_rows_model(logits.data(), n, V, draws, ids, steps);
+    ASSERT_EQ(got.size(), size_t(n));
+    for (int64_t r = 0; r < n; ++r) {
+      const float* row = logits.data() + r * V;
+      const SamplingParams& p = params[size_t(r)];
+      ++rows;
+      ASSERT_EQ(got[size_t(r)], sample_row_model(row, V, p, ids[size_t(r)], steps[size_t(r)]))
+          << "V " << V << " row " << r << " (T " << p.temperature << ", top_k " << p.top_k << ", top_p " << p.top_p
+          << ", seed " << p.seed << ")";
+      const int32_t host = sample_token(row, V, p, ids[size_t(r)], steps[size_t(r)]);
+      if (got[size_t(r)] == host) continue;
+      ASSERT_FALSE(p.greedy()) << "greedy row " << r << ": " << got[size_t(r)] << " != " << host;
+      ASSERT_TRUE(test::explain_difference(test::host_trace(row, V, p, ids[size_t(r)], steps[size_t(r)]), p,
+                                           got[size_t(r)]).has_value())
+          << "V " << V << " row " << r << ": model " << got[size_t(r)] << " != host " << host;
+      ++accepted;
+    }
+  }
+  EXPECT_LT(accepted, rows / 10);
+}
+
 TEST(SamplingModel, RejectsWhatTheHostRejects) {
   const std::vector<float> l = {0.5f, 1.0f};
   const auto bad = [&](SamplingParams p, int64_t V) {

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The accuracy study: how far do quantized KV-caches (and 16-bit S-Parts) move the logits?
+#
+#   scripts/accuracy-study.sh [--gpu] [--bin-dir DIR] [--out DIR] [--model CONFIG] [--weights-seed N]
+#
+# 1. The fp32 reference engine generates greedy continuations of seeded prompts
+#    (experiments/accuracy/generate.json); its requests.jsonl becomes a scoring file (prompt +
+#    continuation).
+# 2. Every variant scores exactly that stream (teacher forcing, experiments/accuracy/score.json) and
+#    records every position's logits: the reference engine in fp32 (the baseline every row is compared
+#    with) and with an fp16 KV-cache; FastDecode on the CPU S-Part with fp16, int8 and int4 R-worker
+#    KV; with --gpu also FastDecode on the CUDA S-Part (fp16 and bf16, fp16/int8/int4 KV) and GPU-only
+#    (fp16, bf16).
+# 3. analysis/accuracy.py writes DIR/ACCURACY.md, accuracy.json and accuracy.png.
+# Random weights (the default) measure how far the arithmetic moves the logits, not language quality;
+# point --model at a real checkpoint's config (with weights in the experiment) for that.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+gpu=0 bin=build/default/bin out=results/accuracy-study
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --gpu) gpu=1 ;;
+    --bin-dir) bin="$2"; shift ;;
+    --out) out="$2"; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "accuracy-study: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+py=/usr/bin/python3; [ -x "$py" ] || py=python3
+mkdir -p "$out"
+runs="$out/runs"
+rm -rf "$runs"; mkdir -p "$runs"
+echo "== generating the scored stream (reference engine, fp32)"
+"$bin/fd-bench" run experiments/accuracy/generate.json --out "$runs/generate" --quiet
+"$py" - "$runs/generate/requests.jsonl" "$out/score.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1]) as f, open(sys.argv[2], "w") as o:
+    for line in f:
+        r = json.loads(line)
+        o.write(json.dumps({"prompt": r["prompt"], "continuation": r["tokens"]}) + "\n")
+PY
+score="$(cd "$out" && pwd)/score.jsonl"
+fdcpu='{"type":"fastdecode","backend":"cpu","mini_batches":2,"rworkers":{"spawn":2,"threads":1,"kv_dtype":"%s","memory_gb":0.5}}'
+fd='{"type":"fastdecode","backend":"cuda","dtype":"%s","mini_batches":2,"rworkers":{"spawn":2,"threads":1,"kv_dtype":"%s","memory_gb":0.5}}'
+variants=(
+  "reference-fp32|{\"type\":\"reference\"}"
+  "reference-fp16kv|{\"type\":\"reference\",\"kv_dtype\":\"fp16\"}"
+  "fd-cpu-fp16kv|$(printf "$fdcpu" fp16)"
+  "fd-cpu-int8kv|$(printf "$fdcpu" int8)"
+  "fd-cpu-int4kv|$(printf "$fdcpu" int4)"
+)
+if [ $gpu -eq 1 ]; then
+  variants+=(
+    "fd-cuda-fp16-fp16kv|$(printf "$fd" fp16 fp16)"
+    "fd-cuda-fp16-int8kv|$(printf "$fd" fp16 int8)"
+    "fd-cuda-fp16-int4kv|$(printf "$fd" fp16 int4)"
+    "fd-cuda-bf16-fp16kv|$(printf "$fd" bf16 fp16)"
+    "gpu-only-fp16|{\"type\":\"gpu-only\",\"dtype\":\"fp16\"}"
+    "gpu-only-bf16|{\"type\":\"gpu-only\",\"dtype\":\"bf16\"}"
+  )
+fi
+dirs=() labels=()
+for v in "${variants[@]}"; do
+  label="${v%%|*}" engine="${v#*|}"
+  echo "== scoring: $label"
+  "$bin/fd-bench" run experiments/accuracy/score.json --out "$runs/$label" --quiet \
+    --set "workload.score=$score" --set "engine=$engine"
+  dirs+=("$runs/$label") labels+=(--label "$label")
+done
+"$py" analysis/accuracy.py "${dirs[@]}" "${labels[@]}" --out "$out"
