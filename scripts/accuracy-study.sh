@@ -12,7 +12,7 @@
 #    KV; with --gpu also FastDecode on the CUDA S-Part (fp16 and bf16, fp16/int8/int4 KV) and GPU-only
 #    (fp16, bf16).
 # 3. analysis/accuracy.py writes DIR/ACCURACY.md, accuracy.json and accuracy.png.
-# Random weights (the default) measure how far the arithmetic moves the logits, not language quality;
+# PYTHON picks the interpreter (default /usr/bin/python3, with numpy). Random weights (the default) measure how far the arithmetic moves the logits, not language quality;
 # point --model at a real checkpoint's config (with weights in the experiment) for that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-py=/usr/bin/python3; [ -x "$py" ] || py=python3
+py="${PYTHON:-/usr/bin/python3}"; [ -x "$py" ] || command -v "$py" >/dev/null || py=python3
 mkdir -p "$out"
 runs="$out/runs"
 rm -rf "$runs"; mkdir -p "$runs"
