@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
     fs::create_directories(out);
     write_npy((fs::path(out) / "logits.npy").string(), all, steps, V);
     fd::write_json_file((fs::path(out) / "result.json").string(),
-                        {{"prompt", ids}, {"generated", gen}, {"model_type", fd::arch_name(cfg.arch)},
+                        {{"prompt", ids}, {"generated", gen}, {"model_type", cfg.hf.value("model_type", fd::arch_name(cfg.arch))},
                          {"layers", cfg.num_layers}, {"weights", weights}});
     std::printf("generated:");
     for (int32_t t : gen) std::printf(" %d", t);
