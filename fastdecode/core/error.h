@@ -36,9 +36,12 @@ namespace detail {
   } while (0)
 
 // FD_THROW(stream-expr): throws fd::Error with the message alone (for errors meant for users).
-#define FD_THROW(msg)                      \
-  do {                                     \
-    std::ostringstream fd_throw_os_;       \
-    fd_throw_os_ << msg;                   \
-    throw ::fd::Error(fd_throw_os_.str()); \
+#define FD_THROW(msg) FD_THROW_AS(::fd::Error, msg)
+// FD_THROW_BAD_INPUT(stream-expr): fd::ConfigError, bad input (programs exit 2 before any work).
+#define FD_THROW_BAD_INPUT(msg) FD_THROW_AS(::fd::ConfigError, msg)
+#define FD_THROW_AS(type, msg)           \
+  do {                                   \
+    std::ostringstream fd_throw_os_;     \
+    fd_throw_os_ << msg;                 \
+    throw type(fd_throw_os_.str());      \
   } while (0)

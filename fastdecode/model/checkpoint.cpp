@@ -22,12 +22,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Every bad checkpoint is bad input: fd::ConfigError (programs exit 2 before any work).
-#define FD_CKPT_ERROR(msg)                      \
-  do {                                          \
-    std::ostringstream fd_ckpt_os_;             \
-    fd_ckpt_os_ << msg;                         \
-    throw ::fd::ConfigError(fd_ckpt_os_.str()); \
-  } while (0)
+#define FD_CKPT_ERROR(msg) FD_THROW_BAD_INPUT(msg)
 
 // An index is a few MB at most even for huge models (one line per tensor).
 constexpr uintmax_t kMaxIndexBytes = 64ull << 20;

@@ -28,12 +28,7 @@ using ordered_json = nlohmann::ordered_json;  // keeps the header's key order (=
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
 // Reading: a bad or unreadable file is bad input, fd::ConfigError (programs exit 2 before any work).
-#define FD_BAD_INPUT(msg)                      \
-  do {                                         \
-    std::ostringstream fd_bad_os_;             \
-    fd_bad_os_ << msg;                         \
-    throw ::fd::ConfigError(fd_bad_os_.str()); \
-  } while (0)
+#define FD_BAD_INPUT(msg) FD_THROW_BAD_INPUT(msg)
 #define FD_FILE_ERROR(path, msg) FD_BAD_INPUT("safetensors file '" << (path) << "': " << msg)
 #define FD_TENSOR_ERROR(path, name, msg) \
   FD_BAD_INPUT("safetensors file '" << (path) << "', tensor '" << (name) << "': " << msg)
