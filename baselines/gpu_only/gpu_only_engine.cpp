@@ -25,23 +25,11 @@ struct Seq {
   int32_t last = 0;
 };
 
-// How a batch's rows are sampled: each with its request's sampling (else the run's) and (id, step); the
-// rows whose logits are recorded; whether every row is greedy.
-struct RowDraws {
-  std::vector<SamplingParams> params;
-  std::vector<uint64_t> ids, steps;
-  std::vector<int32_t> record;
-  bool greedy = true;
-  RowDraws(const std::vector<Seq*>& seqs, const SamplingParams& run) {
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      const Seq& s = *seqs[i];
-      params.push_back(s.req.sampling ? *s.req.sampling : run);
-      greedy = greedy && params.back().greedy();
-      ids.push_back(s.req.id), steps.push_back(uint64_t(s.generated));
-      if (s.req.record_logits) record.push_back(int32_t(i));
-    }
-  }
-};
+RowDraws row_draws(const std::vector<Seq*>& seqs, const SamplingParams& run) {
+  RowDraws d;
+  for (const Seq* s : seqs) d.add(s->req, s->generated, run);
+  return d;
+}
 
 class GpuOnlyEngine : public Engine {
  public:
@@ -266,7 +254,7 @@ class GpuOnlyEngine : public Engine {
     for (auto& [id, s] : running_) seqs.push_back(&s);
     const int64_t T = int64_t(seqs.size()), L = cfg_.num_layers;
     std::vector<int32_t> tok(seqs.size());
-    const RowDraws draws(seqs, sampling_);
+    const RowDraws draws = row_draws(seqs, sampling_);
     std::vector<float> recorded(draws.record.size() * size_t(cfg_.vocab_size));  // nothing when none records
     if (graphs_ && draws.greedy && T <= graph_rows_) {  // the graph's argmax serves only all-greedy steps
       decode_graph(seqs, tok.data(), draws.record, recorded.data());
@@ -357,7 +345,7 @@ class GpuOnlyEngine : public Engine {
       model_->attention_from_f32(pre_);
       model_->attention_output_and_mlp(pre_, int(l));
     }
-    const RowDraws draws(fresh, sampling_);
+    const RowDraws draws = row_draws(fresh, sampling_);
     std::vector<float> recorded(draws.record.size() * size_t(cfg_.vocab_size));
     std::vector<int32_t> tok(fresh.size());
     model_->sample(pre_, int64_t(fresh.size()), draws.params, draws.ids, draws.steps, tok.data(), draws.record,
@@ -376,7 +364,7 @@ class GpuOnlyEngine : public Engine {
   // Emits the pick; the sequence continues with it, or with its forced token (teacher forcing). logits: the
   // row the pick was made from, when the request records them.
   void emit(Seq& s, int32_t tok, const float* logits, StepResult& out) {
-    s.last = s.req.forced.empty() ? tok : s.req.forced[size_t(s.generated)];
+    s.last = s.req.next_input(s.generated, tok);
     ++s.generated;
     const bool eos = s.req.stop_at_eos && tok == cfg_.eos_token_id;
     out.tokens.push_back({s.req.id, tok, s.generated >= s.req.max_new_tokens || eos, {}});

@@ -35,10 +35,9 @@ void ReferenceEngine::add(const std::vector<Request>& requests) {
 
 void ReferenceEngine::emit(Running& r, const float* logits, StepResult& out) {
   const int64_t V = model_.config().vocab_size;
-  const SamplingParams& sp = r.req.sampling ? *r.req.sampling : sampling_;
-  const int32_t tok = sample_token(logits, V, sp, r.req.id, uint64_t(r.generated));
+  const int32_t tok = sample_token(logits, V, r.req.sampling_or(sampling_), r.req.id, uint64_t(r.generated));
   // Teacher forcing: the pick is emitted, the forced token is what the sequence continues with.
-  r.last_token = r.req.forced.empty() ? tok : r.req.forced[size_t(r.generated)];
+  r.last_token = r.req.next_input(r.generated, tok);
   ++r.generated;
   const bool eos = r.req.stop_at_eos && tok == model_.config().eos_token_id;
   const bool finished = r.generated >= r.req.max_new_tokens || eos;

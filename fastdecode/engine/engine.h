@@ -32,6 +32,31 @@ struct Request {
   // Record this request's full logits row (fp32 [vocab], as the engine computed them, before sampling)
   // for every generated token, in GeneratedToken::logits. Off = nothing copied, nothing kept.
   bool record_logits = false;
+
+  // The sampling of this request: its own, else the run's.
+  const SamplingParams& sampling_or(const SamplingParams& run) const { return sampling ? *sampling : run; }
+  // The token the sequence continues with after `pick` was its `generated`-th (0-based) generated token:
+  // the pick itself, or the forced one (teacher forcing).
+  int32_t next_input(int64_t generated, int32_t pick) const {
+    return forced.empty() ? pick : forced[size_t(generated)];
+  }
+};
+
+// How a batch's rows are sampled, for engines that sample a batch at once: each row with its request's
+// sampling (else the run's) and (request id, step); the rows whose logits are recorded, in order; and
+// whether every row is greedy.
+struct RowDraws {
+  std::vector<SamplingParams> params;
+  std::vector<uint64_t> ids, steps;
+  std::vector<int32_t> record;
+  bool greedy = true;
+  // Appends the row of request `r`, which has generated `generated` tokens so far.
+  void add(const Request& r, int64_t generated, const SamplingParams& run) {
+    if (r.record_logits) record.push_back(int32_t(params.size()));
+    params.push_back(r.sampling_or(run));
+    greedy = greedy && params.back().greedy();
+    ids.push_back(r.id), steps.push_back(uint64_t(generated));
+  }
 };
 
 struct GeneratedToken {

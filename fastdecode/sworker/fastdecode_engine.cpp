@@ -272,23 +272,17 @@ class FastDecodeEngine : public Engine {
   // else the run's) and records it; the logits rows of the sequences that record them come back with it
   // (none copied when none does). A forced sequence continues with its forced token, not the pick.
   void sample_and_emit(int slot, const std::vector<Sequence*>& seqs, const std::vector<int32_t>& rows, StepResult& out) {
-    std::vector<uint64_t> ids, steps;
-    std::vector<SamplingParams> params;
-    std::vector<int32_t> record;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      const Sequence* s = seqs[i];
-      ids.push_back(s->req.id), steps.push_back(uint64_t(s->generated));
-      params.push_back(s->req.sampling ? *s->req.sampling : sampling_);
-      if (s->req.record_logits) record.push_back(int32_t(i));
-    }
+    RowDraws d;
+    for (const Sequence* s : seqs) d.add(s->req, s->generated, sampling_);
     std::vector<int32_t> tok(seqs.size());
     const size_t V = size_t(cfg_.vocab_size);
-    std::vector<float> recorded(record.size() * V);
-    spart_->sample(slot, rows, params, ids, steps, tok.data(), record, record.empty() ? nullptr : recorded.data());
+    std::vector<float> recorded(d.record.size() * V);
+    spart_->sample(slot, rows, d.params, d.ids, d.steps, tok.data(), d.record,
+                   d.record.empty() ? nullptr : recorded.data());
     size_t next_record = 0;
     for (size_t i = 0; i < seqs.size(); ++i) {
       Sequence& s = *seqs[i];
-      s.last = s.req.forced.empty() ? tok[i] : s.req.forced[size_t(s.generated)];
+      s.last = s.req.next_input(s.generated, tok[i]);
       ++s.generated;
       const bool eos = s.req.stop_at_eos && tok[i] == cfg_.eos_token_id;
       int64_t max_new = s.req.max_new_tokens;
