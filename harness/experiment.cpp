@@ -488,13 +488,9 @@ std::vector<double> arrival_times(const WorkloadConfig& w) {
 }
 
 std::unique_ptr<TensorSource> open_weights(const ExperimentConfig& e) {
-  if (!e.weights.dir.empty()) {
-    // A folder with model.safetensors or a sharded checkpoint (model.safetensors.index.json + shards);
-    // the whole tensor set is checked against the model before anything is loaded.
-    auto src = open_safetensors_source(e.weights.dir);
-    check_tensor_source(e.model, *src);  // checked at parse time too; the files may have changed since
-    return src;
-  }
+  // A folder with model.safetensors or a sharded checkpoint (model.safetensors.index.json + shards). Its
+  // tensor set was checked when the config was parsed; load_model_weights checks it again before reading.
+  if (!e.weights.dir.empty()) return open_safetensors_source(e.weights.dir);
   return make_random_source(e.weights.seed, e.weights.dtype);
 }
 

@@ -72,7 +72,6 @@ int main(int argc, char** argv) {
                             (cfg.position_limit_why.empty() ? std::string(" (max_position_embeddings)")
                                                             : " (" + cfg.position_limit_why + ")"));
     auto src = fd::open_safetensors_source(weights);
-    fd::check_tensor_source(cfg, *src);  // the whole tensor set, before any tensor is read
     fd::ReferenceModel model(fd::load_model_weights(cfg, *src));
     const int64_t seq = model.add_sequence(), V = cfg.vocab_size;
     std::vector<fd::RefToken> batch;
