@@ -11,10 +11,15 @@ Reads the JSON under --artifacts (default artifacts/sworker/gpu-machine; see its
   fig11_per_step_latency.png  step_ms per step: of fd-sim output folders under --sim-dir (MODELLED), else of
                               the e2e FastDecode runs (e2e/*/steps.jsonl)
 
+With --baselines DIR (run folders <balance>/<model>/<engine>-b<B>/, see analysis/fig_baselines.py), also:
+
+  fig9_baselines_throughput.png  (fig9b) decode tokens/s vs batch, every engine, with the paper's stated numbers
+  fig10_token_latency.png        (fig10) token latency mean / p1 / p50 / p99 per engine and batch
+
 Prints one line per file written and "skipped figN: why" for a figure whose inputs are missing; exits 0
 if at least one figure was written, 1 otherwise.
 
-usage: analysis/figures.py --out DIR [--artifacts DIR] [--sim-dir DIR]
+usage: analysis/figures.py --out DIR [--artifacts DIR] [--sim-dir DIR] [--baselines DIR [--published FILE]]
 """
 import argparse
 import glob
@@ -30,6 +35,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 from fd_runs import decode_steps  # noqa: E402
+import fig_baselines  # noqa: E402
 
 DPI = 120
 CAPTION_SIZE = 7.5
@@ -486,16 +492,32 @@ def fig11(a, written):
 FIGURES = (("fig3", fig3), ("fig9", fig9), ("fig15", fig15), ("fig13", fig13), ("fig11", fig11))
 
 
+def baseline_figure(fn):
+    """A figure of analysis/fig_baselines.py, its Skip reported as this module's."""
+    def draw(a, written):
+        try:
+            fn(a, written)
+        except fig_baselines.Skip as e:
+            raise Skip(str(e))
+    return draw
+
+
+# Drawn when --baselines is given (every baseline engine's run folders).
+BASELINE_FIGURES = (("fig9b", baseline_figure(fig_baselines.fig9)), ("fig10", baseline_figure(fig_baselines.fig10)))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifacts", default="artifacts/sworker/gpu-machine",
                     help="folder with spart_*.json, e2e.json, validation.json, e2e/*/ (default: %(default)s)")
     ap.add_argument("--out", required=True, help="folder for the PNGs (created)")
     ap.add_argument("--sim-dir", help="folder of fd-sim output folders (each with steps.jsonl and summary.json) for fig11")
+    ap.add_argument("--baselines", help="root of the baseline run folders for fig9b / fig10 (e.g. artifacts/baselines)")
+    ap.add_argument("--published", default=fig_baselines.DEFAULT_PUBLISHED, help="the paper's numbers for fig9b / fig10")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     written = []
-    for name, fn in FIGURES:
+    for name, fn in FIGURES + (BASELINE_FIGURES if a.baselines else ()):
         try:
             fn(a, written)
         except Skip as e:

@@ -8,7 +8,10 @@
 #include <set>
 
 #include "baselines/gpu_only/gpu_only_engine.h"
+#include "baselines/host_offload/host_offload_engine.h"
+#include "baselines/paged_swap/paged_swap_engine.h"
 #include "baselines/reference/reference_engine.h"
+#include "baselines/vanilla/vanilla_engine.h"
 #include "fastdecode/sworker/fastdecode_engine.h"
 
 namespace fd {
@@ -34,6 +37,9 @@ const std::vector<EngineEntry>& engines() {
       entry<ReferenceEngineConfig>("reference", make_reference_engine),
       entry<FastDecodeConfig>("fastdecode", make_fastdecode_engine),
       entry<GpuOnlyConfig>("gpu-only", make_gpu_only_engine),
+      entry<PagedSwapConfig>("paged-swap", make_paged_swap_engine),
+      entry<VanillaConfig>("vanilla", make_vanilla_engine),
+      entry<HostOffloadConfig>("host-offload", make_host_offload_engine),
   };
   return table;
 }

@@ -210,6 +210,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   int64_t step = 0, engine_steps = 0, out_tokens = 0;
   std::vector<double> step_ms;
   std::map<std::string, double> breakdown_total;
+  std::map<std::string, int64_t> counts_total, steps_with_counts;  // StepResult::counts: sum, steps where > 0
   while (!sched.done()) {
     // Nothing running and nothing arrived yet: wait (wall clock) for the next arrival.
     if (sched.running() == 0 && sched.arrived(double(now_ns() - t0) / 1e9) == 0) {
@@ -274,6 +275,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
     out_tokens += int64_t(r.tokens.size());
     const double ms = double(s1 - s0) / 1e6;
     for (const auto& [k, v] : r.breakdown_ms) breakdown_total[k] += v;
+    for (const auto& [k, v] : r.counts) counts_total[k] += v, steps_with_counts[k] += v > 0;
     step_ms.push_back(ms);
     json phases = json::object();
     for (const auto& sp : r.spans) {
@@ -282,20 +284,21 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
     }
     // "step" counts engine steps (one line each); "sched_step" is the scheduler's step index, which
     // also advances over idle steps (nothing running, waiting for a slot or an arrival).
-    const json rec = {{"step", engine_steps},
-                      {"sched_step", step},
-                      {"start_ms", double(s0 - t0) / 1e6},
-                      {"step_ms", ms},
-                      {"running", r.tokens.size()},
-                      {"new_tokens", r.tokens.size()},
-                      {"finished", finished},
-                      {"admitted", start.size()},
-                      {"queued", sched.queued()},
-                      {"prefill_tokens", r.prefill_tokens},
-                      {"decode_tokens", r.decode_tokens},
-                      {"total_context", r.total_context},
-                      {"phases_ms", phases},
-                      {"breakdown_ms", r.breakdown_ms}};
+    json rec = {{"step", engine_steps},
+                {"sched_step", step},
+                {"start_ms", double(s0 - t0) / 1e6},
+                {"step_ms", ms},
+                {"running", r.tokens.size()},
+                {"new_tokens", r.tokens.size()},
+                {"finished", finished},
+                {"admitted", start.size()},
+                {"queued", sched.queued()},
+                {"prefill_tokens", r.prefill_tokens},
+                {"decode_tokens", r.decode_tokens},
+                {"total_context", r.total_context},
+                {"phases_ms", phases},
+                {"breakdown_ms", r.breakdown_ms}};
+    if (!r.counts.empty()) rec["counts"] = r.counts;
     trace.event("harness", "step " + std::to_string(engine_steps), s0, s1 - s0,
                 {{"tokens", r.tokens.size()}, {"total_context", r.total_context}});
     steps_out << rec.dump() << "\n";
@@ -388,6 +391,10 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   json bd = json::object();
   for (const auto& [k, v] : breakdown_total) bd[k] = engine_steps > 0 ? v / double(engine_steps) : 0.0;
   results["step_breakdown_ms_mean"] = bd;
+  if (!counts_total.empty()) {  // engine event counts (StepResult::counts), when the engine reports any
+    results["counts_total"] = counts_total;
+    results["steps_with_counts"] = steps_with_counts;
+  }
   json model = {{"name", e.model.name}, {"arch", arch_name(e.model.arch)}, {"layers", e.model.num_layers},
                 {"full_layers", e.model.full_num_layers}, {"params", e.model.num_params()},
                 {"weights", weights->describe()}};

@@ -10,6 +10,7 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev libopenblas-dev                  # R-worker transport, CPU S-Part backend
   python3 python3-numpy python3-pytest python3-matplotlib # NumPy reference, pytest, figures
   clang libclang-rt-14-dev                                # the libFuzzer target (ASan/UBSan) in ctest
+  libtorch-dev                                            # the vanilla baseline (LibTorch 1.13, CPU)
 )
 
 missing=()

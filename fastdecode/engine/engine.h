@@ -82,6 +82,9 @@ struct StepResult {
   std::vector<Span> spans;
   // Where the step's time went, by name (ms), e.g. s_compute, r_wait, r_compute_max (engine-defined).
   std::map<std::string, double> breakdown_ms;
+  // Engine-defined event counts of the step, e.g. swap_out_bytes, preempted_swap (paged-swap); the harness
+  // writes them per step and sums them per run. Empty = nothing to count.
+  std::map<std::string, int64_t> counts;
 };
 
 // How much an engine can hold, for the harness's admission: typed, so the harness needs to know nothing

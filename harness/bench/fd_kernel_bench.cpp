@@ -7,12 +7,18 @@
 //                 pair); ceiling: fma_ceiling, fp32 FMAs on registers. Counters: FLOP/s, ratio.
 //   sampling/...  cuda::sample_rows (full vocabulary, top-p 0.9, top-k 40 + top-p 0.9); ceiling: one read
 //                 of the logits (every setting reads them at least once). Counters: rows/s, ratio.
+//   balance/...   what a green context of N SMs (hardware-balance emulation, hardware.gpu.sm_count) can do:
+//                 read_ceiling over 2 GiB (HBM read rate) and an fp16 8192^3 cuBLAS GEMM with fp32
+//                 accumulation (tensor-core rate), per SM count, next to the same at all SMs. Counters:
+//                 bytes/s or FLOP/s, fraction_of_device. Names which SM count matches a GPU such as the
+//                 paper's A10 (125 TFLOP/s fp16 dense, 600 GB/s).
 // Times are CUDA events around one call per iteration (UseManualTime), after a warm-up call.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -23,7 +29,9 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/ceilings.h"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/green_context.h"
 #include "kernels/cuda/sampling.h"
+#include "harness/bench/cuda_timing.h"
 
 namespace {
 
@@ -230,14 +238,81 @@ void register_sampling() {
   }
 }
 
+// Each SM count's rates, timed on a stream of its own green context; the whole device (registered first, so
+// it runs first) is the reference of fraction_of_device.
+void register_balance(const std::vector<int>& sm_counts) {
+  const size_t read_bytes = size_t(2) << 30;
+  const int n = 8192;
+  auto buf = std::make_shared<std::shared_ptr<DeviceBuffer<uint8_t>>>();
+  auto mats = std::make_shared<std::shared_ptr<DeviceBuffer<__half>>>();
+  auto whole = std::make_shared<std::map<std::string, double>>();  // rate at all SMs, per kind
+  std::vector<int> counts = {0};
+  counts.insert(counts.end(), sm_counts.begin(), sm_counts.end());
+  for (const int sm : counts) {
+    const std::string tag = sm > 0 ? "sm" + std::to_string(sm) : "all";
+    benchmark::RegisterBenchmark(("balance/read/" + tag).c_str(), [=](benchmark::State& st) {
+      if (!*buf) {
+        *buf = std::make_shared<DeviceBuffer<uint8_t>>(read_bytes);
+        CUDA_CHECK(cudaMemset((*buf)->get(), 0x3C, read_bytes));
+      }
+      fd::cuda::SmLimitedStreams g(sm, 1);
+      double total = 0;
+      for (auto _ : st) {
+        const double ms = fd::cuda_ms_per_call(g.stream(0), 3, [&] {
+          fd::cuda::read_ceiling((*buf)->get(), read_bytes, g_sink->get(), g.stream(0));
+        });
+        st.SetIterationTime(ms * 1e-3);
+        total += ms * 1e-3;
+      }
+      const double rate = double(read_bytes) / fd::bench::seconds_per_iteration(st, total);
+      if (sm == 0) (*whole)["read"] = rate;
+      st.counters["sm_count"] = g.sm_count();
+      st.counters["bytes_per_second"] = rate;
+      if (whole->count("read")) st.counters["fraction_of_device"] = rate / whole->at("read");
+    })->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+    benchmark::RegisterBenchmark(("balance/gemm_fp16/" + tag).c_str(), [=](benchmark::State& st) {
+      if (!*mats) {
+        *mats = std::make_shared<DeviceBuffer<__half>>(size_t(3) * n * n);
+        CUDA_CHECK(cudaMemset((*mats)->get(), 0, size_t(3) * n * n * 2));
+      }
+      fd::cuda::SmLimitedStreams g(sm, 1);
+      cublasHandle_t h;
+      CUBLAS_CHECK(cublasCreate(&h));
+      CUBLAS_CHECK(cublasSetStream(h, g.stream(0)));
+      if (g.limited()) CUBLAS_CHECK(cublasSetSmCountTarget(h, g.sm_count()));
+      const float one = 1, zero = 0;
+      __half* a = (*mats)->get();
+      double total = 0;
+      for (auto _ : st) {
+        const double ms = fd::cuda_ms_per_call(g.stream(0), 3, [&] {
+          CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16F, n, a + size_t(n) * n,
+                                    CUDA_R_16F, n, &zero, a + 2 * size_t(n) * n, CUDA_R_16F, n, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT));
+        });
+        st.SetIterationTime(ms * 1e-3);
+        total += ms * 1e-3;
+      }
+      cublasDestroy(h);
+      const double rate = 2.0 * n * double(n) * n / fd::bench::seconds_per_iteration(st, total);
+      if (sm == 0) (*whole)["gemm"] = rate;
+      st.counters["sm_count"] = g.sm_count();
+      st.counters["flop_per_second"] = rate;
+      if (whole->count("gemm")) st.counters["fraction_of_device"] = rate / whole->at("gemm");
+    })->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"GPU kernels (decode and prefill attention, sampling) next to their same-run ceilings (Google Benchmark)"};
   app.name("fd-kernel-bench");
   std::vector<std::string> only = {"decode", "prefill", "sampling"};
-  app.add_option("--only", only, "Which groups: decode, prefill, sampling")
-      ->check(CLI::IsMember({"decode", "prefill", "sampling"}))
+  app.add_option("--only", only, "Which groups: decode, prefill, sampling, balance (not run by default)")
+      ->check(CLI::IsMember({"decode", "prefill", "sampling", "balance"}))
+      ->capture_default_str();
+  std::vector<int> sm_counts = {8, 16, 24, 32, 48, 64};
+  app.add_option("--sm-counts", sm_counts, "balance: the SM counts measured (green contexts), besides the whole device")
       ->capture_default_str();
   return fd::bench::bench_main(argc, argv, app, [&] {
     const auto probe = fd::cuda_probe();
@@ -248,6 +323,7 @@ int main(int argc, char** argv) {
       if (g == "decode") register_decode();
       if (g == "prefill") register_prefill();
       if (g == "sampling") register_sampling();
+      if (g == "balance") register_balance(sm_counts);
     }
   });
 }

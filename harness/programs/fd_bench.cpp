@@ -1,7 +1,8 @@
 // fd-bench: runs experiment configs and writes a run folder (summary.json, steps.jsonl, trace.json,
-// requests.jsonl).
+// requests.jsonl); `workload` writes a config's requests as JSONL for drivers outside the harness.
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include "fastdecode/sched/perf_model.h"
 #include "fastdecode/core/cli_main.h"
@@ -9,6 +10,35 @@
 #include "harness/provenance.h"
 #include "harness/profile.h"
 #include "harness/runner.h"
+
+// fd-bench workload: the requests exactly as run_experiment makes them (make_requests + arrival_times),
+// checked as `run` checks them, one JSON object per line.
+static int write_workload(const fd::ExperimentConfig& e, const std::string& out) {
+  const std::vector<fd::Request> requests = fd::make_requests(e.workload, e.model, e.sampling);
+  const std::vector<double> arrivals = fd::arrival_times(e.workload);
+  std::string text;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const fd::Request& r = requests[i];
+    fd::validate_request(r, e.model);
+    fd::json line = {{"id", r.id}, {"arrival_s", arrivals[i]}, {"prompt", r.prompt}, {"gen_len", r.max_new_tokens},
+                     {"stop_at_eos", r.stop_at_eos}};
+    if (r.sampling)
+      line["sampling"] = {{"temperature", r.sampling->temperature}, {"top_k", r.sampling->top_k},
+                          {"top_p", r.sampling->top_p}, {"seed", r.sampling->seed}};
+    if (!r.forced.empty()) line["forced"] = r.forced;
+    text += line.dump() + "\n";
+  }
+  if (out.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+  }
+  std::ofstream f(out, std::ios::trunc);
+  if (!f) throw fd::ConfigError(out + ": cannot open for writing");
+  f << text;
+  if (!f.flush()) FD_THROW(out << ": write failed");
+  std::fprintf(stderr, "fd-bench: %s: wrote %zu requests to %s\n", e.name.c_str(), requests.size(), out.c_str());
+  return 0;
+}
 
 int main(int argc, char** argv) {
   CLI::App app{"fd-bench: run FastDecode experiment configs (see docs/EXPERIMENTS.md)", "fd-bench"};
@@ -59,7 +89,21 @@ int main(int argc, char** argv) {
   profile->add_option("--context", prof_context, "Context per sequence for R")->capture_default_str()->check(CLI::PositiveNumber);
   profile->add_option("--reps", prof_reps, "Repetitions (median)")->capture_default_str()->check(CLI::PositiveNumber);
   profile->add_option("--out", prof_out, "profile.json to write")->required();
+  // workload: the requests `run` would make, as JSONL, for drivers outside the harness (baselines/hf).
+  std::string wl_config, wl_out;
+  std::vector<std::string> wl_sets;
+  CLI::App* workload = app.add_subcommand(
+      "workload",
+      "Write the requests `run` would make for a config as JSONL, one line each: {\"id\", \"arrival_s\", \"prompt\", "
+      "\"gen_len\", \"stop_at_eos\", \"sampling\" (only when the request has its own), \"forced\" (only when "
+      "teacher-forced)}, in id order");
+  workload->add_option("config", wl_config, "Experiment config (JSON)")->required();
+  workload->add_option("--set", wl_sets, "KEY.PATH=VALUE: as `fd-bench run --set` (repeatable, applied in order)")
+      ->take_all()
+      ->allow_extra_args(false);
+  workload->add_option("-o,--out", wl_out, "JSONL file to write (default: stdout)");
   return fd::guarded_main(app, argc, argv, [&]() {
+    if (*workload) return write_workload(fd::load_experiment(wl_config, wl_sets), wl_out);
     if (*profile) {
       const fd::json prof = fd::measure_profile(fd::load_model_config(prof_model), prof_batches, prof_dtypes,
                                                 prof_context, int(prof_reps), prof_backend, int(prof_r_threads),

@@ -69,6 +69,9 @@ struct DecodeArgs {
   float* out;
   float* ws_acc;  // [B, Hq, S, D]
   float* ws_ml;   // [B, Hq, S, 2]: max (log2 domain), sum
+  const int32_t* block_tables;  // paged layout: [B, max_blocks] (Paged kernels only)
+  int block_size;
+  int64_t max_blocks;
 };
 
 __device__ __forceinline__ int seq_len(const int32_t* lens, int b, int64_t max_ctx) {
@@ -88,7 +91,9 @@ __device__ __forceinline__ void h8_to_f32(const uint4& u, float (&f)[8]) {
   }
 }
 
-template <int D, int GT>
+// Paged: rows are found through the block table (one lookup per row); the contiguous instantiation is
+// the code as it was, unchanged.
+template <int D, int GT, bool Paged>
 __global__ void __launch_bounds__(kDecThreads) decode_split_kernel(const DecodeArgs a) {
   constexpr int TPR = D <= 32 ? 4 : D <= 64 ? 8 : D <= 128 ? 16 : 32;  // lanes per row (power of two)
   constexpr int NG = kDecThreads / TPR;                                  // row groups per block
@@ -115,9 +120,10 @@ __global__ void __launch_bounds__(kDecThreads) decode_split_kernel(const DecodeA
   const int tid = threadIdx.x, grp = tid / TPR, lane = tid % TPR;
   const bool active = lane * 8 < D;  // D = 96, 160, 192, 224: the top lanes of a group idle
   const int64_t rs = int64_t(a.Hkv) * D;  // elements between consecutive positions
-  const int64_t base_off = (int64_t(a.slots[b]) * a.max_ctx * a.Hkv + kvh) * D + lane * 8;
+  const int64_t base_off = Paged ? int64_t(kvh) * D + lane * 8 : (int64_t(a.slots[b]) * a.max_ctx * a.Hkv + kvh) * D + lane * 8;
   const __half* kp = a.k + base_off;
   const __half* vp = a.v + base_off;
+  const int32_t* table = Paged ? a.block_tables + int64_t(b) * a.max_blocks : nullptr;
 
   float qv[GT][8], acc[GT][8], m[GT], l[GT];
 #pragma unroll
@@ -147,8 +153,10 @@ __global__ void __launch_bounds__(kDecThreads) decode_split_kernel(const DecodeA
       valid[r] = t < end;
       kr[r] = vr[r] = make_uint4(0u, 0u, 0u, 0u);
       if (valid[r] && active) {
-        kr[r] = __ldg(reinterpret_cast<const uint4*>(kp + int64_t(t) * rs));
-        vr[r] = __ldg(reinterpret_cast<const uint4*>(vp + int64_t(t) * rs));
+        int64_t row = t;
+        if constexpr (Paged) row = int64_t(__ldg(table + t / a.block_size)) * a.block_size + t % a.block_size;
+        kr[r] = __ldg(reinterpret_cast<const uint4*>(kp + row * rs));
+        vr[r] = __ldg(reinterpret_cast<const uint4*>(vp + row * rs));
       }
     }
     float s[R][GT];
@@ -272,26 +280,27 @@ __global__ void decode_combine_kernel(const int32_t* lens, int64_t max_ctx, int 
 
 using DecodeKernel = void (*)(DecodeArgs);
 
-template <int D>
+template <int D, bool Paged>
 DecodeKernel decode_kernel_for_group(int GT) {
   switch (GT) {
-    case 1: return decode_split_kernel<D, 1>;
-    case 2: return decode_split_kernel<D, 2>;
-    case 4: return decode_split_kernel<D, 4>;
-    default: return decode_split_kernel<D, 8>;
+    case 1: return decode_split_kernel<D, 1, Paged>;
+    case 2: return decode_split_kernel<D, 2, Paged>;
+    case 4: return decode_split_kernel<D, 4, Paged>;
+    default: return decode_split_kernel<D, 8, Paged>;
   }
 }
 
+template <bool Paged>
 DecodeKernel decode_kernel_for(int D, int GT) {
   switch (D) {
-    case 32: return decode_kernel_for_group<32>(GT);
-    case 64: return decode_kernel_for_group<64>(GT);
-    case 96: return decode_kernel_for_group<96>(GT);
-    case 128: return decode_kernel_for_group<128>(GT);
-    case 160: return decode_kernel_for_group<160>(GT);
-    case 192: return decode_kernel_for_group<192>(GT);
-    case 224: return decode_kernel_for_group<224>(GT);
-    default: return decode_kernel_for_group<256>(GT);
+    case 32: return decode_kernel_for_group<32, Paged>(GT);
+    case 64: return decode_kernel_for_group<64, Paged>(GT);
+    case 96: return decode_kernel_for_group<96, Paged>(GT);
+    case 128: return decode_kernel_for_group<128, Paged>(GT);
+    case 160: return decode_kernel_for_group<160, Paged>(GT);
+    case 192: return decode_kernel_for_group<192, Paged>(GT);
+    case 224: return decode_kernel_for_group<224, Paged>(GT);
+    default: return decode_kernel_for_group<256, Paged>(GT);
   }
 }
 
@@ -516,7 +525,13 @@ void decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
   const float* q = p.q;
   const __half *k_cache = p.k_cache, *v_cache = p.v_cache;
   const int32_t *slots = p.slots, *lens = p.lens;
-  const int64_t B = p.B, max_ctx = p.max_ctx;
+  const bool paged = p.block_tables != nullptr;
+  const int64_t B = p.B;
+  if (paged && (p.block_size <= 0 || p.max_blocks <= 0))
+    FD_THROW("decode_attention: paged layout with block_size " << p.block_size << " and max_blocks " << p.max_blocks
+                                                               << " (both must be positive)");
+  // Paged: sequences reach at most max_blocks * block_size positions (the clamp and the split plan).
+  const int64_t max_ctx = paged ? p.max_blocks * int64_t(p.block_size) : p.max_ctx;
   const int Hq = p.Hq, Hkv = p.Hkv, D = p.D;
   float *out = p.out, *workspace = p.workspace;
   if (B <= 0) return;
@@ -531,9 +546,9 @@ void decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
                                                   << " floats is required");
   const size_t acc_floats = size_t(B) * size_t(Hq) * size_t(plan.splits) * size_t(D);
   DecodeArgs a{q,  k_cache, v_cache, slots, lens, max_ctx, Hq, Hkv, G, HC, plan.chunk, exp2_scale(D), out,
-               workspace, workspace ? workspace + acc_floats : nullptr};
+               workspace, workspace ? workspace + acc_floats : nullptr, p.block_tables, p.block_size, p.max_blocks};
   const dim3 grid(unsigned(Hkv * HC), unsigned(plan.splits), unsigned(B));
-  decode_kernel_for(D, GT)<<<grid, kDecThreads, 0, s>>>(a);
+  (paged ? decode_kernel_for<true>(D, GT) : decode_kernel_for<false>(D, GT))<<<grid, kDecThreads, 0, s>>>(a);
   check_launch("decode_attention");
   if (plan.splits > 1) {
     decode_combine_kernel<<<dim3(unsigned(Hq), unsigned(B)), 128, 0, s>>>(lens, max_ctx, Hq, D, plan.splits, plan.chunk,

@@ -21,6 +21,12 @@ namespace fd::cuda {
 // enough for any call with B <= B_max sequences and any Hkv; it may be null when that size is 0.
 // B <= 65535.
 //
+// Paged layout (vLLM's PagedAttention; block_tables non-null): the caches are [num_blocks * block_size,
+// Hkv, D] and position t of sequence b is physical row block_tables[b * max_blocks + t / block_size] *
+// block_size + t % block_size; slots and max_ctx are ignored, lens are clamped to [0, max_blocks *
+// block_size], and the workspace is sized with max_ctx = max_blocks * block_size. block_tables: [B,
+// max_blocks] int32 device (entries past a sequence's length are not read).
+//
 // Flash-decoding: grid (kv head x query-head chunk, split, b); a block reads a contiguous chunk of its
 // sequence's K/V rows once for all (up to 8) query heads of its group, 16-byte loads, online softmax;
 // a sequence split in several chunks leaves partials (max, sum, acc[D]) that a combine kernel merges.
@@ -34,6 +40,9 @@ struct DecodeAttentionParams {
   int Hq = 0, Hkv = 0, D = 0;
   float* out = nullptr;              // [B, Hq*D] fp32
   float* workspace = nullptr;        // decode_attention_workspace_floats(...) floats, or null when that is 0
+  const int32_t* block_tables = nullptr;  // [B, max_blocks] device: the paged layout; null = contiguous slots
+  int block_size = 0;                // tokens per block (paged layout)
+  int64_t max_blocks = 0;            // block-table row stride (paged layout)
 };
 void decode_attention(const DecodeAttentionParams& p, cudaStream_t s);
 size_t decode_attention_workspace_floats(int64_t B_max, int Hq, int D, int64_t max_ctx);

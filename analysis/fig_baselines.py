@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""Figs. 9 and 10 with every baseline: decode throughput vs batch, and the token-latency distribution.
+
+Input layout (one run folder per engine and batch, as fd-bench run or baselines/hf/run_hf.py writes it):
+
+    artifacts/baselines/<balance>/<model>/[<window>/]<engine>-b<B>/summary.json
+                                                                  /steps.jsonl
+
+  <balance>  "full" (the whole H200) or "a10" (the A10-like emulation: hardware.gpu.memory_gb / sm_count);
+             any other folder name is drawn under its own name
+  <model>    our model config's name (llama-2-7b, llama-3-8b, ...)
+  <engine>   fastdecode | gpu-only | paged-swap | vanilla | host-offload | hf-transformers (summary.json's
+             "engine" must say the same, else the folder is left out with a printed reason)
+             ("hf" is read as hf-transformers, as scripts/baselines-bench.sh names those folders)
+  <B>        the batch the run was configured with (schedule batch, slots, --batch-size): the x axis of Fig. 9
+  <window>   optional (scripts/baselines-bench.sh writes one): Fig. 9 draws the "steady" runs (steady-state
+             decode windows), Fig. 10 the "life" runs (a sequence's whole life); without that window, the runs
+             with no window level (else the first window, printed)
+
+Drawn from steps.jsonl: the decode-only steps (analysis/fd_runs.py: no prompt tokens that step) give the decode
+throughput (decode tokens / their wall time) and the token latency (their step_ms: mean, p1, p50, p99).
+paged-swap steps that moved KV blocks (steps.jsonl "counts" swap_out_bytes / swap_in_bytes > 0, or breakdown_ms
+swap_out_ms / swap_in_ms > 0) are marked one by one in Fig. 10.
+
+The paper's numbers (experiments/paper/published.json: stated in its text, or derived from those by arithmetic;
+its curves were not digitised) are drawn on an axis of their own, each as an unjoined marker labelled
+"paper, A10+Epyc", in the row of the model with the paper model's shapes. An engine without a run folder is
+printed and written in its panel as "not measured", never drawn.
+
+  fig9_baselines_throughput.png   Fig. 9: decode tokens/s vs B, one series per engine, per model x balance
+  fig10_token_latency.png         Fig. 10: per engine and B, mean / p1 / p50 / p99 token latency
+
+usage: analysis/fig_baselines.py --out DIR [--baselines artifacts/baselines] [--published experiments/paper/published.json]
+(analysis/figures.py draws both too, as fig9b and fig10.)
+"""
+import argparse
+import json
+import os
+import re
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fd_runs import decode_steps, decode_tokens_per_s  # noqa: E402
+
+ENGINES = ("fastdecode", "gpu-only", "paged-swap", "vanilla", "host-offload", "hf-transformers")
+STYLE = {"fastdecode": ("tab:blue", "o"), "gpu-only": ("tab:orange", "s"), "paged-swap": ("tab:green", "^"),
+         "vanilla": ("tab:red", "v"), "host-offload": ("tab:purple", "P"), "hf-transformers": ("tab:brown", "X")}
+BALANCES = {"full": "full H200", "a10": "A10-like"}
+PAPER = "paper, A10+Epyc"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_PUBLISHED = os.path.join(REPO, "experiments", "paper", "published.json")
+FOLDER = re.compile(r"^(?P<engine>[a-z0-9-]+)-b(?P<B>[0-9]+)$")
+ALIASES = {"hf": "hf-transformers"}  # scripts/baselines-bench.sh names the transformers runs hf-b<B>
+WINDOWS = {"fig9b": "steady", "fig10": "life"}
+DPI = 120
+
+
+class Skip(Exception):
+    """A figure's inputs are missing; the message says why."""
+
+
+def is_swap_step(st):
+    c, b = st.get("counts") or {}, st.get("breakdown_ms") or {}
+    return any(c.get(k, 0) > 0 for k in ("swap_out_bytes", "swap_in_bytes")) or \
+        any(b.get(k, 0) > 0 for k in ("swap_out_ms", "swap_in_ms"))
+
+
+def subdirs(d):
+    return sorted(n for n in os.listdir(d) if os.path.isdir(os.path.join(d, n))) if os.path.isdir(d) else []
+
+
+def run_folders(root):
+    """(balance, model, window, engine, B, path) of every <balance>/<model>/[<window>/]<engine>-b<B>/ folder."""
+    if not os.path.isdir(root):
+        raise Skip("%s not found (layout: <balance>/<model>/[<window>/]<engine>-b<B>/, see analysis/fig_baselines.py)" % root)
+    out = []
+    for bal in subdirs(root):
+        for model in subdirs(os.path.join(root, bal)):
+            mdir = os.path.join(root, bal, model)
+            for name in subdirs(mdir):
+                inner = subdirs(os.path.join(mdir, name))
+                if FOLDER.match(name):
+                    cands = [("", name, os.path.join(mdir, name))]
+                elif any(FOLDER.match(n) for n in inner):  # a window level
+                    cands = [(name, n, os.path.join(mdir, name, n)) for n in inner]
+                else:
+                    print("fig_baselines: %s: neither <engine>-b<B> nor a window folder of them, left out" % os.path.join(mdir, name))
+                    continue
+                for window, n, d in cands:
+                    m = FOLDER.match(n)
+                    if not m:
+                        print("fig_baselines: %s: not <engine>-b<B>, left out" % d)
+                        continue
+                    out.append((bal, model, window, ALIASES.get(m["engine"], m["engine"]), int(m["B"]), d))
+    return out
+
+
+def load_run(engine, d):
+    """What the figures draw of one run folder, or None (printed why)."""
+    sp, tp = os.path.join(d, "summary.json"), os.path.join(d, "steps.jsonl")
+    if not (os.path.isfile(sp) and os.path.isfile(tp)):
+        print("fig_baselines: %s: no summary.json + steps.jsonl, left out" % d)
+        return None
+    try:
+        s = json.load(open(sp))
+        steps = [json.loads(line) for line in open(tp) if line.strip()]
+    except ValueError as e:
+        print("fig_baselines: %s: not valid JSON (%s), left out" % (d, e))
+        return None
+    eng = s.get("engine")
+    eng = eng.get("type") if isinstance(eng, dict) else eng
+    if eng != engine:
+        print("fig_baselines: %s: summary.json says engine %r, the folder %r; left out" % (d, eng, engine))
+        return None
+    dec = decode_steps(steps)
+    if not dec:
+        print("fig_baselines: %s: no decode-only step, left out" % d)
+        return None
+    lat = [x["step_ms"] for x in dec]
+    return {"dir": d, "summary": s, "tok_s": decode_tokens_per_s(dec),
+            "mean_batch": sum(x["decode_tokens"] for x in dec) / len(dec),
+            "lat": {"mean": float(np.mean(lat)), "p1": float(np.percentile(lat, 1)),
+                    "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99))},
+            "swap_ms": [x["step_ms"] for x in dec if is_swap_step(x)]}
+
+
+def load_runs(root, window):
+    """({(balance, model): {engine: {B: run}}}, the window used): the runs of `window` ("steady" for Fig. 9,
+    "life" for Fig. 10) when there are any, else those without a window level, else the first window."""
+    folders = run_folders(root)
+    windows = sorted({f[2] for f in folders})
+    use = window if window in windows else ("" if "" in windows else (windows[0] if windows else None))
+    if any(windows) and use != window:
+        print("fig_baselines: no %s/ window under %s; drawing %s" % (window, root, ("window " + use) if use else "the runs without a window"))
+    runs = {}
+    for bal, model, w, engine, B, d in folders:
+        if w == use:
+            r = load_run(engine, d)
+            if r:
+                runs.setdefault((bal, model), {}).setdefault(engine, {})[B] = r
+    if not runs:
+        raise Skip("no run folder <balance>/<model>/[<window>/]<engine>-b<B>/ with summary.json + steps.jsonl under %s" % root)
+    return runs, use
+
+
+def load_published(path):
+    try:
+        doc = json.load(open(path, encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        print("fig_baselines: %s unreadable (%s): no paper marks" % (path, e))
+        return {"entries": [], "model_shapes": {}}
+    return doc
+
+
+def paper_marks(doc, figure, unit, model):
+    """published.json entries of a figure and unit whose paper model has our `model`'s shapes."""
+    shapes = doc.get("model_shapes", {})
+    return [e for e in doc["entries"] if e["figure"] == figure and e["unit"] == unit and shapes.get(e["model"]) == model]
+
+
+def mark_label(e):
+    b = {"lower": "> ", "upper": "< "}.get(e["bound"], "")
+    return "%s: %s %s%s, %s%g %s (%s)" % (PAPER, e["system"], e["model"], ", B=%d" % e["batch"] if e["batch"] else "",
+                                          b, e["value"], e["unit"], e["kind"])
+
+
+def draw_paper(ax, doc, figure, unit, model):
+    marks = paper_marks(doc, figure, unit, model)
+    ax.set_title("%s (text numbers; curves not digitised)" % PAPER, fontsize=8)
+    ax.set_xticks([])
+    if not marks:
+        ax.text(0.5, 0.5, "no published %s\nfor %s" % (unit, model), ha="center", va="center", transform=ax.transAxes, fontsize=8)
+        return
+    for i, e in enumerate(marks):
+        ax.plot([i], [e["value"]], "*" if e["kind"] == "stated" else "D", ms=11 if e["kind"] == "stated" else 7, linestyle="none",
+                color="black" if e["system"] == "FastDecode" else "0.55", label=mark_label(e))
+        ax.annotate("%s\n%s%g" % (e["system"], {"lower": ">", "upper": "<"}.get(e["bound"], ""), e["value"]), (i, e["value"]),
+                    textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7)
+    ax.set_xlim(-0.8, len(marks) - 0.2)
+    ax.set_yscale("log")
+    vals = [e["value"] for e in marks]
+    ax.set_ylim(min(vals) / 2.5, max(vals) * 2.5)
+    ax.set_ylabel("%s (paper: full depth, A10 + Epyc)" % unit, fontsize=8)
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.03))
+
+
+def panels(runs):
+    models = sorted({m for _, m in runs})
+    bals = sorted({b for b, _ in runs}, key=lambda b: (b != "full", b != "a10", b))
+    return models, bals
+
+
+def balance_label(bal, engines):
+    hw = {}
+    for by_b in engines.values():
+        for r in by_b.values():
+            hw = r["summary"].get("config", {}).get("hardware", {}).get("gpu", {}) or hw
+    extra = " (%s GB, %s SMs)" % (hw.get("memory_gb"), hw.get("sm_count")) if hw.get("sm_count") else ""
+    return BALANCES.get(bal, bal) + extra
+
+
+def missing_engines(runs, fig, models, bals):
+    out = {}
+    for m in models:
+        for b in bals:
+            miss = [e for e in ENGINES if e not in runs.get((b, m), {})]
+            out[(b, m)] = miss
+            if miss:
+                print("%s: %s / %s: not measured: %s" % (fig, BALANCES.get(b, b), m, ", ".join(miss)))
+    return out
+
+
+def grid(models, bals):
+    fig, axes = plt.subplots(len(models), len(bals) + 1, figsize=(5.2 * len(bals) + 3.6, 4.6 * len(models) + 1.2),
+                             squeeze=False, gridspec_kw={"width_ratios": [3] * len(bals) + [2]})
+    return fig, axes
+
+
+def finish(fig, out, name, written, caption):
+    fig.text(0.01, 0.005, caption, fontsize=7, ha="left", va="bottom", wrap=True, color="0.25")
+    fig.tight_layout(rect=(0, 0.05, 1, 0.96))
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    written.append(path)
+    print("wrote %s" % path)
+
+
+def window_note(window):
+    return ", window %s/" % window if window else ""
+
+
+def fig9(a, written):
+    runs, window = load_runs(a.baselines, WINDOWS["fig9b"])
+    doc = load_published(a.published)
+    models, bals = panels(runs)
+    miss = missing_engines(runs, "fig9b", models, bals)
+    fig, axes = grid(models, bals)
+    for i, m in enumerate(models):
+        for j, b in enumerate(bals):
+            ax = axes[i][j]
+            engines = runs.get((b, m), {})
+            for e in ENGINES:
+                if e not in engines:
+                    continue
+                bs = sorted(engines[e])
+                c, mk = STYLE[e]
+                ax.plot(bs, [engines[e][x]["tok_s"] for x in bs], "-", marker=mk, color=c, label="%s (measured)" % e)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("batch B (configured)")
+            ax.set_ylabel("decode tokens/s (decode-only steps)")
+            ax.set_title("%s, %s" % (m, balance_label(b, engines)), fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+            if miss[(b, m)]:
+                ax.text(0.02, 0.02, "not measured: " + ", ".join(miss[(b, m)]), transform=ax.transAxes, fontsize=7, color="0.3")
+            if engines:
+                ax.legend(fontsize=7, loc="best")
+        draw_paper(axes[i][-1], doc, "Fig. 9", "tokens/s", m)
+    fig.suptitle("Fig. 9: decode throughput vs batch, every engine (measured%s), next to the paper's stated numbers"
+                 % window_note(window), fontsize=12)
+    finish(fig, a.out, "fig9_baselines_throughput.png", written,
+           "Measured: run folders under %s%s (decode tokens / wall time of the decode-only steps; reduced-layer models, so the tokens/s "
+           "are those of the layers run). Paper: %s, its text's numbers on 1 A10 + up to 4 nodes of 2x AMD Epyc, full-depth models: "
+           "a different machine and depth, drawn apart, never joined to measured lines." % (a.baselines, window_note(window),
+                                                                               os.path.relpath(a.published, REPO)))
+
+
+def fig10(a, written):
+    runs, window = load_runs(a.baselines, WINDOWS["fig10"])
+    doc = load_published(a.published)
+    models, bals = panels(runs)
+    miss = missing_engines(runs, "fig10", models, bals)
+    fig, axes = grid(models, bals)
+    for i, m in enumerate(models):
+        for j, b in enumerate(bals):
+            ax = axes[i][j]
+            engines = runs.get((b, m), {})
+            ticks, x = [], 0
+            for e in ENGINES:
+                c, _ = STYLE[e]
+                for bb in sorted(engines.get(e, {})):
+                    r = engines[e][bb]["lat"]
+                    ax.plot([x, x], [r["p1"], r["p99"]], "-", color=c, lw=2.5, solid_capstyle="butt",
+                            label="p1-p99" if x == 0 else None)
+                    ax.plot([x], [r["p50"]], "o", color=c, mfc="white", ms=7, label="p50" if x == 0 else None)
+                    ax.plot([x], [r["mean"]], "D", color="black", ms=4, label="mean" if x == 0 else None)
+                    sw = engines[e][bb]["swap_ms"]
+                    if sw:
+                        ax.plot([x + 0.18] * len(sw), sw, "x", color="red", ms=5, linestyle="none",
+                                label="paged-swap: step that swapped KV blocks (%d)" % len(sw))
+                    ticks.append("%s\nB=%d" % (e, bb))
+                    x += 1
+            ax.set_xticks(range(len(ticks)))
+            ax.set_xticklabels(ticks, fontsize=6.5, rotation=45, ha="right")
+            ax.set_yscale("log")
+            ax.set_ylabel("token latency = decode step (ms)")
+            ax.set_title("%s, %s" % (m, balance_label(b, engines)), fontsize=9)
+            ax.grid(True, axis="y", which="both", alpha=0.3)
+            if miss[(b, m)]:
+                ax.text(0.02, 0.98, "not measured: " + ", ".join(miss[(b, m)]), transform=ax.transAxes, fontsize=7, va="top", color="0.3")
+            if ticks:
+                ax.legend(fontsize=7, loc="best")
+        draw_paper(axes[i][-1], doc, "Fig. 10", "ms", m)
+    fig.suptitle("Fig. 10: token latency per engine and batch: mean, p1, p50, p99 of the decode-only steps%s"
+                 % window_note(window), fontsize=12)
+    finish(fig, a.out, "fig10_token_latency.png", written,
+           "Measured: step_ms of the decode-only steps in %s/<balance>/<model>/%s<engine>-b<B>/steps.jsonl (every request in a step "
+           "gets its next token at the step's end). Paper: %s (A10 + Epyc, full depth; the paper's P0.01/P0.50/P0.99 bars were not "
+           "digitised, only the text's means)." % (a.baselines, window + "/" if window else "", os.path.relpath(a.published, REPO)))
+
+
+FIGURES = (("fig9b", fig9), ("fig10", fig10))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baselines", default="artifacts/baselines", help="root of the run folders (default %(default)s)")
+    ap.add_argument("--published", default=DEFAULT_PUBLISHED, help="the paper's numbers (default experiments/paper/published.json)")
+    ap.add_argument("--out", required=True, help="folder for the PNGs (created)")
+    a = ap.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    written = []
+    for name, fn in FIGURES:
+        try:
+            fn(a, written)
+        except Skip as e:
+            plt.close("all")
+            print("skipped %s: %s" % (name, e))
+    return 0 if written else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
