@@ -233,6 +233,9 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
     StepResult r = engine->step();
     const int64_t s1 = now_ns();
     int64_t finished = 0;
+    std::vector<uint64_t> advanced;
+    for (const auto& t : r.tokens) advanced.push_back(t.request_id);
+    sched.on_step_done(advanced);  // before on_started: a sequence's first token starts its life this step
     for (const auto& t : r.tokens) {
       RequestTrack& rt = track.at(t.request_id);
       if (rt.tokens.empty()) sched.on_started(t.request_id, step);

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <limits>
 #include <set>
+#include <unordered_set>
 
 #include "fastdecode/core/error.h"
 #include "fastdecode/core/json_util.h"
@@ -253,6 +254,12 @@ void Scheduler::on_started(RequestId id, int64_t step) {
                                                                    << " before its admission at " << it->second.admit_step);
   it->second.admit_step = step;
   it->second.started = true;
+}
+
+void Scheduler::on_step_done(const std::vector<RequestId>& advanced) {
+  std::unordered_set<RequestId> got(advanced.begin(), advanced.end());
+  for (auto& [id, s] : running_)
+    if (s.started && !got.count(id)) ++s.admit_step;
 }
 
 void Scheduler::on_finished(RequestId id, int64_t step) {

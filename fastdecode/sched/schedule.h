@@ -127,6 +127,10 @@ class Scheduler {
   void on_finished(RequestId id, int64_t step);
   // (deferred_starts) The engine started the admitted request at `step` (its first token).
   void on_started(RequestId id, int64_t step);
+  // After a step: `advanced` are the sequences that produced a token in it. Every started sequence that did
+  // not (an engine that pauses sequences: paged-swap's prefill-only steps, its preempted or swapped-out
+  // sequences) has its projected life slid by one step, so the projection keeps matching what runs.
+  void on_step_done(const std::vector<RequestId>& advanced);
 
   const SchedulerConfig& config() const { return cfg_; }
   int64_t running() const { return int64_t(running_.size()); }

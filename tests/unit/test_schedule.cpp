@@ -438,3 +438,26 @@ TEST(Scheduler, DeferredStartsSlideUntilStarted) {
   EXPECT_THROW(s.on_finished(2, 9), Error);  // life is [6, 8]
   s.on_finished(2, 8);
 }
+
+// on_step_done: a started sequence that produced no token in a step (paged-swap's prefill-only steps, a
+// preempted or swapped-out sequence) has its life slid by one step, so the engine finishing it later is
+// within its life; a sequence that advanced keeps its life.
+TEST(Scheduler, StalledSequencesSlideTheirLife) {
+  SchedulerConfig c;
+  c.mode = AdmitMode::AllAtOnce;
+  c.batch = 2;
+  c.deferred_starts = true;
+  Scheduler s(c);
+  s.submit({1, 0.0, 4, 2});
+  s.submit({2, 0.0, 4, 2});
+  EXPECT_EQ(s.admit(0, 0.0).size(), 2u);
+  s.on_step_done({1, 2});
+  s.on_started(1, 0), s.on_started(2, 0);  // first tokens at step 0: lives [0, 1]
+  s.on_step_done({2});                     // step 1: 1 paused, 2 advanced
+  s.on_finished(2, 1);
+  EXPECT_NO_THROW(s.admit(2, 2.0));        // 1's life slid to [1, 2]: not past its end
+  s.on_step_done({1});
+  EXPECT_THROW(s.on_finished(1, 3), Error);  // outside [1, 2]
+  s.on_finished(1, 2);
+  EXPECT_TRUE(s.done());
+}
