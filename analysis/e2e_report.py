@@ -19,7 +19,8 @@ from fd_runs import decode_steps, decode_tokens_per_s
 def balance(s, hw):
     """Where the run's S-Part ran: the whole GPU, a reduced one (the A10-like emulation), or the CPU."""
     info = s.get("engine_info", {})
-    on_gpu = s["engine"] == "gpu-only" or info.get("backend") == "cuda" or str(info.get("s_part", "")).startswith("cuda")
+    on_gpu = (s["engine"] in ("gpu-only", "paged-swap", "host-offload", "hf-transformers") or info.get("backend") == "cuda"
+              or info.get("device") == "cuda" or str(info.get("s_part", "")).startswith("cuda"))
     if not on_gpu:
         return "CPU (no GPU)"
     if hw.get("sm_count"):

@@ -86,7 +86,7 @@ class FastDecodeEngine : public Engine {
     if ((ctx.hardware.gpu_memory_gb > 0 || ctx.hardware.gpu_sm_count > 0) && ec.backend != "cuda")
       notes_.push_back("hardware.gpu is not applied: the fastdecode engine runs nothing on a GPU here");
     if (ctx.hardware.gpu_memory_gb > 0)
-      notes_.push_back("hardware.gpu.memory_gb does not bound FastDecode: its KV-cache lives on the R-workers");
+      notes_.push_back("hardware.gpu.memory_gb bounds FastDecode's full-depth weights only: its KV-cache lives on the R-workers");
     notes_.push_back("rworker tracks in trace.json: each span's duration is the R-worker's own compute time; its "
                      "placement (ending when the reply was in hand) is approximate");
     if (cfg_.head_dim % 32 != 0 || cfg_.head_dim > 256)
@@ -501,6 +501,17 @@ class FastDecodeEngine : public Engine {
 }  // namespace
 
 std::unique_ptr<Engine> make_fastdecode_engine(const FastDecodeConfig& c, const EngineContext& ctx) {
+  // The S-Part's weights live on the GPU: under a GPU memory budget (hardware balance) the full-depth fp16
+  // weights and 1 GiB of workspaces must fit, as every GPU engine's accounting asks (gpu-only, paged-swap,
+  // vanilla, host-offload). Its KV-cache does not count: it is on the R-workers.
+  if (ctx.hardware.gpu_memory_gb > 0 && resolve(c, ctx.hardware).backend == "cuda") {
+    const double weights = double(with_layers(ctx.model, ctx.model.full_num_layers).num_params()) * 2;
+    const double need = weights + double(1ull << 30);
+    if (need > ctx.hardware.gpu_memory_gb * 1e9)
+      FD_THROW("fastdecode engine: " << ctx.hardware.gpu_memory_gb << " GB of GPU memory do not hold the full-depth fp16 "
+                                     << "weights of " << ctx.model.name << " (" << weights / 1e9
+                                     << " GB) and 1 GiB of workspaces");
+  }
   return std::make_unique<FastDecodeEngine>(c, ctx);
 }
 

@@ -251,3 +251,17 @@ TEST(ReferenceEngineIssue11, ForcedAndRecordedLogits) {
   free7.forced.clear();
   EXPECT_NE(got.tokens.at(7), solo_greedy(c, free7));
 }
+
+// Under a GPU memory budget (hardware balance) FastDecode's CUDA S-Part must hold the full-depth fp16
+// weights, as every GPU engine's accounting asks: Llama-2-13b (26 GB of weights) at an A10's 24 GB is
+// refused before anything is made, at any reduced depth; its KV-cache (on the R-workers) does not count.
+TEST(FastDecodeEngine, GpuBudgetMustHoldTheFullDepthWeights) {
+  ModelConfig m = with_layers(load_model_config(repo_path("experiments/models/llama-2-13b.json")), 1);
+  auto src = make_random_source(2, DType::F16);
+  FastDecodeConfig f;
+  f.backend = "cuda";
+  HardwareBalance hw;
+  hw.gpu_memory_gb = 24;
+  EXPECT_THAT(fd::test::error_message<Error>([&] { make_fastdecode_engine(f, EngineContext{m, *src, {}, hw}); }),
+              ::testing::HasSubstr("do not hold the full-depth fp16 weights of llama-2-13b"));
+}
