@@ -13,8 +13,10 @@
 # Each run goes to OUT/<balance>/<model>/<window>/<engine>-b<B>/ (summary.json, steps.jsonl, requests.jsonl;
 # trace.json is dropped); balance is "full" (the whole H200) or "a10" (24 GB, A10_SMS SMs: green context).
 # Environment: MODELS_FULL / MODELS_A10 (which models at which balance), ENGINES, STEADY_BATCHES,
-# LIFE_BATCHES, LIFE_BALANCES, RUN_TIMEOUT (s per run). A tree copied without git history records its
-# commit from FD_GIT_COMMIT.
+# LIFE_BATCHES, LIFE_BALANCES, RUN_TIMEOUT (s per run), TIME_BUDGET (s: no run starts after that many
+# seconds of this script, so a caller with a hard limit keeps time to pack OUT; 0 = none). Runs whose
+# folder has a summary.json are skipped (resumable). A tree copied without git history records its commit
+# from FD_GIT_COMMIT.
 #   usage: scripts/baselines-bench.sh OUT [stage...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +35,7 @@ life_batches="${LIFE_BATCHES:-32 128}"
 life_balances="${LIFE_BALANCES:-a10}"
 a10_sms="${A10_SMS:-16}"
 run_timeout="${RUN_TIMEOUT:-150}"
+time_budget="${TIME_BUDGET:-0}"
 rc=0
 has() { [[ " $stages " == *" $1 "* ]]; }
 
@@ -76,6 +79,10 @@ one_run() {
   local win_sets=""
   [ "$window" = life ] && win_sets="--set workload.prompt_len={\"min\":16,\"max\":64} --set workload.gen_len=960"
   [ -f "$dir/summary.json" ] && return 0  # resumable
+  if [ "$time_budget" -gt 0 ] && [ "$SECONDS" -ge "$time_budget" ]; then
+    echo "$bal $model $window $engine B=$B: not started (TIME_BUDGET $time_budget s spent)"
+    return 0
+  fi
   if [ "$engine" = hf ] && [ "$bal" != full ]; then
     echo "$bal $model $window hf B=$B: skipped (transformers cannot be held to the emulated balance; it runs at full only)"
     return 0
