@@ -318,9 +318,7 @@ class GpuOnlyEngine : public Engine {
     model_->upload(pre_.starts.get(), starts.data(), starts.size() * 4);
     model_->upload(pre_.rows.get(), last.data(), last.size() * 4);
     upload_rows(slots, pos32, {});
-    model_->embed(pre_);
-    for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-      model_->attention_input(pre_, int(l), CudaModel::kF32 | CudaModel::kF16);
+    model_->prefill_forward(pre_, int64_t(fresh.size()), max_len, [&](int l) {
       cuda::append_kv({.k = pre_.k.get(),
                        .v = pre_.v.get(),
                        .slots = aux_.get(),
@@ -331,20 +329,7 @@ class GpuOnlyEngine : public Engine {
                        .k_cache = k_cache_[size_t(l)].get(),
                        .v_cache = v_cache_[size_t(l)].get()},
                       stream_);
-      cuda::prefill_attention({.q = pre_.q.get(),
-                               .k = pre_.k16.get(),
-                               .v = pre_.v16.get(),
-                               .starts = pre_.starts.get(),
-                               .n_seq = int64_t(fresh.size()),
-                               .max_len = max_len,
-                               .Hq = int(cfg_.num_heads),
-                               .Hkv = int(cfg_.num_kv_heads),
-                               .D = int(cfg_.head_dim),
-                               .out = pre_.att.get()},
-                              stream_);
-      model_->attention_from_f32(pre_);
-      model_->attention_output_and_mlp(pre_, int(l));
-    }
+    });
     const RowDraws draws = row_draws(fresh, sampling_);
     std::vector<float> recorded(draws.record.size() * size_t(cfg_.vocab_size));
     std::vector<int32_t> tok(fresh.size());

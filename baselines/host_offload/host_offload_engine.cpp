@@ -408,20 +408,12 @@ class HostOffloadEngine : public Engine {
     aux_.resize(2 * size_t(T));
     model_->upload(aux_.get(), slots.data(), size_t(T) * 4);
     model_->upload(aux_.get() + T, pos32.data(), size_t(T) * 4);
-    model_->embed(pre_);
-    for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-      model_->attention_input(pre_, int(l), CudaModel::kF32 | CudaModel::kF16);
+    model_->prefill_forward(pre_, int64_t(fresh.size()), max_len, [&](int l) {
       cuda::append_kv({.k = pre_.k.get(), .v = pre_.v.get(), .slots = aux_.get(), .pos = aux_.get() + T, .T = T,
                        .max_ctx = max_ctx_, .kv_dim = int(cfg_.kv_dim()), .k_cache = k_host_[size_t(l)].dev(),
                        .v_cache = v_host_[size_t(l)].dev()},
                       stream_);
-      cuda::prefill_attention({.q = pre_.q.get(), .k = pre_.k16.get(), .v = pre_.v16.get(), .starts = pre_.starts.get(),
-                               .n_seq = int64_t(fresh.size()), .max_len = max_len, .Hq = int(cfg_.num_heads),
-                               .Hkv = int(cfg_.num_kv_heads), .D = int(cfg_.head_dim), .out = pre_.att.get()},
-                              stream_);
-      model_->attention_from_f32(pre_);
-      model_->attention_output_and_mlp(pre_, int(l));
-    }
+    });
     const RowDraws draws = row_draws(fresh, sampling_);
     std::vector<float> recorded(draws.record.size() * size_t(cfg_.vocab_size));
     std::vector<int32_t> tok(fresh.size());

@@ -365,24 +365,7 @@ class PagedSwapEngine : public Engine {
     model_->upload(pre_.starts.get(), starts.data(), starts.size() * 4);
     model_->upload(pre_.rows.get(), last.data(), last.size() * 4);
     const auto d = upload_aux({&phys, &zeros});
-    model_->embed(pre_);
-    for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-      model_->attention_input(pre_, int(l), CudaModel::kF32 | CudaModel::kF16);
-      append(pre_, T, d[0], d[1], l);
-      cuda::prefill_attention({.q = pre_.q.get(),
-                               .k = pre_.k16.get(),
-                               .v = pre_.v16.get(),
-                               .starts = pre_.starts.get(),
-                               .n_seq = int64_t(ids.size()),
-                               .max_len = max_len,
-                               .Hq = int(cfg_.num_heads),
-                               .Hkv = int(cfg_.num_kv_heads),
-                               .D = int(cfg_.head_dim),
-                               .out = pre_.att.get()},
-                              stream_);
-      model_->attention_from_f32(pre_);
-      model_->attention_output_and_mlp(pre_, int(l));
-    }
+    model_->prefill_forward(pre_, int64_t(ids.size()), max_len, [&](int l) { append(pre_, T, d[0], d[1], l); });
     sample(pre_, seqs, out);
     out.prefill_tokens = T;
     out.spans.push_back({"gpu stream 0", "prefill", t0, now_ns() - t0});

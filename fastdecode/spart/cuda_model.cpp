@@ -6,6 +6,7 @@
 
 #include "fastdecode/core/dtype.h"
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/embed.h"
 #include "kernels/cuda/norm.h"
@@ -299,6 +300,28 @@ void CudaModel::logits(DevActs& a, int64_t n) const {
   norm(a.sel.get(), nullptr, final_norm_w_.get(), final_norm_b_.size() ? final_norm_b_.get() : nullptr, n, a.h16.get());
   gemm(a.h16.get(), n, c.hidden_size, lm_head_.size() ? lm_head_.get() : embed_.get(), c.vocab_size, a.logits.get(),
        true);
+}
+
+void CudaModel::prefill_forward(DevActs& a, int64_t n_seq, int64_t max_len,
+                                const std::function<void(int)>& store_kv) const {
+  embed(a);
+  for (int l = 0; l < int(cfg_.num_layers); ++l) {
+    attention_input(a, l, kF32 | kF16);
+    store_kv(l);
+    cuda::prefill_attention({.q = a.q.get(),
+                             .k = a.k16.get(),
+                             .v = a.v16.get(),
+                             .starts = a.starts.get(),
+                             .n_seq = n_seq,
+                             .max_len = max_len,
+                             .Hq = int(cfg_.num_heads),
+                             .Hkv = int(cfg_.num_kv_heads),
+                             .D = int(cfg_.head_dim),
+                             .out = a.att.get()},
+                            stream_);
+    attention_from_f32(a);
+    attention_output_and_mlp(a, l);
+  }
 }
 
 }  // namespace fd
