@@ -12,7 +12,7 @@
 #            positions), B in LIFE_BATCHES, every engine
 # Each run goes to OUT/<balance>/<model>/<window>/<engine>-b<B>/ (summary.json, steps.jsonl, requests.jsonl;
 # trace.json is dropped); balance is "full" (the whole H200) or "a10" (24 GB, A10_SMS SMs: green context).
-# Environment: MODELS_FULL / MODELS_A10 (which models at which balance), ENGINES, STEADY_BATCHES,
+# Environment: MODELS_FULL / MODELS_A10 (which models at which balance; set empty for none), ENGINES, STEADY_BATCHES,
 # LIFE_BATCHES, LIFE_BALANCES, RUN_TIMEOUT (s per run), TIME_BUDGET (s: no run starts after that many
 # seconds of this script, so a caller with a hard limit keeps time to pack OUT; 0 = none). Runs whose
 # folder has a summary.json are skipped (resumable). A tree copied without git history records its commit
@@ -27,8 +27,8 @@ mkdir -p "$out"
 [ -f scripts/device-env.sh ] && [ -d .deps ] && source scripts/device-env.sh
 export CUDACXX="${CUDACXX:-/usr/local/cuda/bin/nvcc}" OMP_WAIT_POLICY=PASSIVE
 bin=build/cuda/bin
-models_full="${MODELS_FULL:-llama-2-7b}"
-models_a10="${MODELS_A10:-llama-2-7b llama-2-13b}"
+models_full="${MODELS_FULL-llama-2-7b}"  # set but empty: no model at that balance
+models_a10="${MODELS_A10-llama-2-7b llama-2-13b}"
 engines="${ENGINES:-fastdecode gpu-only paged-swap vanilla host-offload hf}"
 steady_batches="${STEADY_BATCHES:-16 64 256 1024}"
 life_batches="${LIFE_BATCHES:-32 128}"
