@@ -13,7 +13,7 @@ import json
 import os
 import statistics
 
-from fd_runs import decode_steps, decode_tokens_per_s
+from fd_runs import decode_steps, decode_tokens_per_s, read_jsonl
 
 
 def balance(s, hw):
@@ -31,7 +31,7 @@ def balance(s, hw):
 
 def load_run(d):
     s = json.load(open(os.path.join(d, "summary.json")))
-    steps = [json.loads(l) for l in open(os.path.join(d, "steps.jsonl"))]
+    steps = read_jsonl(d, "steps.jsonl")
     dec = decode_steps(steps)
     keys = sorted({k for x in dec for k in x.get("breakdown_ms", {})})
     bd = {k: statistics.fmean(x["breakdown_ms"].get(k, 0.0) for x in dec) for k in keys} if dec else {}

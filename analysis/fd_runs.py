@@ -2,7 +2,30 @@
 
 Decode-only steps: the steps that processed no prompt tokens (admission over or waiting) and decoded
 something; their decode throughput is decode tokens over their wall time.
+
+A run folder's JSON-lines files (steps.jsonl, requests.jsonl) are read as written or gzipped (NAME.gz):
+committed run folders are packed so by analysis/pack_runs.py.
 """
+import gzip
+import json
+import os
+
+
+def jsonl_path(d, name):
+    """The path of d/name or d/name.gz (whichever exists, plain first), or None."""
+    for p in (os.path.join(d, name), os.path.join(d, name + ".gz")):
+        if os.path.isfile(p):
+            return p
+    return None
+
+
+def read_jsonl(d, name):
+    """The records of d/name (or d/name.gz); FileNotFoundError names both when neither exists."""
+    p = jsonl_path(d, name)
+    if p is None:
+        raise FileNotFoundError("%s (or %s.gz) not found" % (os.path.join(d, name), name))
+    with (gzip.open(p, "rt") if p.endswith(".gz") else open(p)) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def decode_steps(steps):

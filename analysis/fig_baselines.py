@@ -29,8 +29,10 @@ printed and written in its panel as "not measured", never drawn.
 
   fig9_baselines_throughput.png   Fig. 9: decode tokens/s vs B, one series per engine, per model x balance
   fig10_token_latency.png         Fig. 10: per engine and B, mean / p1 / p50 / p99 token latency
+  baselines_table.md              every run folder of both windows as a row: reached batch, decode and whole-run
+                                  tokens/s, latency mean / p1 / p50 / p99, swap steps and bytes, commit
 
-usage: analysis/fig_baselines.py --out DIR [--baselines artifacts/baselines] [--published experiments/paper/published.json]
+usage: analysis/fig_baselines.py --out DIR [--baselines ROOT...] [--published experiments/paper/published.json]
 (analysis/figures.py draws both too, as fig9b and fig10.)
 """
 import argparse
@@ -45,7 +47,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fd_runs import decode_steps, decode_tokens_per_s  # noqa: E402
+from fd_runs import decode_steps, decode_tokens_per_s, jsonl_path, read_jsonl  # noqa: E402
 
 ENGINES = ("fastdecode", "gpu-only", "paged-swap", "vanilla", "host-offload", "hf-transformers")
 STYLE = {"fastdecode": ("tab:blue", "o"), "gpu-only": ("tab:orange", "s"), "paged-swap": ("tab:green", "^"),
@@ -102,14 +104,14 @@ def run_folders(root):
 
 def load_run(engine, d):
     """What the figures draw of one run folder, or None (printed why)."""
-    sp, tp = os.path.join(d, "summary.json"), os.path.join(d, "steps.jsonl")
-    if not (os.path.isfile(sp) and os.path.isfile(tp)):
+    sp = os.path.join(d, "summary.json")
+    if not (os.path.isfile(sp) and jsonl_path(d, "steps.jsonl")):
         print("fig_baselines: %s: no summary.json + steps.jsonl, left out" % d)
         return None
     try:
         s = json.load(open(sp))
-        steps = [json.loads(line) for line in open(tp) if line.strip()]
-    except ValueError as e:
+        steps = read_jsonl(d, "steps.jsonl")
+    except (OSError, ValueError) as e:
         print("fig_baselines: %s: not valid JSON (%s), left out" % (d, e))
         return None
     eng = s.get("engine")
@@ -126,25 +128,38 @@ def load_run(engine, d):
             "mean_batch": sum(x["decode_tokens"] for x in dec) / len(dec),
             "lat": {"mean": float(np.mean(lat)), "p1": float(np.percentile(lat, 1)),
                     "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99))},
-            "swap_ms": [x["step_ms"] for x in dec if is_swap_step(x)]}
+            "swap_ms": [x["step_ms"] for x in dec if is_swap_step(x)],
+            "swap_steps": sum(1 for x in steps if is_swap_step(x)),
+            "swap_bytes": sum((x.get("counts") or {}).get(k, 0) for x in steps for k in ("swap_out_bytes", "swap_in_bytes"))}
 
 
-def load_runs(root, window):
+def roots_text(roots):
+    return roots if isinstance(roots, str) else " + ".join(roots)
+
+
+def load_runs(roots, window):
     """({(balance, model): {engine: {B: run}}}, the window used): the runs of `window` ("steady" for Fig. 9,
-    "life" for Fig. 10) when there are any, else those without a window level, else the first window."""
-    folders = run_folders(root)
+    "life" for Fig. 10) when there are any, else those without a window level, else the first window.
+    Several roots are read as one tree (a grid measured in several runs); a point in two roots is drawn
+    from the later root, printed."""
+    roots = [roots] if isinstance(roots, str) else list(roots)
+    folders = [f for root in roots for f in run_folders(root)]
     windows = sorted({f[2] for f in folders})
     use = window if window in windows else ("" if "" in windows else (windows[0] if windows else None))
     if any(windows) and use != window:
-        print("fig_baselines: no %s/ window under %s; drawing %s" % (window, root, ("window " + use) if use else "the runs without a window"))
-    runs = {}
+        print("fig_baselines: no %s/ window under %s; drawing %s" % (window, ", ".join(roots), ("window " + use) if use else "the runs without a window"))
+    runs, where = {}, {}
     for bal, model, w, engine, B, d in folders:
         if w == use:
             r = load_run(engine, d)
             if r:
+                key = (bal, model, engine, B)
+                if key in where:
+                    print("fig_baselines: %s and %s are the same point; drawing %s" % (where[key], d, d))
+                where[key] = d
                 runs.setdefault((bal, model), {}).setdefault(engine, {})[B] = r
     if not runs:
-        raise Skip("no run folder <balance>/<model>/[<window>/]<engine>-b<B>/ with summary.json + steps.jsonl under %s" % root)
+        raise Skip("no run folder <balance>/<model>/[<window>/]<engine>-b<B>/ with summary.json + steps.jsonl under %s" % ", ".join(roots))
     return runs, use
 
 
@@ -267,7 +282,7 @@ def fig9(a, written):
     finish(fig, a.out, "fig9_baselines_throughput.png", written,
            "Measured: run folders under %s%s (decode tokens / wall time of the decode-only steps; reduced-layer models, so the tokens/s "
            "are those of the layers run). Paper: %s, its text's numbers on 1 A10 + up to 4 nodes of 2x AMD Epyc, full-depth models: "
-           "a different machine and depth, drawn apart, never joined to measured lines." % (a.baselines, window_note(window),
+           "a different machine and depth, drawn apart, never joined to measured lines." % (roots_text(a.baselines), window_note(window),
                                                                                os.path.relpath(a.published, REPO)))
 
 
@@ -281,7 +296,7 @@ def fig10(a, written):
         for j, b in enumerate(bals):
             ax = axes[i][j]
             engines = runs.get((b, m), {})
-            ticks, x = [], 0
+            ticks, x, swap_labelled = [], 0, False
             for e in ENGINES:
                 c, _ = STYLE[e]
                 for bb in sorted(engines.get(e, {})):
@@ -293,8 +308,9 @@ def fig10(a, written):
                     sw = engines[e][bb]["swap_ms"]
                     if sw:
                         ax.plot([x + 0.18] * len(sw), sw, "x", color="red", ms=5, linestyle="none",
-                                label="paged-swap: step that swapped KV blocks (%d)" % len(sw))
-                    ticks.append("%s\nB=%d" % (e, bb))
+                                label=None if swap_labelled else "a step that swapped KV blocks (count under the tick)")
+                        swap_labelled = True
+                    ticks.append("%s\nB=%d%s" % (e, bb, "\n%d swap steps" % len(sw) if sw else ""))
                     x += 1
             ax.set_xticks(range(len(ticks)))
             ax.set_xticklabels(ticks, fontsize=6.5, rotation=45, ha="right")
@@ -303,7 +319,7 @@ def fig10(a, written):
             ax.set_title("%s, %s" % (m, balance_label(b, engines)), fontsize=9)
             ax.grid(True, axis="y", which="both", alpha=0.3)
             if miss[(b, m)]:
-                ax.text(0.02, 0.98, "not measured: " + ", ".join(miss[(b, m)]), transform=ax.transAxes, fontsize=7, va="top", color="0.3")
+                ax.text(0.98, 0.02, "not measured: " + ", ".join(miss[(b, m)]), transform=ax.transAxes, fontsize=7, ha="right", color="0.3")
             if ticks:
                 ax.legend(fontsize=7, loc="best")
         draw_paper(axes[i][-1], doc, "Fig. 10", "ms", m)
@@ -312,21 +328,61 @@ def fig10(a, written):
     finish(fig, a.out, "fig10_token_latency.png", written,
            "Measured: step_ms of the decode-only steps in %s/<balance>/<model>/%s<engine>-b<B>/steps.jsonl (every request in a step "
            "gets its next token at the step's end). Paper: %s (A10 + Epyc, full depth; the paper's P0.01/P0.50/P0.99 bars were not "
-           "digitised, only the text's means)." % (a.baselines, window + "/" if window else "", os.path.relpath(a.published, REPO)))
+           "digitised, only the text's means)." % (roots_text(a.baselines), window + "/" if window else "", os.path.relpath(a.published, REPO)))
 
 
 FIGURES = (("fig9b", fig9), ("fig10", fig10))
+TABLE = "baselines_table.md"
+
+
+def table(a, written):
+    """baselines_table.md: every run folder of both windows as one row (what Figs. 9 and 10 draw, as numbers)."""
+    rows = []
+    for window in ("steady", "life"):
+        try:
+            runs, use = load_runs(a.baselines, window)
+        except Skip:
+            continue
+        if use != window:
+            continue
+        for (bal, model), engines in runs.items():
+            for engine, by_b in engines.items():
+                for B, r in by_b.items():
+                    res, prov = r["summary"].get("results", {}), r["summary"].get("provenance", {})
+                    rows.append((window, bal, model, B, ENGINES.index(engine) if engine in ENGINES else 99, engine, r,
+                                 res.get("output_throughput"), prov.get("git_commit", "?")))
+    if not rows:
+        raise Skip("no steady/ or life/ run folders under %s" % roots_text(a.baselines))
+    rows.sort(key=lambda x: (x[0] != "steady", x[1] != "full", x[2], x[3], x[4]))
+    out = ["# Baselines: every run folder (analysis/fig_baselines.py)", "",
+           "Decode tok/s and token latency over the decode-only steps (no prompt tokens that step); run tok/s = output "
+           "tokens / the whole run (summary.json output_throughput); reached B = mean decode tokens per decode-only step; "
+           "swap steps = steps that moved KV blocks (paged-swap), with the bytes moved. Read from %s." % roots_text(a.baselines), "",
+           "| window | balance | model | B | engine | reached B | decode tok/s | run tok/s | latency mean / p1 / p50 / p99 (ms) "
+           "| swap steps (GB) | commit |", "|" + "---|" * 11]
+    for window, bal, model, B, _, engine, r, run_tps, commit in rows:
+        lat = r["lat"]
+        swap = "%d (%.2f)" % (r["swap_steps"], r["swap_bytes"] / 1e9) if r["swap_steps"] else "-"
+        out.append("| %s | %s | %s | %d | %s | %.0f | %.0f | %s | %.2f / %.2f / %.2f / %.2f | %s | %s |" % (
+            window, BALANCES.get(bal, bal), model, B, engine, r["mean_batch"], r["tok_s"],
+            "%.0f" % run_tps if run_tps is not None else "-", lat["mean"], lat["p1"], lat["p50"], lat["p99"], swap, commit))
+    path = os.path.join(a.out, TABLE)
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+    written.append(path)
+    print("wrote %s (%d runs)" % (path, len(rows)))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baselines", default="artifacts/baselines", help="root of the run folders (default %(default)s)")
+    ap.add_argument("--baselines", nargs="+", default=["artifacts/baselines"],
+                    help="root(s) of the run folders, read as one tree (default %(default)s)")
     ap.add_argument("--published", default=DEFAULT_PUBLISHED, help="the paper's numbers (default experiments/paper/published.json)")
     ap.add_argument("--out", required=True, help="folder for the PNGs (created)")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     written = []
-    for name, fn in FIGURES:
+    for name, fn in FIGURES + (("table", table),):
         try:
             fn(a, written)
         except Skip as e:

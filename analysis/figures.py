@@ -512,7 +512,7 @@ def main(argv=None):
                     help="folder with spart_*.json, e2e.json, validation.json, e2e/*/ (default: %(default)s)")
     ap.add_argument("--out", required=True, help="folder for the PNGs (created)")
     ap.add_argument("--sim-dir", help="folder of fd-sim output folders (each with steps.jsonl and summary.json) for fig11")
-    ap.add_argument("--baselines", help="root of the baseline run folders for fig9b / fig10 (e.g. artifacts/baselines)")
+    ap.add_argument("--baselines", nargs="+", help="root(s) of the baseline run folders for fig9b / fig10, read as one tree")
     ap.add_argument("--published", default=fig_baselines.DEFAULT_PUBLISHED, help="the paper's numbers for fig9b / fig10")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)

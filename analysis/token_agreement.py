@@ -5,19 +5,16 @@ on random weights differ where the logits are near-ties (docs/BASELINES.md), so 
 engines' arithmetic flips a pick, not which is right (the reference engine judges that, in the tests).
 
 usage: analysis/token_agreement.py --base RUN_DIR RUN_DIR...
+       analysis/token_agreement.py --grid ENGINE ROOT...   every run folder of analysis/fig_baselines.py's layout
+                                   under the ROOTs against ENGINE's folder of the same balance, model, window and B
 """
 import argparse
-import json
-import os
+
+from fd_runs import read_jsonl
 
 
 def tokens(run_dir):
-    out = {}
-    with open(os.path.join(run_dir, "requests.jsonl")) as f:
-        for line in f:
-            r = json.loads(line)
-            out[r["id"]] = r["tokens"]
-    return out
+    return {r["id"]: r["tokens"] for r in read_jsonl(run_dir, "requests.jsonl")}
 
 
 def agreement(base, other):
@@ -34,17 +31,45 @@ def agreement(base, other):
     return same, n, (sum(prefix) / n if n else 0.0), max((len(v) for v in base.values()), default=0)
 
 
+def row(label, base, other):
+    same, n, pre, length = agreement(base, other)
+    return "| %s | %d / %d (%.1f %%) | %.1f / %d |" % (label, same, n, 100.0 * same / max(n, 1), pre, length)
+
+
+def grid(engine, roots):
+    """Rows of every run folder against `engine`'s folder at the same point (fig_baselines.run_folders)."""
+    from fig_baselines import run_folders
+    points = {}
+    for root in roots:
+        for bal, model, window, eng, B, d in run_folders(root):
+            points.setdefault((bal, model, window, B), {})[eng] = d
+    out = []
+    for (bal, model, window, B), engines in sorted(points.items()):
+        if engine not in engines:
+            continue
+        base = tokens(engines[engine])
+        for eng, d in sorted(engines.items()):
+            if eng != engine:
+                out.append(row("%s %s %s B=%d %s" % (bal, model, window or "-", B, eng), base, tokens(d)))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", required=True, help="the run the others are compared with")
-    ap.add_argument("runs", nargs="+")
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--base", help="the run the others are compared with")
+    g.add_argument("--grid", metavar="ENGINE", help="compare every folder under the ROOTs with this engine's at the same point")
+    ap.add_argument("runs", nargs="+", help="run folders (--base) or roots (--grid)")
     a = ap.parse_args(argv)
-    base = tokens(a.base)
     print("| run | identical requests | mean agreeing prefix |")
     print("| --- | --- | --- |")
+    if a.grid:
+        for line in grid(a.grid, a.runs):
+            print(line)
+        return
+    base = tokens(a.base)
     for d in a.runs:
-        same, n, pre, length = agreement(base, tokens(d))
-        print("| %s | %d / %d (%.1f %%) | %.1f / %d |" % (d.rstrip("/"), same, n, 100.0 * same / max(n, 1), pre, length))
+        print(row(d.rstrip("/"), base, tokens(d)))
 
 
 if __name__ == "__main__":

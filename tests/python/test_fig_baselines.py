@@ -172,17 +172,17 @@ def test_fig10_percentiles_swap_steps_and_paper_marks(root, tmp_path):
     fig = drawn(tmp_path, "--baselines", root)[FIG10]
     panel = next(ax for ax in fig.axes if ax.get_title().startswith("llama-2-7b, full H200"))
     ticks = [t.get_text() for t in panel.get_xticklabels()]
-    assert ticks == ["fastdecode\nB=64", "fastdecode\nB=256", "gpu-only\nB=64", "gpu-only\nB=256", "paged-swap\nB=64"]
+    assert ticks == ["fastdecode\nB=64", "fastdecode\nB=256", "gpu-only\nB=64", "gpu-only\nB=256", "paged-swap\nB=64\n2 swap steps"]
     ranges = [l for l in lines(panel) if len(l.get_xdata()) == 2]
     for x, tick in enumerate(ticks):
-        engine, b = tick.split("\nB=")
+        engine, b = tick.split("\n2 swap steps")[0].split("\nB=")
         ms = [s["step_ms"] for s in decode_of(root / "full" / "llama-2-7b" / f"{engine}-b{b}")]
         (r,) = [l for l in ranges if list(l.get_xdata()) == [x, x]]
         assert list(r.get_ydata()) == pytest.approx([np.percentile(ms, 1), np.percentile(ms, 99)])
         pts = {l.get_marker(): l.get_ydata()[0] for l in lines(panel) if list(l.get_xdata()) == [x]}
         assert pts["o"] == pytest.approx(np.percentile(ms, 50)) and pts["D"] == pytest.approx(np.mean(ms))
-    (swap,) = [l for l in lines(panel) if l.get_label().startswith("paged-swap: step that swapped")]
-    assert list(swap.get_ydata()) == [80.0, 95.0] and "(2)" in swap.get_label()
+    (swap,) = [l for l in lines(panel) if l.get_marker() == "x"]
+    assert list(swap.get_ydata()) == [80.0, 95.0] and swap.get_label().startswith("a step that swapped KV blocks")
     pub = json.loads(PUBLISHED.read_text(encoding="utf-8"))
     want = sorted(e["value"] for e in pub["entries"] if e["figure"] == "Fig. 10" and e["unit"] == "ms" and e["model"] == "Llama-7b")
     marks = [l for ax in fig.axes for l in lines(ax) if l.get_label().startswith(PAPER)]
@@ -204,3 +204,31 @@ def test_window_level_and_hf_folder_name(tmp_path, capsys):
     assert [t.get_text() for t in f10.get_xticklabels()] == ["fastdecode\nB=32"]  # life only
     assert "window steady/" in figs[FIG9]._suptitle.get_text() and "window life/" in figs[FIG10]._suptitle.get_text()
     assert "not measured: gpu-only, paged-swap, vanilla, host-offload" in capsys.readouterr().out
+
+
+def test_several_roots_and_packed_folders(tmp_path, capsys):
+    """--baselines ROOT ROOT reads one tree (a point in both is drawn from the later root, printed); folders packed
+    by analysis/pack_runs.py (gzipped steps/requests, prompts left out) draw the same as before packing."""
+    a, b = tmp_path / "run1", tmp_path / "run3"
+    make_run(a, "full", "llama-2-7b", "fastdecode", 64, [20.0, 20.0], window="steady")
+    make_run(a, "full", "llama-2-7b", "gpu-only", 64, [99.0, 99.0], window="steady")
+    make_run(b, "full", "llama-2-7b", "gpu-only", 64, [4.0, 4.0], window="steady")
+    req = b / "full" / "llama-2-7b" / "steady" / "gpu-only-b64" / "requests.jsonl"
+    req.write_text(json.dumps({"id": 0, "prompt": [1, 2, 3], "prompt_len": 3, "tokens": [7, 8]}) + "\n")
+    before = drawn(tmp_path / "o1", "--baselines", a, b)
+    assert "are the same point; drawing" in capsys.readouterr().out
+    panel = next(ax for ax in before[FIG9].axes if ax.get_title().startswith("llama-2-7b"))
+    got = {l.get_label(): list(l.get_ydata()) for l in lines(panel)}
+    assert got["gpu-only (measured)"] == pytest.approx([64 / 4.0e-3]) and got["fastdecode (measured)"] == pytest.approx([64 / 20.0e-3])
+    proc = script(ANALYSIS / "pack_runs.py", a, b)
+    assert proc.returncode == 0 and "3 run folders" in proc.stdout
+    d = req.parent
+    assert sorted(p.name for p in d.iterdir()) == ["requests.jsonl.gz", "steps.jsonl.gz", "summary.json"]
+    import gzip
+    assert [json.loads(l) for l in gzip.open(d / "requests.jsonl.gz", "rt")] == [{"id": 0, "prompt_len": 3, "tokens": [7, 8]}]
+    after = drawn(tmp_path / "o2", "--baselines", a, b)
+    panel2 = next(ax for ax in after[FIG9].axes if ax.get_title().startswith("llama-2-7b"))
+    assert {l.get_label(): list(l.get_ydata()) for l in lines(panel2)} == got
+    assert script(ANALYSIS / "pack_runs.py", a).returncode == 0  # packing packed folders is a no-op
+    assert sorted(p.name for p in d.iterdir()) == ["requests.jsonl.gz", "steps.jsonl.gz", "summary.json"]
+    assert script(ANALYSIS / "pack_runs.py", tmp_path / "nope").returncode == 2
