@@ -17,6 +17,7 @@
 
 #include "fastdecode/core/clock.h"
 #include "harness/provenance.h"
+#include "harness/step_stats.h"
 
 namespace fd {
 
@@ -25,6 +26,7 @@ namespace fs = std::filesystem;
 json distribution(const std::vector<double>& v) {
   const double mean = v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
   return {{"mean", mean},
+          {"p1", percentile(v, 1)},
           {"p50", percentile(v, 50)},
           {"p90", percentile(v, 90)},
           {"p99", percentile(v, 99)},
@@ -209,6 +211,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   Progress progress(opt.progress, total_gen);
   int64_t step = 0, engine_steps = 0, out_tokens = 0;
   std::vector<double> step_ms;
+  std::vector<StepStat> step_stats;  // for results.decode_only / steady (harness/step_stats.h)
   std::map<std::string, double> breakdown_total;
   std::map<std::string, int64_t> counts_total, steps_with_counts;  // StepResult::counts: sum, steps where > 0
   while (!sched.done()) {
@@ -232,13 +235,16 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
     }
     StepResult r = engine->step();
     const int64_t s1 = now_ns();
-    int64_t finished = 0;
+    int64_t finished = 0, started = 0;  // started: sequences whose first token came this step
     std::vector<uint64_t> advanced;
     for (const auto& t : r.tokens) advanced.push_back(t.request_id);
     sched.on_step_done(advanced);  // before on_started: a sequence's first token starts its life this step
     for (const auto& t : r.tokens) {
       RequestTrack& rt = track.at(t.request_id);
-      if (rt.tokens.empty()) sched.on_started(t.request_id, step);
+      if (rt.tokens.empty()) {
+        sched.on_started(t.request_id, step);
+        ++started;
+      }
       rt.tokens.push_back(t.token);
       rt.token_ns.push_back(s1 - t0);
       if (auto lt = logit_track.find(t.request_id); lt != logit_track.end()) {
@@ -280,6 +286,8 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
     for (const auto& [k, v] : r.breakdown_ms) breakdown_total[k] += v;
     for (const auto& [k, v] : r.counts) counts_total[k] += v, steps_with_counts[k] += v > 0;
     step_ms.push_back(ms);
+    step_stats.push_back({engine_steps, ms, r.prefill_tokens, r.decode_tokens, int64_t(r.tokens.size()),
+                          int64_t(r.tokens.size()), r.total_context, started, finished});
     json phases = json::object();
     for (const auto& sp : r.spans) {
       trace.event(sp.track, sp.name, sp.start_ns, sp.dur_ns);
@@ -295,6 +303,7 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
                 {"new_tokens", r.tokens.size()},
                 {"finished", finished},
                 {"admitted", start.size()},
+                {"started", started},
                 {"queued", sched.queued()},
                 {"prefill_tokens", r.prefill_tokens},
                 {"decode_tokens", r.decode_tokens},
@@ -390,6 +399,12 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
                   {"itl_ms", distribution(itl)},
                   {"e2e_latency_ms", distribution(e2e)},
                   {"queue_ms", distribution(queue)}};
+  // Decode-only steps and the steady window (harness/step_stats.h); at reduced depth, the full-depth
+  // equivalents of the rates (extrapolated, labelled so).
+  results["decode_only"] = decode_only_stats(step_stats);
+  results["steady"] = steady_stats(step_stats);
+  if (e.model.num_layers < e.model.full_num_layers)
+    results["full_depth_equivalent"] = full_depth_equivalent(e.model.num_layers, e.model.full_num_layers, results);
   // Mean per step of the engine's breakdown (e.g. S-Part compute, wait for R-workers, slowest R-worker).
   json bd = json::object();
   for (const auto& [k, v] : breakdown_total) bd[k] = engine_steps > 0 ? v / double(engine_steps) : 0.0;

@@ -17,7 +17,7 @@ struct RunOptions {
 json run_experiment(const ExperimentConfig& e, const RunOptions& opt);
 
 // Percentile with linear interpolation between order statistics (numpy's default); 0 for empty input.
-// {mean, p50, p90, p99, max, count} of the values.
+// {mean, p1, p50, p90, p99, max, count} of the values.
 json distribution(const std::vector<double>& v);
 
 // Writes fp32 [rows, cols] (C order) as an NPY v1.0 file (numpy.load reads it).

@@ -3,6 +3,8 @@
 // then the kernel, which reports ratio_to_ceiling = ceiling time / kernel time:
 //   decode/...    flash-decoding split-K decode attention; ceiling: read_ceiling of the same K+V bytes
 //                 (the HBM read rate the device achieves in this run). Counters: bytes/s, ratio.
+//   decode-batch/... the same kernel and ceiling with B swept 1..1024 at context 1024 (Llama-2-7b heads):
+//                 Fig. 3's attention curve (seconds_per_token stays flat in B: attention does not batch).
 //   prefill/...   tiled causal prefill attention (fp32 CUDA cores, 4·D·Hq FLOPs per attended (query, key)
 //                 pair); ceiling: fma_ceiling, fp32 FMAs on registers. Counters: FLOP/s, ratio.
 //   sampling/...  cuda::sample_rows (full vocabulary, top-p 0.9, top-k 40 + top-p 0.9); ceiling: one read
@@ -97,14 +99,16 @@ void set_ratio(benchmark::State& st, const std::string& key, double kernel_s) {
   if (c > 0 && kernel_s > 0) st.counters["ratio_to_ceiling"] = c / kernel_s;
 }
 
-void register_decode() {
-  struct Case {
-    int64_t B, ctx;
-    int Hq, Hkv, D;
-  };
-  // The first row is the reference configuration (B=256, ctx=1024, MHA 32 heads, D=128).
-  for (const Case c : {Case{256, 1024, 32, 32, 128}, Case{256, 1024, 32, 8, 128}, Case{64, 4096, 32, 32, 128},
-                       Case{32, 1024, 32, 32, 128}, Case{256, 1024, 32, 32, 64}}) {
+struct DecodeCase {
+  int64_t B, ctx;
+  int Hq, Hkv, D;
+};
+
+// group "decode": the kernel's shapes; "decode-batch": Fig. 3's second curve, B swept at one context
+// (Llama-2-7b's heads), so attention time per token can be read against B next to the S-Part's.
+void register_decode(const std::string& group, const std::vector<DecodeCase>& cases) {
+  using Case = DecodeCase;
+  for (const Case c : cases) {
     char name[96];
     std::snprintf(name, sizeof name, "B%lld/ctx%lld/Hq%d/Hkv%d/D%d", (long long)c.B, (long long)c.ctx, c.Hq, c.Hkv, c.D);
     const std::string key = name;
@@ -119,16 +123,16 @@ void register_decode() {
       CUDA_CHECK(cudaMemset((*kc)->get(), 0x3C, size_t(cache_n) * 2));  // 0x3C3C: ~1.06, finite
       CUDA_CHECK(cudaMemset((*vc)->get(), 0x3C, size_t(cache_n) * 2));
     };
-    benchmark::RegisterBenchmark(("decode/ceiling_read/" + key).c_str(), [=](benchmark::State& st) {
+    benchmark::RegisterBenchmark((group + "/ceiling_read/" + key).c_str(), [=](benchmark::State& st) {
       make();
       const double s = run_timed(st, [&] {
         fd::cuda::read_ceiling((*kc)->get(), size_t(cache_n) * 2, g_sink->get(), nullptr);
         fd::cuda::read_ceiling((*vc)->get(), size_t(cache_n) * 2, g_sink->get(), nullptr);
       });
-      g_ceilings.set("decode/" + key, s);
+      g_ceilings.set(group + "/" + key, s);
       st.counters["bytes_per_second"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
     })->UseManualTime()->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark(("decode/attention/" + key).c_str(), [=](benchmark::State& st) {
+    benchmark::RegisterBenchmark((group + "/attention/" + key).c_str(), [=](benchmark::State& st) {
       make();
       std::vector<int32_t> slots(size_t(c.B)), lens(size_t(c.B), int32_t(c.ctx));
       std::iota(slots.begin(), slots.end(), 0);
@@ -144,7 +148,8 @@ void register_decode() {
                                    nullptr);
       });
       st.counters["bytes_per_second"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
-      set_ratio(st, "decode/" + key, s);
+      st.counters["seconds_per_token"] = s / double(c.B);
+      set_ratio(st, group + "/" + key, s);
     })->UseManualTime()->Unit(benchmark::kMicrosecond);
   }
 }
@@ -308,8 +313,10 @@ int main(int argc, char** argv) {
   CLI::App app{"GPU kernels (decode and prefill attention, sampling) next to their same-run ceilings (Google Benchmark)"};
   app.name("fd-kernel-bench");
   std::vector<std::string> only = {"decode", "prefill", "sampling"};
-  app.add_option("--only", only, "Which groups: decode, prefill, sampling, balance (not run by default)")
-      ->check(CLI::IsMember({"decode", "prefill", "sampling", "balance"}))
+  app.add_option("--only", only,
+                 "Which groups: decode, prefill, sampling; balance and decode-batch (B 1-1024 at context 1024, Fig. 3) "
+                 "are not run by default")
+      ->check(CLI::IsMember({"decode", "prefill", "sampling", "balance", "decode-batch"}))
       ->capture_default_str();
   std::vector<int> sm_counts = {8, 16, 24, 32, 48, 64};
   app.add_option("--sm-counts", sm_counts, "balance: the SM counts measured (green contexts), besides the whole device")
@@ -320,7 +327,13 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("fd_device", probe.devices[0].name);
     g_sink = std::make_shared<DeviceBuffer<float>>(fd::cuda::read_ceiling_sink_floats());
     for (const auto& g : only) {
-      if (g == "decode") register_decode();
+      // The first "decode" row is the reference configuration (B=256, ctx=1024, MHA 32 heads, D=128).
+      if (g == "decode")
+        register_decode("decode", {{256, 1024, 32, 32, 128}, {256, 1024, 32, 8, 128}, {64, 4096, 32, 32, 128},
+                                   {32, 1024, 32, 32, 128}, {256, 1024, 32, 32, 64}});
+      if (g == "decode-batch")
+        register_decode("decode-batch", {{1, 1024, 32, 32, 128}, {4, 1024, 32, 32, 128}, {16, 1024, 32, 32, 128},
+                                         {64, 1024, 32, 32, 128}, {256, 1024, 32, 32, 128}, {1024, 1024, 32, 32, 128}});
       if (g == "prefill") register_prefill();
       if (g == "sampling") register_sampling();
       if (g == "balance") register_balance(sm_counts);

@@ -10,6 +10,7 @@
 #include "harness/provenance.h"
 #include "harness/profile.h"
 #include "harness/runner.h"
+#include "harness/sweep.h"
 
 // fd-bench workload: the requests exactly as run_experiment makes them (make_requests + arrival_times),
 // checked as `run` checks them, one JSON object per line.
@@ -102,8 +103,25 @@ int main(int argc, char** argv) {
       ->take_all()
       ->allow_extra_args(false);
   workload->add_option("-o,--out", wl_out, "JSONL file to write (default: stdout)");
+  // sweep: a base config at every point of a grid of --set overrides, repeated (docs/EXPERIMENTS.md, "Sweeps").
+  std::string sw_spec;
+  fd::SweepOptions sw;
+  CLI::App* sweep = app.add_subcommand("sweep", "Run a sweep spec: every point x repeat into OUT/<point>/rep<k>/, with OUT/index.json");
+  sweep->add_option("spec", sw_spec, "Sweep spec (JSON)")->required();
+  sweep->add_option("--out", sw.out_dir, "Sweep folder (resumable: runs that have a summary.json are skipped)")->required();
+  sweep->add_option("--set", sw.sets, "KEY.PATH=VALUE: as `fd-bench run --set`, applied to every point after its own")
+      ->take_all()
+      ->allow_extra_args(false);
+  sweep->add_flag("--dry-run", sw.dry_run, "Validate every point, print the points and the run count; run and write nothing");
+  sweep->add_flag("--quiet", sw.quiet, "No progress on stderr");
+  sweep->add_flag("--fail-fast", sw.fail_fast, "Stop at the first failed run");
+  sweep->add_flag("--quick", sw.quick, "Run the spec's \"quick\" variant (its \"set\", fewer values)");
   return fd::guarded_main(app, argc, argv, [&]() {
     if (*workload) return write_workload(fd::load_experiment(wl_config, wl_sets), wl_out);
+    if (*sweep) {
+      sw.command_line = fd::join_args(argc, argv);
+      return fd::run_sweep(fd::load_sweep_spec(sw_spec), sw);
+    }
     if (*profile) {
       const fd::json prof = fd::measure_profile(fd::load_model_config(prof_model), prof_batches, prof_dtypes,
                                                 prof_context, int(prof_reps), prof_backend, int(prof_r_threads),
@@ -166,11 +184,12 @@ int main(int argc, char** argv) {
     const fd::json s = fd::run_experiment(e, opt);
     const fd::json& r = s["results"];
     std::printf("%s: %lld output tokens in %.2f s = %.1f tokens/s; step p50 %.2f ms, p99 %.2f ms; "
-                "TTFT p50 %.1f ms; TPOT p50 %.2f ms\nrun folder: %s\n",
+                "TTFT p50 %.1f ms; TPOT p50 %.2f ms; decode-only p99 %.2f ms, steady %.1f tokens/s\nrun folder: %s\n",
                 e.name.c_str(), (long long)r["output_tokens"].get<int64_t>(), r["duration_s"].get<double>(),
                 r["output_throughput"].get<double>(), r["step_ms"]["p50"].get<double>(),
                 r["step_ms"]["p99"].get<double>(), r["ttft_ms"]["p50"].get<double>(),
-                r["tpot_ms"]["p50"].get<double>(), out.c_str());
+                r["tpot_ms"]["p50"].get<double>(), r["decode_only"]["step_ms"]["p99"].get<double>(),
+                r["steady"]["tokens_per_s"].get<double>(), out.c_str());
     if (!r["step_breakdown_ms_mean"].empty()) {
       std::printf("step breakdown (mean ms per step):");
       for (const auto& [k, v] : r["step_breakdown_ms_mean"].items()) std::printf(" %s %.2f", k.c_str(), v.get<double>());

@@ -7,7 +7,9 @@
 //     s_ms = N·T(n)            (or the constant --t-ms-per-step-s-part)      n = running sequences
 //     r_ms = N·W·R/P                                                         W = total context
 //     step_ms = max(s_ms, r_ms)
-// Prefill and transfer are not modelled (the paper's workloads have short prompts).
+// Prefill and transfer are not modelled (the paper's workloads have short prompts). A request's admission
+// step stands for its prefill: steps.jsonl counts its prompt as that step's prefill_tokens and the others
+// as decode_tokens, so results.decode_only / steady follow fd-bench's rules (harness/step_stats.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +26,7 @@
 #include "fastdecode/core/cli_main.h"
 #include "harness/provenance.h"
 #include "harness/runner.h"
+#include "harness/step_stats.h"
 
 namespace fs = std::filesystem;
 using fd::json;
@@ -253,13 +256,9 @@ int main(int argc, char** argv) {
     // ---------------- simulation ----------------
     std::vector<size_t> active;  // indices into reqs
     double clock = 0;
-    int64_t step = 0, recorded = 0, output_tokens = 0, first_finish = -1, last_admit = -1;
+    int64_t step = 0, recorded = 0, output_tokens = 0;
     double first_start = -1, end_s = 0;
-    struct StepRec {
-      int64_t step, running, total_context;
-      double step_ms;
-    };
-    std::vector<StepRec> recs;
+    std::vector<fd::StepStat> recs;  // step_ms absent without a cost model
     std::vector<double> itl_ms;
     int64_t s_bound = 0, r_bound = 0;
     bool truncated = false;
@@ -270,12 +269,13 @@ int main(int argc, char** argv) {
       }
       if (sched.running() == 0 && sched.arrived(clock) == 0) clock = std::max(clock, *sched.next_arrival_s());  // idle
       const auto ids = sched.admit(step, clock);
+      int64_t prefill_tokens = 0;  // the admitted requests' prompts (not timed: prefill is not modelled)
       for (auto id : ids) {
         SimRequest& r = reqs[size_t(id)];
         r.admit_step = step;
         r.admit_s = clock;
         active.push_back(size_t(id));
-        last_admit = step;
+        prefill_tokens += r.prompt_len;
       }
       if (active.empty()) {  // nothing runs at this step (fixed-interval waiting for its slot): no cost
         ++step;
@@ -300,19 +300,22 @@ int main(int argc, char** argv) {
           r.finish_step = step;
           sched.on_finished(r.id, step);
           ++finished;
-          if (first_finish < 0) first_finish = step;
         } else {
           still.push_back(i);
         }
       }
       const int64_t queued = sched.arrived(clock);
+      const int64_t decode_tokens = n - int64_t(ids.size());  // sequences past their admission step
       json line = {{"step", step},       {"start_s", clock},   {"running", n},          {"admitted", ids.size()},
                    {"finished", finished}, {"queued", queued}, {"total_context", w},    {"s_ms", s_ms},
-                   {"r_ms", r_ms},        {"step_ms", step_ms}, {"binds", s_ms >= r_ms ? "S" : "R"}};
+                   {"r_ms", r_ms},        {"step_ms", step_ms}, {"binds", s_ms >= r_ms ? "S" : "R"},
+                   {"new_tokens", n},     {"prefill_tokens", prefill_tokens},           {"decode_tokens", decode_tokens},
+                   {"started", ids.size()}};  // as fd-bench's steps.jsonl: an admitted request starts at once
       if (!cost.has_s && !cost.has_r)  // no cost model: the schedule only; times are unknown, not zero
         for (const char* k : {"start_s", "s_ms", "r_ms", "step_ms", "binds"}) line[k] = nullptr;
       steps_out << line.dump() << "\n";
-      recs.push_back({step, n, w, step_ms});
+      recs.push_back({step, timed ? std::optional<double>(step_ms) : std::nullopt, prefill_tokens, decode_tokens, n, n, w,
+                      int64_t(ids.size()), finished});
       if (first_start < 0) first_start = clock;
       output_tokens += n;
       active.swap(still);
@@ -325,26 +328,21 @@ int main(int argc, char** argv) {
     if (!steps_out) FD_THROW(out << "/steps.jsonl: write failed");
 
     // ---------------- summary ----------------
-    // Steady window: steps strictly after the first finish (cold start over: the pipeline is full) and
-    // strictly before the last admission (the drain begins). Empty -> the whole run.
-    int64_t w0 = first_finish + 1, w1 = last_admit - 1;
-    std::string window_rule = "first_finish+1 .. last_admission-1";
-    if (first_finish < 0 || w0 > w1) {
-      w0 = recs.empty() ? 0 : recs.front().step;
-      w1 = recs.empty() ? -1 : recs.back().step;
-      window_rule = "whole run (no step lies after the first finish and before the last admission)";
-    }
-    int64_t max_ctx = 0, max_ctx_steady = 0, max_running_seen = 0, n_steady = 0;
+    // Steady window (harness/step_stats.h, the same rule as fd-bench): the steps strictly between the
+    // last admission and the first finish, in whichever order they come; none -> the whole run.
+    const fd::SteadyWindow win = fd::steady_window(recs);
+    const int64_t n_steady = int64_t(win.end - win.begin);
+    int64_t max_ctx = 0, max_ctx_steady = 0, max_running_seen = 0;
     double sum_steady = 0, sum_all = 0, sum_running_steady = 0, peak_ms = 0;
     std::vector<double> step_ms_all;
-    for (const auto& r : recs) {
+    for (size_t i = 0; i < recs.size(); ++i) {
+      const fd::StepStat& r = recs[i];
       max_ctx = std::max(max_ctx, r.total_context);
       max_running_seen = std::max(max_running_seen, r.running);
       sum_all += double(r.total_context);
-      peak_ms = std::max(peak_ms, r.step_ms);
-      step_ms_all.push_back(r.step_ms);
-      if (r.step >= w0 && r.step <= w1) {
-        ++n_steady;
+      peak_ms = std::max(peak_ms, r.step_ms.value_or(0.0));
+      step_ms_all.push_back(r.step_ms.value_or(0.0));
+      if (i >= win.begin && i < win.end) {
         sum_steady += double(r.total_context);
         sum_running_steady += double(r.running);
         max_ctx_steady = std::max(max_ctx_steady, r.total_context);
@@ -376,7 +374,7 @@ int main(int argc, char** argv) {
         {"mean_total_context", n_steady ? sum_steady / double(n_steady) : 0.0},
         {"max_total_context_steady", max_ctx_steady},
         {"mean_total_context_all", recs.empty() ? 0.0 : sum_all / double(recs.size())},
-        {"steady_window", {{"first_step", w0}, {"last_step", w1}, {"steps", n_steady}, {"rule", window_rule}}},
+        {"steady_window", {{"first_step", win.first_step}, {"last_step", win.last_step}, {"steps", n_steady}, {"rule", win.rule}}},
         {"max_running", max_running_seen},
         {"mean_running_steady", n_steady ? sum_running_steady / double(n_steady) : 0.0},
         {"peak_step_ms", timed_or_null(peak_ms)},
@@ -388,6 +386,8 @@ int main(int argc, char** argv) {
         {"itl_ms", timed_or_null(fd::distribution(itl_ms))},
         {"queue_delay_ms", timed_or_null(fd::distribution(queue_delay))},
         {"e2e_latency_ms", timed_or_null(fd::distribution(e2e))},
+        {"decode_only", fd::decode_only_stats(recs)},
+        {"steady", fd::steady_stats(recs)},
     };
     // Closed-form predictions (fixed lengths only): context convention ctx = prompt + tokens so far.
     json pred = json::object();
@@ -446,7 +446,10 @@ int main(int argc, char** argv) {
     std::printf("fd-sim %s: %lld steps, max total context %lld, steady mean %.1f", mode_s.c_str(), (long long)recorded,
                 (long long)max_ctx, n_steady ? sum_steady / double(n_steady) : 0.0);
     if (timed) std::printf(", %.1f tokens/s, peak step %.2f ms", duration > 0 ? double(output_tokens) / duration : 0.0, peak_ms);
-    std::printf("\nout: %s\n", out.c_str());
+    // The window's rule (since issue 13 the same as fd-bench's: an all-at-once run of one wave now has a
+    // window, after the admission and before the first finish, where it used to fall back to the whole run).
+    std::printf("\nsteady window: steps %lld..%lld (%lld), %s\nout: %s\n", (long long)win.first_step,
+                (long long)win.last_step, (long long)n_steady, win.rule.c_str(), out.c_str());
     return 0;
   });
 }

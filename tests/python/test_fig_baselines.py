@@ -102,7 +102,8 @@ def script(path, *args):
 
 def test_both_figures_written_by_figures_py(root, tmp_path):
     out = tmp_path / "figs"
-    proc = script(ANALYSIS / "figures.py", "--artifacts", tmp_path / "empty-artifacts", "--baselines", root, "--out", out)
+    proc = script(ANALYSIS / "figures.py", "--artifacts", tmp_path / "empty-artifacts", "--baselines", root, "--out", out,
+                  "--only", "fig9b", "fig10", "--format", "png")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {Path(l[len("wrote "):]).name for l in proc.stdout.splitlines() if l.startswith("wrote ")} == {FIG9, FIG10}
     for name in (FIG9, FIG10):
@@ -116,7 +117,8 @@ def test_no_run_folder_is_a_printed_skip(tmp_path):
     assert proc.returncode == 1
     assert "skipped fig9b: " in proc.stdout and "skipped fig10: " in proc.stdout and "not found" in proc.stdout
     (tmp_path / "nothing" / "full" / "llama-2-7b").mkdir(parents=True)
-    proc = script(ANALYSIS / "figures.py", "--artifacts", tmp_path, "--baselines", tmp_path / "nothing", "--out", tmp_path / "o")
+    proc = script(ANALYSIS / "figures.py", "--artifacts", tmp_path, "--baselines", tmp_path / "nothing", "--out", tmp_path / "o",
+                  "--only", "fig9b", "fig10")
     assert "skipped fig9b: no run folder" in proc.stdout and "skipped fig10: no run folder" in proc.stdout
     assert not list((tmp_path / "o").glob("*.png"))
 

@@ -1,4 +1,4 @@
-"""analysis/figures.py from outside: the five PNGs from the committed artifacts (default --artifacts, run from
+"""analysis/figures.py from outside: the six figures (PNG and PDF) from the committed artifacts (default --artifacts, run from
 the repository root), fig11 from fd-sim output folders (--sim-dir), and "skipped figN: why" lines instead of
 a crash when inputs are missing (exit 1 when nothing was written).
 
@@ -49,6 +49,7 @@ SCRIPT = REPO_ROOT / "analysis" / "figures.py"
 ARTIFACTS = REPO_ROOT / "artifacts" / "sworker" / "gpu-machine"
 PROFILE = ARTIFACTS / "profile_llama-2-7b_cuda_r12.json"
 FIGS = {
+    "fig1": "fig1_kv_memory.png",
     "fig3": "fig3_spart_vs_gemm.png",
     "fig9": "fig9_throughput.png",
     "fig15": "fig15_step_breakdown.png",
@@ -56,6 +57,7 @@ FIGS = {
     "fig11": "fig11_per_step_latency.png",
 }
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MEASURED_FIGS = [f for f in FIGS if f != "fig1"]  # fig1 is computed from experiments/models, always drawable
 
 
 def figures(*args, cwd=REPO_ROOT):
@@ -82,12 +84,15 @@ def skipped(proc):
 
 def test_all_figures_from_committed_artifacts(tmp_path):
     out = tmp_path / "figs"
-    proc = figures("--out", out)  # default --artifacts, relative to the repository root
+    proc = figures("--out", out)  # default --artifacts, relative to the repository root; default --format png,pdf
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not skipped(proc), proc.stdout
-    assert sorted(Path(p).name for p in written(proc)) == sorted(FIGS.values())
+    pdfs = [n[:-4] + ".pdf" for n in FIGS.values()]
+    assert sorted(Path(p).name for p in written(proc)) == sorted(list(FIGS.values()) + pdfs)
     for name in FIGS.values():
         check_png(out / name)
+    for name in pdfs:
+        assert (out / name).read_bytes()[:5] == b"%PDF-", name
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +109,7 @@ def sim_dir(fd_bin, tmp_path_factory):
 def test_fig11_from_fd_sim_folders(tmp_path, fd_bin, sim_dir):
     sim = sim_dir
     out = tmp_path / "figs"
-    proc = figures("--artifacts", ARTIFACTS, "--sim-dir", sim, "--out", out)
+    proc = figures("--artifacts", ARTIFACTS, "--sim-dir", sim, "--out", out, "--format", "png")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not skipped(proc), proc.stdout
     for name in FIGS.values():
@@ -115,27 +120,33 @@ def test_fig11_from_fd_sim_folders(tmp_path, fd_bin, sim_dir):
     untimed.mkdir()
     subprocess.run([fd_bin("fd-sim"), "--mode", "all-at-once", "--batch", "8", "--seq", "8", "--out", str(untimed / "a")],
                    check=True, capture_output=True, timeout=60)
-    proc = figures("--artifacts", ARTIFACTS, "--sim-dir", untimed, "--out", tmp_path / "figs2")
+    proc = figures("--artifacts", ARTIFACTS, "--sim-dir", untimed, "--out", tmp_path / "figs2", "--format", "png")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert skipped(proc) == {"fig11"}, proc.stdout
     assert "no step times" in proc.stdout
-    assert len(written(proc)) == 4
+    assert len(written(proc)) == len(FIGS) - 1
+    # ... and with --strict that is a failure naming the figure
+    proc = figures("--artifacts", ARTIFACTS, "--sim-dir", untimed, "--out", tmp_path / "figs3", "--format", "png", "--strict")
+    assert proc.returncode == 1, proc.stdout
+    assert [l for l in proc.stdout.splitlines() if l.startswith("missing ")] == [
+        l.replace("skipped", "missing", 1) for l in proc.stdout.splitlines() if l.startswith("skipped fig11")]
 
 
 def test_missing_inputs_are_skipped_not_a_crash(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     out = tmp_path / "figs"
-    proc = figures("--artifacts", empty, "--out", out)
+    only = ["--only", *MEASURED_FIGS, "--format", "png"]
+    proc = figures("--artifacts", empty, "--out", out, *only)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert skipped(proc) == set(FIGS), proc.stdout
+    assert skipped(proc) == set(MEASURED_FIGS), proc.stdout
     assert not written(proc)
     assert not list(out.glob("*.png"))
 
     # Unusable inputs are skipped with the reason too.
     (empty / "e2e.json").write_text("[]")
     (empty / "validation.json").write_text("{not json")
-    proc = figures("--artifacts", empty, "--sim-dir", tmp_path / "no-such-dir", "--out", out)
+    proc = figures("--artifacts", empty, "--sim-dir", tmp_path / "no-such-dir", "--out", out, *only)
     assert proc.returncode == 1, proc.stdout
     assert "skipped fig9: e2e.json has no runs" in proc.stdout
     assert "skipped fig13: " in proc.stdout and "not valid JSON" in proc.stdout
@@ -143,9 +154,9 @@ def test_missing_inputs_are_skipped_not_a_crash(tmp_path):
 
     # Some inputs: the figures that have theirs are written, exit 0.
     (empty / "spart_llama-2-7b.json").write_bytes((ARTIFACTS / "spart_llama-2-7b.json").read_bytes())
-    proc = figures("--artifacts", empty, "--out", out)
+    proc = figures("--artifacts", empty, "--out", out, *only)
     assert proc.returncode == 0, proc.stdout
-    assert skipped(proc) == set(FIGS) - {"fig3"}
+    assert skipped(proc) == set(MEASURED_FIGS) - {"fig3"}
     check_png(out / FIGS["fig3"])
 
 
@@ -183,7 +194,7 @@ def drawn(figures_module, tmp: Path, *args):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(matplotlib.figure.Figure, "savefig", catch)
-        rc = figures_module.main(["--out", str(tmp), *map(str, args)])
+        rc = figures_module.main(["--out", str(tmp), "--format", "png", *map(str, args)])
     assert rc == 0
     assert sorted(caught) == sorted(FIGS.values())
     return caught
@@ -234,7 +245,13 @@ def test_fig3_draws_the_spart_files(committed):
         same_xy(gemm, B, gm)
         same_xy(l2[2 * k], B, 1e3 * sp / B)
         same_xy(l2[2 * k + 1], B, 1e3 * gm / B)
-        who = f"{d['model']}, {d['sm_count']} SMs"
+        # The label says what the JSON says: model, dtype, SMs used (of the GPU's when fewer), and the
+        # commit when another file has the same model, dtype and SMs (the bf16 run is not the fp16 one).
+        total = d["provenance"]["gpus"][0]["sm_count"]
+        sms = f"{d['sm_count']} SMs" if d["sm_count"] == total else f"{d['sm_count']} of {total} SMs"
+        twins = [g for g in files if (read_json(g)["model"], read_json(g)["dtype"], read_json(g)["sm_count"])
+                 == (d["model"], d["dtype"], d["sm_count"])]
+        who = f"{d['model']} {d['dtype']}, {sms}" + (f" @{d['provenance']['git_commit']}" if len(twins) > 1 else "")
         m = re.fullmatch(re.escape(who) + r": S-Part \(([0-9.]+)× the GEMMs at B=(\d+)\)", spart.get_label())
         assert m, spart.get_label()
         assert float(m.group(1)) == pytest.approx(sp[-1] / gm[-1], abs=0.005) and int(m.group(2)) == B[-1]
@@ -244,6 +261,15 @@ def test_fig3_draws_the_spart_files(committed):
     assert len(set(colors)) == len(files)
     caption = fig.texts[-1].get_text()
     assert all(f.name in caption for f in files), caption
+    dtypes = sorted({read_json(f)["dtype"] for f in files})
+    assert dtypes == ["bf16", "fp16"]  # the committed files hold both: the title names both
+    assert "bf16" in fig._suptitle.get_text() and "fp16" in fig._suptitle.get_text()
+    prov = read_json(files[0])["provenance"]  # the machine, named over the measured series
+    title = ax1.get_legend().get_title().get_text()
+    assert title.startswith("measured on %s (%d SMs), %d-core %s" % (prov["gpus"][0]["name"], prov["gpus"][0]["sm_count"],
+                                                                    prov["cpu_cores"], prov["cpu_model"])), title
+    bf16 = [l.get_label() for l in l1 if " bf16, " in l.get_label()]
+    assert len(bf16) == 2 * sum(read_json(f)["dtype"] == "bf16" for f in files)
 
 
 def test_fig9_draws_e2e_throughput(committed):
@@ -272,7 +298,11 @@ def test_fig9_draws_e2e_throughput(committed):
         note = note[0].split("\n")
         assert note[0] == format(round(r["decode_tokens_per_s"]), ",").replace(",", " ")
         assert note[1] == "B=%.0f" % r["mean_batch"]
-        assert note[2:] == (["P=%d CPUs" % r["rworker_cpus"]] if r.get("rworker_cpus") else [])
+        assert note[2:-1] == (["P=%d CPUs" % r["rworker_cpus"]] if r.get("rworker_cpus") else [])
+        # the full-depth equivalent: tokens/s × N/L, L from the model's config
+        full = read_json(REPO_ROOT / "experiments" / "models" / (r["model"] + ".json"))["num_hidden_layers"]
+        assert r["layers"] < full
+        assert note[-1] == "≈%s full-depth" % format(round(r["decode_tokens_per_s"] * r["layers"] / full), ",").replace(",", " ")
         seen.append(r["name"])
     assert sorted(seen) == sorted(r["name"] for r in rows)
     for tick in ticks:  # the ratio under each pair
@@ -282,6 +312,17 @@ def test_fig9_draws_e2e_throughput(committed):
             assert ("FD / GPU-only = %.3f" % (pair["fastdecode"] / pair["gpu-only"])) in tick
         else:
             assert "FD / GPU-only" not in tick
+    check_full_depth_axis(ax, rows[0]["layers"], read_json(REPO_ROOT / "experiments" / "models" / (rows[0]["model"] + ".json"))["num_hidden_layers"])
+
+
+def check_full_depth_axis(ax, layers, full):
+    """The right-hand axis reads the left one's tokens/s × N/L, and its label says so."""
+    (sec,) = ax.child_axes
+    to_full, back = sec._functions
+    np.testing.assert_allclose(to_full(np.array([1000.0, 4964.0])), np.array([1000.0, 4964.0]) * layers / full, rtol=1e-12)
+    np.testing.assert_allclose(back(to_full(np.array([123.0]))), [123.0], rtol=1e-12)
+    label = one_line(sec.get_ylabel())
+    assert f"{layers} of {full} layers run" in label and "(×L/N, assumes step linear in layers: Fig. 8)" in label, label
 
 
 def test_fig15_draws_the_step_breakdown(committed):
@@ -311,7 +352,7 @@ def test_fig15_draws_the_step_breakdown(committed):
     for i, r in enumerate(rows):
         assert "step %.1f ms" % r["mean_step_ms"] in notes and "%.1f ms" % r["breakdown_ms"]["r_compute_max"] in notes
         head = labels[i].split("\n")
-        assert head[0] == r["name"] and head[1] == "B=%.0f, P=%s CPUs" % (r["mean_batch"], r["rworker_cpus"])
+        assert head[0] == "%s (%s)" % (r["name"], r["balance"]) and head[1] == "B=%.0f, P=%s CPUs" % (r["mean_batch"], r["rworker_cpus"])
         steps = read_jsonl(ARTIFACTS / "e2e" / r["name"] / "steps.jsonl")
         dec = [x for x in steps if x["prefill_tokens"] == 0 and x["decode_tokens"] > 0]
         other = [x["step_ms"] - x["breakdown_ms"]["s_compute"] - x["breakdown_ms"]["r_wait"] for x in dec]
@@ -330,7 +371,7 @@ def test_fig13_draws_validation(committed):
     lines = ax.get_lines()
     predicted = [l for l in lines if l.get_marker() == "s"]
     model = [l for l in lines if l.get_linestyle() == "--"]
-    measured = [l for l in lines if l.get_label() == "measured (decode-only steps)"]
+    measured = [l for l in lines if l.get_label().startswith("measured (decode-only steps), ")]
     linear = [l for l in lines if l.get_linestyle() == ":"]
     assert len(predicted) == len(model) == len(threads) and len(measured) == len(linear) == 1
     assert len(lines) == 2 * len(threads) + 2
@@ -357,6 +398,10 @@ def test_fig13_draws_validation(committed):
         pred = next(r["predicted_tok_s"] for r in rows if r["run"] == run and r["r_threads"] == threads[-1])
         assert "%.0f\n%s\n= %.2f × MODELLED (%d-CPU R)" % (t, run, t / pred, threads[-1]) in notes
     assert "P %d → %d: measured ×%.2f (scaling efficiency %.0f %%)" % (p0, p1, t1 / t0, 100 * (t1 / t0) / (p1 / p0)) in notes
+    prov = read_json(ARTIFACTS / "e2e" / rows[0]["run"] / "summary.json")["provenance"]
+    label = measured[0].get_label()  # the machine and the balance of the measured series
+    assert prov["gpus"][0]["name"] in label and prov["cpu_model"] in label and label.endswith(", full GPU"), label
+    check_full_depth_axis(ax, rows[0]["N"], read_json(REPO_ROOT / "experiments" / "models" / "llama-2-7b.json")["num_hidden_layers"])
 
 
 def test_fig11_draws_the_e2e_steps(committed):
@@ -371,7 +416,10 @@ def test_fig11_draws_the_e2e_steps(committed):
     for k, d in enumerate(runs):
         steps = read_jsonl(d / "steps.jsonl")
         every, pre, dec = l1[3 * k:3 * k + 3]
-        assert every.get_label() == read_json(d / "summary.json")["name"]
+        s = read_json(d / "summary.json")
+        gpu = s["config"]["hardware"]["gpu"]
+        bal = "full GPU" if not gpu["sm_count"] else "GPU capped at %g GB, %d SMs" % (gpu["memory_gb"], gpu["sm_count"])
+        assert every.get_label() == "%s (%s)" % (s["name"], bal)
         same_xy(every, [s["step"] for s in steps], [s["step_ms"] for s in steps])
         p = [s for s in steps if s["prefill_tokens"] > 0]
         q = [s for s in steps if s["prefill_tokens"] == 0 and s["decode_tokens"] > 0]
@@ -400,3 +448,149 @@ def test_fig11_draws_the_fd_sim_steps(from_sim, sim_dir):
         label = every.get_label()
         assert label.startswith("MODELLED " + d.name) and label.endswith(": %.0f tok/s" % res["tokens_per_s"])
         assert l2[k].get_label() == label and every.get_color() == l2[k].get_color() == peak.get_color()
+
+
+# ------------------------------------------------------------------------------------------------
+# honest labels, Fig. 1, Fig. 15's timeline (synthetic inputs; no binaries)
+# ------------------------------------------------------------------------------------------------
+
+def caught_figures(figures_module, tmp: Path, *args):
+    """figures.main(--only ...) in this process with savefig caught: {file name: Figure}."""
+    caught = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(matplotlib.figure.Figure, "savefig", lambda fig, fname, *a, **k: caught.__setitem__(Path(fname).name, fig))
+        rc = figures_module.main(["--out", str(tmp), "--format", "png", "--strict", *map(str, args)])
+    assert rc == 0
+    return caught
+
+
+def test_fig11_sim_dir_tells_measured_runs_from_fd_sim(figures_module, tmp_path):
+    """A folder under --sim-dir that is an fd-bench run is drawn as measured (machine, balance), not MODELLED."""
+    sim = tmp_path / "sim"
+    fake = sim / "a-sim"
+    fake.mkdir(parents=True)
+    steps = [{"step": i, "step_ms": 10.0 + i, "total_context": 100 * i} for i in range(5)]
+    (fake / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in steps))
+    (fake / "summary.json").write_text(json.dumps({"program": "fd-sim", "config": {"mode": "all-at-once", "batch": 4, "seq": 8,
+                                                                                   "cost": {"layers": 2, "rworkers": 1}},
+                                                   "results": {"duration_s": 0.06, "tokens_per_s": 321.0, "peak_step_ms": 14.0}}))
+    run = ARTIFACTS / "e2e" / "llama-2-7b-fastdecode-a10"
+    real = sim / "b-run"
+    real.mkdir()
+    for n in ("summary.json", "steps.jsonl"):
+        (real / n).write_bytes((run / n).read_bytes())
+    fig = caught_figures(figures_module, tmp_path / "figs", "--artifacts", ARTIFACTS, "--sim-dir", sim, "--only", "fig11")[FIGS["fig11"]]
+    ax1 = fig.axes[0]
+    labels = [l.get_label() for l in ax1.get_lines() if not l.get_label().startswith("_")]
+    s = read_json(run / "summary.json")
+    assert labels[0] == "MODELLED all-at-once, B=4, S=8: 321 tok/s"
+    assert labels[1].startswith("measured %s (fastdecode, all-at-once; " % s["name"]) and "MODELLED" not in labels[1], labels[1]
+    for what in (s["provenance"]["gpus"][0]["name"], s["provenance"]["cpu_model"], "GPU capped at 24 GB, 16 SMs"):
+        assert what in labels[1], labels[1]
+    assert labels[1].endswith(": %.0f tok/s" % s["results"]["output_throughput"])
+    same_xy(ax1.get_lines()[2], [x["step"] for x in read_jsonl(run / "steps.jsonl")], [x["step_ms"] for x in read_jsonl(run / "steps.jsonl")])
+    assert "measured (fd-bench) and MODELLED (fd-sim)" in fig._suptitle.get_text()
+
+
+# Published parameter counts (the models' cards); the figure counts them from the configs.
+PARAMS = {"llama-2-7b": 6_738_415_616, "llama-2-13b": 13_015_864_320}
+GPUS = {"A10": 24.0, "A100": 80.0, "H200": 141.0}
+
+
+def test_fig1_kv_memory_is_computed_from_the_configs(figures_module, tmp_path):
+    fig = caught_figures(figures_module, tmp_path, "--only", "fig1")[FIGS["fig1"]]
+    models = ["llama-2-7b", "llama-2-13b", "opt-175b"]
+    assert len(fig.axes) == 2 * len(models)
+    assert "COMPUTED" in fig._suptitle.get_text() and "not measured" in fig._suptitle.get_text()
+    for j, m in enumerate(models):
+        cfg = read_json(REPO_ROOT / "experiments" / "models" / f"{m}.json")
+        kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+        per_token = 2 * cfg["num_hidden_layers"] * kv_heads * (cfg["hidden_size"] // cfg["num_attention_heads"]) * 2  # fp16
+        top, bottom = fig.axes[j], fig.axes[len(models) + j]
+        lines = {l.get_label(): l for l in top.get_lines() + bottom.get_lines() if l.get_label().startswith("COMPUTED")}
+        s1024 = lines["COMPUTED fp16, S=1024"]
+        x = s1024.get_xdata()
+        assert list(x) == [2 ** i for i in range(11)]
+        same_xy(s1024, x, x * 1024 * per_token / 1e9)
+        same_xy(lines["COMPUTED int8, S=1024 (scales not counted)"], x, x * 1024 * per_token / 2 / 1e9)
+        same_xy(lines["COMPUTED int4, S=1024 (scales not counted)"], x, x * 1024 * per_token / 4 / 1e9)
+        b64 = lines["COMPUTED fp16, B=64"]
+        same_xy(b64, b64.get_xdata(), 64 * b64.get_xdata() * per_token / 1e9)
+        caps = sorted(l.get_ydata()[0] for l in top.get_lines() if not l.get_label().startswith("COMPUTED"))
+        if m in PARAMS:
+            w = 2 * PARAMS[m] / 1e9
+            assert caps == pytest.approx(sorted(c - w for c in GPUS.values() if c > w), rel=1e-9), m
+        else:  # OPT-175B: ~350 GB of fp16 weights exceed every GPU named: no line, and the title says so
+            assert caps == [] and "exceed A10, A100, H200" in top.get_title()
+
+
+def write_trace_run(d: Path, steady=None):
+    """A run folder with a synthetic trace.json: step 0 prefill, steps 1-3 decode; step 3's spans are known."""
+    d.mkdir(parents=True)
+    ev = [{"ph": "M", "name": "thread_name", "tid": t, "args": {"name": n}}
+          for t, n in ((1, "s-worker"), (2, "harness"), (3, "s-part"), (4, "rworker 0"), (5, "rworker 1"), (6, "wire"))]
+
+    def x(tid, name, ts, dur):
+        ev.append({"ph": "X", "pid": 1, "tid": tid, "name": name, "ts": ts, "dur": dur})
+    for k in range(4):  # step k: [k*1000, k*1000 + 1000) µs; step 0 is a prefill
+        x(2, "step %d" % k, 1000.0 * k, 1000.0)
+        x(1, "prefill" if k == 0 else "decode step", 1000.0 * k, 1000.0)
+        if k != 3:
+            x(3, "L0 mb0 attention input", 1000.0 * k, 500.0)
+    x(3, "L0 mb0 attention input", 3000, 100)
+    x(3, "L0 mb1 attention input", 3100, 100)
+    x(6, "send L0 mb0", 3200, 10)
+    x(4, "L0 mb0", 3150, 250)
+    x(5, "L0 mb0", 3180, 210)
+    x(3, "L0 mb0 output+MLP", 3400, 100)
+    x(3, "L0 mb1 output+MLP", 3500, 100)
+    prov = {"gpus": [{"name": "Test GPU", "sm_count": 8}], "cpu_model": "Test CPU", "cpu_cores": 4}
+    (d / "trace.json").write_text(json.dumps({"traceEvents": ev, "otherData": prov}))
+    steps = [{"step": k, "step_ms": 1.0, "prefill_tokens": 64 if k == 0 else 0, "decode_tokens": 0 if k == 0 else 8} for k in range(4)]
+    (d / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    summary = {"name": "synthetic", "provenance": prov, "model": {"layers": 1, "full_layers": 32},
+               "config": {"hardware": {"gpu": {"memory_gb": 0, "sm_count": 0}}}, "results": {}}
+    if steady:
+        summary["results"]["steady"] = {"first_step": steady[0], "last_step": steady[1]}
+    (d / "summary.json").write_text(json.dumps(summary))
+    return d / "trace.json"
+
+
+def test_fig15_timeline_from_a_trace(figures_module, tmp_path):
+    trace = write_trace_run(tmp_path / "run", steady=(2, 3))
+    fig = caught_figures(figures_module, tmp_path / "figs", "--artifacts", ARTIFACTS, "--trace", trace, "--only", "fig15")[FIGS["fig15"]]
+    assert len(fig.axes) == 3  # the bars (absolute, share) and the timeline
+    tl = fig.axes[2]
+    names = [t.get_text() for t in tl.get_yticklabels()]
+    assert names == ["S-Part: attention input", "S-Part: output+MLP", "wire", "rworker 0", "rworker 1", "wait"]
+    want = {"S-Part: attention input": [(0, 0.1), (0.1, 0.1)], "S-Part: output+MLP": [(0.4, 0.1), (0.5, 0.1)],
+            "wire": [(0.2, 0.01)], "rworker 0": [(0.15, 0.25)], "rworker 1": [(0.18, 0.21)],
+            "wait": [(0.21, 0.19), (0.6, 0.4)]}  # the decode step's time outside S-Part and wire spans
+    got = {}
+    for p in tl.patches:
+        got.setdefault(names[int(round(p.get_y() + p.get_height() / 2))], []).append((p.get_x(), p.get_width()))
+    assert sorted(got) == sorted(want)
+    for n in want:
+        np.testing.assert_allclose(sorted(got[n]), want[n], rtol=1e-9, atol=1e-9, err_msg=n)
+    title = tl.get_title()
+    # step 3: the middle decode-only step of the steady window (2-3), not of the run (which would be step 2)
+    assert title.startswith("one decode iteration (step 3, 1.0 ms; middle decode-only step of the steady window (steps 2-3))"), title
+    assert "measured, Test GPU (8 SMs), 4-core Test CPU, full GPU, 1 of 32 layers" in title
+    totals = [t.get_text() for t in tl.texts]
+    assert totals == ["%.2f ms" % sum(w for _, w in want[n]) for n in names]
+
+    # Without a steady window, the middle decode-only step of the run
+    trace = write_trace_run(tmp_path / "run2")
+    fig = caught_figures(figures_module, tmp_path / "figs2", "--artifacts", ARTIFACTS, "--trace", trace, "--only", "fig15")[FIGS["fig15"]]
+    assert fig.axes[2].get_title().startswith("one decode iteration (step 2, 1.0 ms; middle decode-only step of the run)")
+
+    # With --paper ROOT (scripts/reproduce.sh's output) the trace of its fig15-breakdown sweep is drawn; none there is a skip
+    paper = tmp_path / "paper"
+    write_trace_run(paper / "fig15-breakdown" / "layers-8" / "rep1", steady=(2, 3))
+    fig = caught_figures(figures_module, tmp_path / "figs3", "--artifacts", ARTIFACTS, "--paper", paper, "--only", "fig15")[FIGS["fig15"]]
+    assert fig.axes[2].get_title().startswith("one decode iteration (step 3, 1.0 ms;")
+    (tmp_path / "empty-paper").mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(matplotlib.figure.Figure, "savefig", lambda *a, **k: None)
+        assert figures_module.main(["--out", str(tmp_path / "f4"), "--artifacts", str(ARTIFACTS), "--paper", str(tmp_path / "empty-paper"),
+                                    "--only", "fig15", "--strict"]) == 1

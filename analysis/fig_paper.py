@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""The paper's figures that come from sweeps (scripts/reproduce.sh, experiments/paper/*.sweep.json):
+
+  fig8_layers.png           Fig. 8: decode step vs layer count per model and engine, with the least-squares
+                            line step = a + b * layers and its R^2 (the linearity that justifies reduced layers)
+  fig11_sls_measured.png    Figs. 11/12: per-step latency of all-at-once, fixed-interval and load-control on the
+                            same workload (S = 1024 and 768), with the peak and throughput ratios next to the paper's
+  fig13_scaling.png         Fig. 13: decode tokens/s vs R-worker cores, and the strong-scaling efficiency
+                            tokens/s(P) / (P * tokens/s(P_min) / P_min) as the paper defines it
+
+Input: --paper ROOT, the folder reproduce.sh writes: ROOT/<sweep name>/<point>/rep<k>/{summary.json,steps.jsonl}
+(fd-bench sweep's layout). Every number is read from summary.json's resolved config and results (decode_only,
+steady when present; else recomputed from steps.jsonl with analysis/fd_runs.py); repeats are drawn as their
+median with a min-max bar. A sweep that is missing is a Skip naming it.
+
+usage: analysis/fig_paper.py --paper ROOT --out DIR    (analysis/figures.py --paper ROOT draws them too)
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from fd_runs import decode_steps, decode_tokens_per_s, jsonl_path, read_jsonl  # noqa: E402
+
+DPI = 120
+
+
+class Skip(Exception):
+    """A figure's inputs are missing; the message says why."""
+
+
+def load_run(d):
+    """{summary, steps, decode_ms (mean decode-only step), decode_tps, steady_tps, layers, full_layers} of a run."""
+    s = json.load(open(os.path.join(d, "summary.json")))
+    steps = read_jsonl(d, "steps.jsonl") if jsonl_path(d, "steps.jsonl") else []
+    res = s.get("results", {})
+    dec = decode_steps(steps)
+    do = res.get("decode_only") or {}
+    decode_ms = (do.get("step_ms") or {}).get("mean")
+    if decode_ms is None and dec:
+        decode_ms = statistics.fmean(x["step_ms"] for x in dec)
+    decode_tps = do.get("tokens_per_s", decode_tokens_per_s(dec) if dec else None)
+    st = res.get("steady") or {}
+    return {"dir": d, "summary": s, "steps": steps, "decode_ms": decode_ms, "decode_tps": decode_tps,
+            "steady_tps": st.get("tokens_per_s"), "steady": st, "layers": s["model"]["layers"],
+            "full_layers": s["model"].get("full_layers", s["model"]["layers"]),
+            "run_tps": res.get("output_throughput")}
+
+
+def sweep_runs(root, name):
+    """{point: [run, ...]} of ROOT/<name>/<point>/rep<k>/ (a folder without summary.json is left out, printed)."""
+    top = os.path.join(root, name)
+    if not os.path.isdir(top):
+        raise Skip("%s not found (scripts/reproduce.sh writes it: sweep experiments/paper/%s.sweep.json)" % (top, name))
+    points = {}
+    for p in sorted(os.listdir(top)):
+        pdir = os.path.join(top, p)
+        if not os.path.isdir(pdir):
+            continue
+        for r in sorted(os.listdir(pdir)):
+            d = os.path.join(pdir, r)
+            if not (r.startswith("rep") and os.path.isdir(d)):
+                continue
+            if not os.path.isfile(os.path.join(d, "summary.json")):
+                print("fig_paper: %s: no summary.json (unfinished run), left out" % d)
+                continue
+            points.setdefault(p, []).append(load_run(d))
+    if not points:
+        raise Skip("no finished run under %s" % top)
+    return points
+
+
+def med(vals):
+    vals = [v for v in vals if v is not None]
+    return (statistics.median(vals), min(vals), max(vals)) if vals else (None, None, None)
+
+
+def machine(run):
+    prov = run["summary"].get("provenance", {})
+    gpus = prov.get("gpus") or []
+    g = gpus[0].get("name", "").replace("NVIDIA ", "") if gpus else "no GPU"
+    hw = run["summary"].get("config", {}).get("hardware", {}).get("gpu", {})
+    bal = " (%s GB, %s SMs)" % (hw.get("memory_gb"), hw.get("sm_count")) if hw.get("sm_count") else ""
+    return "%s%s + %s cores, commit %s" % (g, bal, prov.get("cpu_cores", "?"), prov.get("git_commit", "?"))
+
+
+def fit_line(xs, ys):
+    """(a, b, r2) of the least-squares line y = a + b x."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    a = my - b * mx
+    ss_res = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys))
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    return a, b, (1.0 - ss_res / ss_tot) if ss_tot else 1.0
+
+
+def save(fig, a, stem, written, caption):
+    fig.text(0.01, 0.005, caption, fontsize=7, ha="left", va="bottom", wrap=True, color="0.25")
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    for fmt in getattr(a, "formats", ("png",)):
+        path = os.path.join(a.out, "%s.%s" % (stem, fmt))
+        fig.savefig(path, dpi=DPI)
+        written.append(path)
+        print("wrote %s" % path)
+    plt.close(fig)
+
+
+def present(root, names):
+    return [n for n in names if os.path.isdir(os.path.join(root, n))]
+
+
+FIG8 = [("llama-2-7b", "fastdecode"), ("llama-2-7b", "gpu-only"), ("llama-2-13b", "fastdecode"), ("llama-2-13b", "gpu-only")]
+
+
+def fig8_data(root):
+    """{(model, engine): [(layers, median ms, min, max)]}, the fits {(model, engine): (a, b, r2)} and one run."""
+    data, fits, one = {}, {}, None
+    for m, e in FIG8:
+        name = "fig8-%s-%s" % (m, e)
+        if not os.path.isdir(os.path.join(root, name)):
+            continue
+        rows = []
+        for runs in sweep_runs(root, name).values():
+            one = one or runs[0]
+            md, lo, hi = med([r["decode_ms"] for r in runs])
+            if md is not None:
+                rows.append((runs[0]["layers"], md, lo, hi))
+        rows.sort()
+        if rows:
+            data[(m, e)] = rows
+            if len(rows) >= 2:
+                fits[(m, e)] = fit_line([r[0] for r in rows], [r[1] for r in rows])
+    if not data:
+        raise Skip("no fig8-<model>-<engine> sweep under %s" % root)
+    return data, fits, one
+
+
+def fig8(a, written):
+    data, fits, first = fig8_data(a.paper)
+    models = sorted({m for m, _ in data})
+    fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 5), squeeze=False)
+    for ax, m in zip(axes[0], models):
+        for e, style in (("fastdecode", "o-"), ("gpu-only", "s-")):
+            rows = data.get((m, e))
+            if not rows:
+                ax.text(0.02, 0.02 if e == "gpu-only" else 0.07, "%s: not measured" % e, transform=ax.transAxes, fontsize=7)
+                continue
+            L = [r[0] for r in rows]
+            ax.errorbar(L, [r[1] for r in rows], yerr=[[r[1] - r[2] for r in rows], [r[3] - r[1] for r in rows]],
+                        fmt=style, capsize=3, label="%s, measured" % e)
+            if (m, e) in fits:
+                a0, b0, r2 = fits[(m, e)]
+                ax.plot([0, max(L)], [a0, a0 + b0 * max(L)], ":", color="0.4",
+                        label="%s fit: %.2f + %.3f·layers ms, R² = %.4f" % (e, a0, b0, r2))
+        ax.set_xlabel("layers run (model.layers)")
+        ax.set_ylabel("mean decode-only step (ms)")
+        ax.set_title(m, fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle("Fig. 8: decode step vs layer count (measured), with the least-squares line", fontsize=12)
+    save(fig, a, "fig8_layers", written,
+         "Measured on %s. Mean decode-only step (no prompt tokens) of each run in %s/fig8-<model>-<engine>/ (median of repeats, "
+         "bar = min-max). A straight line with R² near 1 is what lets a reduced-layer run stand for the full depth "
+         "(full-depth equivalent = a + b·N)." % (machine(first), a.paper))
+
+
+def sls_data(root, name):
+    """{schedule mode: {peak (decode-only max ms), steady_p99, sustained tokens/s, steps: [(step, ms, W)]}}."""
+    out = {}
+    for runs in sweep_runs(root, name).values():
+        r = runs[0]
+        mode = r["summary"]["config"]["schedule"]["mode"]
+        dec = decode_steps(r["steps"])
+        if not dec:
+            continue
+        st = r["steady"]
+        first, last = st.get("first_step"), st.get("last_step")
+        win = [x for x in dec if first is not None and first <= x["step"] <= last] if st.get("steps") else dec
+        tps = med([x["run_tps"] for x in runs])[0] if mode == "all-at-once" else med([x["steady_tps"] for x in runs])[0]
+        if tps is None:
+            tps = decode_tokens_per_s(win)
+        out[mode] = {"peak": max(x["step_ms"] for x in dec), "steady_p99": sorted(x["step_ms"] for x in win)[int(0.99 * (len(win) - 1))],
+                     "tps": tps, "run": r,
+                     "steps": [(x["step"], x["step_ms"], x.get("total_context", 0)) for x in r["steps"]]}
+    return out
+
+
+def sls_ratios(d):
+    """{mode: (peak ratio = steady p99 / all-at-once's decode max, throughput ratio - 1)} for the SLS modes."""
+    base = d.get("all-at-once")
+    if not base:
+        return {}
+    return {m: (v["steady_p99"] / base["peak"], v["tps"] / base["tps"] - 1.0) for m, v in d.items() if m != "all-at-once"}
+
+
+def fig11(a, written):
+    names = present(a.paper, ["fig11-sls-s1024", "fig11-sls-s768"])
+    if not names:
+        raise Skip("no fig11-sls-s1024 / fig11-sls-s768 sweep under %s" % a.paper)
+    fig, axes = plt.subplots(len(names), 1, figsize=(13, 4.6 * len(names)), squeeze=False)
+    first = None
+    for ax, name in zip(axes[:, 0], names):
+        d = sls_data(a.paper, name)
+        ratios = sls_ratios(d)
+        for mode, v in sorted(d.items()):
+            first = first or v["run"]
+            lab = mode
+            if mode in ratios:
+                lab += ": steady p99 = %.0f %% of all-at-once's peak, throughput %+.1f %%" % (100 * ratios[mode][0], 100 * ratios[mode][1])
+            else:
+                lab += ": peak %.1f ms, %.0f tok/s" % (v["peak"], v["tps"])
+            ax.plot([s for s, _, _ in v["steps"]], [ms for _, ms, _ in v["steps"]], lw=0.7, label=lab)
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel("step latency (ms)")
+        ax.set_title("%s (paper: SLS at 66-70 %% of the peak, +8-11 %% throughput; +13 %% at S = 768)" % name, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    fig.suptitle("Figs. 11/12: per-step latency under admission schedules, measured end to end (FastDecode)", fontsize=12)
+    save(fig, a, "fig11_sls_measured", written,
+         "Measured on %s, real generation. Peak = the longest decode-only step of all-at-once; SLS's latency = p99 of the "
+         "decode-only steps in its steady window (results.steady); throughput: all-at-once over its whole run (its batches "
+         "repeat), SLS over its steady window (the paper's sustained throughput)." % machine(first))
+
+
+def scaling_data(root, name):
+    """[(cores, median tok/s, min, max)] sorted by cores, and the efficiency vs the fewest cores."""
+    rows = []
+    for runs in sweep_runs(root, name).values():
+        rw = runs[0]["summary"]["config"]["engine"]["rworkers"]
+        md, lo, hi = med([r["decode_tps"] for r in runs])
+        if md is not None:
+            rows.append((rw["spawn"] * rw["threads"], md, lo, hi))
+    rows.sort()
+    if not rows:
+        raise Skip("%s: no decode-only steps" % name)
+    p0, t0 = rows[0][0], rows[0][1]
+    eff = [(p, t / (t0 * p / p0)) for p, t, _, _ in rows]
+    return rows, eff
+
+
+def fig13(a, written):
+    names = present(a.paper, ["fig13-scaling-s1024", "fig13-scaling-s128"])
+    if not names:
+        raise Skip("no fig13-scaling-s* sweep under %s" % a.paper)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    first = None
+    for name in names:
+        rows, eff = scaling_data(a.paper, name)
+        first = first or next(iter(sweep_runs(a.paper, name).values()))[0]
+        P = [r[0] for r in rows]
+        ax1.errorbar(P, [r[1] for r in rows], yerr=[[r[1] - r[2] for r in rows], [r[3] - r[1] for r in rows]], fmt="o-",
+                     capsize=3, label=name)
+        ax1.plot(P, [rows[0][1] * p / rows[0][0] for p in P], ":", color="0.5")
+        ax2.plot(P, [100 * e for _, e in eff], "o-", label="%s: %.0f %% at %d cores" % (name, 100 * eff[-1][1], eff[-1][0]))
+    ax1.set_xlabel("R-worker cores (workers × threads)")
+    ax1.set_ylabel("decode tokens/s (2 layers)")
+    ax1.set_title("throughput (dotted: linear from the fewest cores)", fontsize=10)
+    ax2.set_xlabel("R-worker cores")
+    ax2.set_ylabel("efficiency (%)")
+    ax2.set_ylim(0, 110)
+    ax2.set_title("strong-scaling efficiency (paper: 72.8 % 7b, 84.1 % 13b from 1 to 8 sockets at S = 1024)", fontsize=9)
+    for ax in (ax1, ax2):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Fig. 13: R-worker strong scaling, measured (FastDecode, Llama-2-7b)", fontsize=12)
+    save(fig, a, "fig13_scaling", written,
+         "Measured on %s. Decode-only tokens/s per point of %s/fig13-scaling-s<S>/; efficiency = tokens/s(P) / (P/P0 · tokens/s(P0)), "
+         "P0 the fewest cores measured. The paper's unit is a socket; ours is a core of one socket." % (machine(first), a.paper))
+
+
+FIGURES = (("fig8", fig8), ("fig11m", fig11), ("fig13s", fig13))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--paper", required=True, help="root of the sweep folders (scripts/reproduce.sh --out)")
+    ap.add_argument("--out", required=True, help="folder for the figures (created)")
+    a = ap.parse_args(argv)
+    a.formats = ("png", "pdf")
+    os.makedirs(a.out, exist_ok=True)
+    written = []
+    for name, fn in FIGURES:
+        try:
+            fn(a, written)
+        except Skip as e:
+            plt.close("all")
+            print("skipped %s: %s" % (name, e))
+    return 0 if written else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
