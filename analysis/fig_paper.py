@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The paper's figures that come from sweeps (scripts/reproduce.sh, experiments/paper/*.sweep.json):
 
+  fig3_dilemma.png          Fig. 3: time per token per layer vs B of the S-Part (falls ~B-fold) and of decode
+                            attention on the GPU and on the CPU R-worker kernel (flat: attention does not batch)
   fig8_layers.png           Fig. 8: decode step vs layer count per model and engine, with the least-squares
                             line step = a + b * layers and its R^2 (the linearity that justifies reduced layers)
   fig11_sls_measured.png    Figs. 11/12: per-step latency of all-at-once, fixed-interval and load-control on the
@@ -173,7 +175,7 @@ def fig8(a, written):
 
 
 def sls_data(root, name):
-    """{schedule mode: {peak (decode-only max ms), steady_p99, sustained tokens/s, steps: [(step, ms, W)]}}."""
+    """{schedule mode: {peak (decode-only p99 ms), max, steady_p99, sustained tokens/s, steps: [(step, ms, W)]}}."""
     out = {}
     for runs in sweep_runs(root, name).values():
         r = runs[0]
@@ -187,14 +189,24 @@ def sls_data(root, name):
         tps = med([x["run_tps"] for x in runs])[0] if mode == "all-at-once" else med([x["steady_tps"] for x in runs])[0]
         if tps is None:
             tps = decode_tokens_per_s(win)
-        out[mode] = {"peak": max(x["step_ms"] for x in dec), "steady_p99": sorted(x["step_ms"] for x in win)[int(0.99 * (len(win) - 1))],
+        out[mode] = {"peak": pctl([x["step_ms"] for x in dec], 99), "max": max(x["step_ms"] for x in dec),
+                     "steady_p99": pctl([x["step_ms"] for x in win], 99),
                      "tps": tps, "run": r,
                      "steps": [(x["step"], x["step_ms"], x.get("total_context", 0)) for x in r["steps"]]}
     return out
 
 
+def pctl(v, q):
+    """numpy's default percentile (linear between order statistics), as summary.json's distributions."""
+    v = sorted(v)
+    k = (len(v) - 1) * q / 100.0
+    i = int(k)
+    return v[i] + (v[min(i + 1, len(v) - 1)] - v[i]) * (k - i)
+
+
 def sls_ratios(d):
-    """{mode: (peak ratio = steady p99 / all-at-once's decode max, throughput ratio - 1)} for the SLS modes."""
+    """{mode: (latency ratio = SLS steady-window p99 / all-at-once's decode-only p99 (its peak load, robust to one-off
+    spikes), throughput ratio - 1)} for the SLS modes."""
     base = d.get("all-at-once")
     if not base:
         return {}
@@ -214,9 +226,10 @@ def fig11(a, written):
             first = first or v["run"]
             lab = mode
             if mode in ratios:
-                lab += ": steady p99 = %.0f %% of all-at-once's peak, throughput %+.1f %%" % (100 * ratios[mode][0], 100 * ratios[mode][1])
+                lab += ": steady p99 %.1f ms = %.0f %% of all-at-once's p99, throughput %+.1f %%" % (
+                    v["steady_p99"], 100 * ratios[mode][0], 100 * ratios[mode][1])
             else:
-                lab += ": peak %.1f ms, %.0f tok/s" % (v["peak"], v["tps"])
+                lab += ": decode p99 %.1f ms (max %.1f), %.0f tok/s" % (v["peak"], v["max"], v["tps"])
             ax.plot([s for s, _, _ in v["steps"]], [ms for _, ms, _ in v["steps"]], lw=0.7, label=lab)
         ax.set_yscale("log")
         ax.set_xlabel("step")
@@ -226,9 +239,10 @@ def fig11(a, written):
         ax.legend(fontsize=7, loc="upper right")
     fig.suptitle("Figs. 11/12: per-step latency under admission schedules, measured end to end (FastDecode)", fontsize=12)
     save(fig, a, "fig11_sls_measured", written,
-         "Measured on %s, real generation. Peak = the longest decode-only step of all-at-once; SLS's latency = p99 of the "
-         "decode-only steps in its steady window (results.steady); throughput: all-at-once over its whole run (its batches "
-         "repeat), SLS over its steady window (the paper's sustained throughput)." % machine(first))
+         "Measured on %s, real generation. All-at-once's peak = p99 of its decode-only steps (its load peaks at each batch's "
+         "end; p99 is robust to one-off spikes); SLS's latency = p99 of the decode-only steps in its steady window "
+         "(results.steady); throughput: all-at-once over its whole run (its batches repeat), SLS over its steady window "
+         "(the paper's sustained throughput)." % machine(first))
 
 
 def scaling_data(root, name):
@@ -277,7 +291,62 @@ def fig13(a, written):
          "P0 the fewest cores measured. The paper's unit is a socket; ours is a core of one socket." % (machine(first), a.paper))
 
 
-FIGURES = (("fig8", fig8), ("fig11m", fig11), ("fig13s", fig13))
+def dilemma_data(root):
+    """Fig. 3's three curves, seconds per token per layer vs B: {"spart": [(B, s)], "gpu_attention": [...],
+    "cpu_attention": [...]} from ROOT/fig3/ (fd-spart-bench, fd-kernel-bench --only decode-batch, fd-attn-bench),
+    and the files' provenance (machine text)."""
+    d = os.path.join(root, "fig3")
+    if not os.path.isdir(d):
+        raise Skip("%s not found (scripts/reproduce.sh fig3 writes it)" % d)
+    out, where = {}, {}
+    for name in sorted(os.listdir(d)):
+        path = os.path.join(d, name)
+        if name.startswith("spart_") and name.endswith(".json"):
+            j = json.load(open(path))
+            out["spart %s" % j.get("model", name)] = [(r["B"], r["spart_ms"] / 1e3 / r["B"]) for r in sorted(j["rows"], key=lambda r: r["B"])]
+            where["spart"] = j.get("provenance", {})
+        elif name == "gpu_attention_vs_b.json":
+            j = json.load(open(path))
+            rows = [(int(b["name"].split("/B")[1].split("/")[0]), b["seconds_per_token"]) for b in j["benchmarks"]
+                    if "/attention/" in b["name"] and "seconds_per_token" in b]
+            out["gpu_attention"] = sorted(rows)
+            where["gpu"] = j.get("context", {})
+            where["gpu_name"] = j.get("context", {}).get("fd_device")
+        elif name == "cpu_attention_vs_b.json":
+            j = json.load(open(path))
+            rows = [(int(b["name"].split("B:")[1].split("/")[0]), 1.0 / b["tokens_per_second"]) for b in j["benchmarks"]
+                    if b["name"].startswith("decode_attention/") and b.get("tokens_per_second")]
+            out["cpu_attention"] = sorted(rows)
+            where["cpu"] = j.get("context", {})
+    if not out:
+        raise Skip("no fig3 benchmark file in %s" % d)
+    return out, where
+
+
+def fig3m(a, written):
+    data, where = dilemma_data(a.paper)
+    fig, ax = plt.subplots(figsize=(9, 5.6))
+    for k, rows in sorted(data.items()):
+        style = "o-" if k.startswith("spart") else ("s--" if k == "gpu_attention" else "^--")
+        lab = {"gpu_attention": "decode attention on the GPU (ctx 1024, 32 heads)",
+               "cpu_attention": "decode attention on the CPU R-worker kernel (ctx 1024, all cores)"}.get(k, k.replace("spart", "S-Part, one layer,"))
+        ax.plot([r[0] for r in rows], [1e6 * r[1] for r in rows], style, label=lab)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch B")
+    ax.set_ylabel("time per token per layer (µs)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ctx = where.get("cpu") or {}
+    fig.suptitle("Fig. 3: the dilemma, measured: the S-Part's cost per token falls with B, attention's does not", fontsize=11)
+    save(fig, a, "fig3_dilemma", written,
+         "Measured: %s/fig3/ (fd-spart-bench: one layer's S-Part, CUDA events; fd-kernel-bench decode-batch: the GPU's "
+         "flash-decoding kernel; fd-attn-bench: the R-worker's CPU kernel, %s threads). Machine: %s, %s." % (
+             a.paper, ctx.get("fd_threads", ctx.get("num_cpus", "?")), where.get("gpu_name") or "GPU not recorded",
+             ctx.get("fd_cpu_model", "CPU not recorded")))
+
+
+FIGURES = (("fig3m", fig3m), ("fig8", fig8), ("fig11m", fig11), ("fig13s", fig13))
 
 
 def main(argv=None):

@@ -17,7 +17,7 @@ Reads the JSON under --artifacts (default artifacts/sworker/gpu-machine; see its
                               folders: measured), else of the e2e FastDecode runs (analysis/fig_steps.py)
 
 With --paper ROOT (the sweep folders scripts/reproduce.sh writes; analysis/fig_paper.py, imported only then):
-fig8 (fig8_layers), fig11m (fig11_sls_measured), fig13s (fig13_scaling).
+fig3m (fig3_dilemma), fig8 (fig8_layers), fig11m (fig11_sls_measured), fig13s (fig13_scaling).
 
 With --baselines DIR (run folders <balance>/<model>/<engine>-b<B>/, see analysis/fig_baselines.py), also:
 
@@ -27,7 +27,7 @@ With --baselines DIR (run folders <balance>/<model>/<engine>-b<B>/, see analysis
 Each figure is written in every --format (default png,pdf). Prints one line per file written and "skipped figN:
 why" for a figure whose inputs are missing; exits 0 if at least one figure was written, 1 otherwise. With
 --strict every requested figure (those the options given ask for: fig1 ... fig11, plus fig9b / fig10 with
---baselines and fig8 / fig11m / fig13s with --paper; or those named by --only) must be drawn, else exit 1 with
+--baselines and fig3m / fig8 / fig11m / fig13s with --paper; or those named by --only) must be drawn, else exit 1 with
 "missing figN: why" lines (CI regenerates the committed figures so: tests/python/test_figures_committed.py).
 
 usage: analysis/figures.py --out DIR [--artifacts DIR] [--sim-dir DIR] [--trace FILE] [--baselines DIR...
@@ -90,7 +90,7 @@ def baseline_figure(fn):
 
 # Drawn when --baselines is given (every baseline engine's run folders).
 BASELINE_FIGURES = (("fig9b", baseline_figure(fig_baselines.fig9)), ("fig10", baseline_figure(fig_baselines.fig10)))
-PAPER_NAMES = ("fig8", "fig11m", "fig13s")  # analysis/fig_paper.py's FIGURES
+PAPER_NAMES = ("fig3m", "fig8", "fig11m", "fig13s")  # analysis/fig_paper.py's FIGURES
 ALL_NAMES = [n for n, _ in FIGURES + BASELINE_FIGURES] + list(PAPER_NAMES)
 
 
@@ -126,7 +126,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="folder for the figures (created)")
     ap.add_argument("--sim-dir", help="folder of output folders (fd-sim's: MODELLED; fd-bench run folders: measured) for fig11")
     ap.add_argument("--trace", help="a run's trace.json for fig15's timeline (default: e2e/<run>/trace.json when committed)")
-    ap.add_argument("--paper", help="root of the paper sweeps (scripts/reproduce.sh --out) for fig8 / fig11m / fig13s")
+    ap.add_argument("--paper", help="root of the paper sweeps (scripts/reproduce.sh --out) for fig3m / fig8 / fig11m / fig13s")
     ap.add_argument("--baselines", nargs="+", help="root(s) of the baseline run folders for fig9b / fig10, read as one tree")
     ap.add_argument("--published", default=fig_baselines.DEFAULT_PUBLISHED, help="the paper's numbers for fig9b / fig10")
     ap.add_argument("--format", dest="formats", type=formats_arg, default=("png", "pdf"),

@@ -500,6 +500,7 @@ int run_sweep(const SweepSpec& spec, const SweepOptions& opt) {
         ++failed;
       }
       const double secs = double(now_ns() - t0) / 1e9;
+      rec["wall_s"] = secs;  // the run's wall time in this sweep, weights and R-worker start included
       ran_s += secs;
       ++ran;
       char buf[64];

@@ -68,7 +68,8 @@ run() {  # a command, or its echo with --dry-run
 sweep() {  # one spec: experiments/paper/<name>.sweep.json -> OUT/<name>/
   local name=$1
   local flags=()
-  [ $mode = quick ] && flags+=(--quick)
+  # a spec without a "quick" variant runs whole in --quick too
+  [ $mode = quick ] && grep -q '"quick"' "experiments/paper/$name.sweep.json" && flags+=(--quick)
   [ $dry -eq 1 ] && flags+=(--dry-run)
   step "sweep $name ($mode)"
   [ $dry -eq 0 ] && over_budget "sweep $name" && return 0

@@ -23,8 +23,10 @@ except ImportError as e:  # same rule as test_figures.py
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BASELINES = ["artifacts/baselines/run1-a40a146", "artifacts/baselines/run3-4bf4e28"]
+PAPER = "artifacts/paper/run-9988a35"  # scripts/reproduce.sh --quick on the GPU machine (its README)
 EXPECTED = ["fig1_kv_memory", "fig3_spart_vs_gemm", "fig9_throughput", "fig15_step_breakdown", "fig13_rworker_scaling",
-            "fig11_per_step_latency", "fig9_baselines_throughput", "fig10_token_latency"]
+            "fig11_per_step_latency", "fig9_baselines_throughput", "fig10_token_latency",
+            "fig3_dilemma", "fig8_layers", "fig11_sls_measured", "fig13_scaling"]
 MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "pdf": b"%PDF-"}
 
 
@@ -34,9 +36,10 @@ def figures(*args):
 
 
 def test_every_figure_regenerates_from_committed_artifacts(tmp_path):
-    for b in BASELINES:
+    for b in BASELINES + [PAPER]:
         assert (REPO_ROOT / b).is_dir(), f"committed input {b} is missing"
-    proc = figures("--out", tmp_path, "--strict", "--baselines", *BASELINES)  # default --artifacts and --format png,pdf
+    # default --artifacts and --format png,pdf; --paper also gives fig15 its timeline (the sweep's trace.json)
+    proc = figures("--out", tmp_path, "--strict", "--baselines", *BASELINES, "--paper", PAPER)
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 0, proc.stdout + proc.stderr
     wrote = sorted(Path(l[len("wrote "):]).name for l in proc.stdout.splitlines() if l.startswith("wrote "))

@@ -101,6 +101,7 @@ def test_index_agrees_with_the_summaries(grid):
             assert s["results"]["num_requests"] == 2
             res = s["results"]
             h = r["headline"]
+            assert r["wall_s"] >= res["duration_s"] > 0  # the run's wall time includes its engine's steps
             assert h["output_throughput"] == res["output_throughput"]
             assert h["step_ms.p99"] == res["step_ms"]["p99"]
             assert h["ttft_ms.p50"] == res["ttft_ms"]["p50"]
@@ -149,9 +150,10 @@ def test_resume_reruns_only_the_unfinished_run(fd_bin, models_dir, tmp_path):
     status = {(p["name"], r["rep"]): r["status"] for p in index["points"] for r in p["runs"]}
     assert status.pop(("layers-2_kv-fp32", 1)) == "ok"
     assert set(status.values()) == {"skipped-existing"} and len(status) == 7
-    # Skipped runs still carry their numbers.
+    # Skipped runs still carry their numbers (and no wall time of this invocation).
     for p in index["points"]:
         for r in p["runs"]:
+            assert ("wall_s" in r) == (r["status"] == "ok")
             s = json.loads((out / r["dir"] / "summary.json").read_text())
             assert r["headline"]["output_throughput"] == s["results"]["output_throughput"]
 
