@@ -48,6 +48,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fd_runs import decode_steps, decode_tokens_per_s, jsonl_path, read_jsonl  # noqa: E402
+from fig_common import add_full_depth_axis  # noqa: E402
 
 ENGINES = ("fastdecode", "gpu-only", "paged-swap", "vanilla", "host-offload", "hf-transformers")
 STYLE = {"fastdecode": ("tab:blue", "o"), "gpu-only": ("tab:orange", "s"), "paged-swap": ("tab:green", "^"),
@@ -276,6 +277,9 @@ def fig9(a, written):
                 ax.text(0.02, 0.02, "not measured: " + ", ".join(miss[(b, m)]), transform=ax.transAxes, fontsize=7, color="0.3")
             if engines:
                 ax.legend(fontsize=7, loc="best")
+                one = next(iter(next(iter(engines.values())).values()))["summary"].get("model", {})
+                if one.get("layers") and one.get("full_layers", 0) > one["layers"]:
+                    add_full_depth_axis(ax, one["layers"] / one["full_layers"], one["layers"], one["full_layers"])
         draw_paper(axes[i][-1], doc, "Fig. 9", "tokens/s", m)
     fig.suptitle("Fig. 9: decode throughput vs batch, every engine (measured%s), next to the paper's stated numbers"
                  % window_note(window), fontsize=12)

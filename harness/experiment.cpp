@@ -318,8 +318,9 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
     StrictObject h = top.get_object("hardware");
     if (h.has("gpu")) {
       StrictObject g = h.get_object("gpu");
-      e.hardware.gpu_memory_gb = g.get_number("memory_gb", 0.001, 1e6, 0.0);
-      e.hardware.gpu_sm_count = g.get_int("sm_count", 1, 1 << 16, 0);
+      // 0 (the default) = the device's own: a resolved config (summary.json, run --check) loads again as written.
+      e.hardware.gpu_memory_gb = g.get_number("memory_gb", 0.0, 1e6, 0.0);
+      e.hardware.gpu_sm_count = g.get_int("sm_count", 0, 1 << 16, 0);
       g.finish();
     } else {
       h.get_raw("gpu");

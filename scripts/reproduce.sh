@@ -5,7 +5,8 @@
 #
 #   usage: scripts/reproduce.sh [--quick|--full] [--out DIR] [--bin-dir DIR] [--dry-run] [--no-figures] [FIG...]
 #
-#   FIG      fig1 fig3 fig8 fig9 fig10 fig11 fig12 fig13 fig14 fig15 (default: all of them)
+#   FIG      fig1 fig3 fig8 fig9 fig10 fig11 fig12 fig13 fig14 fig15 balance (default: all of them; balance = the
+#            balance map's grid: R-worker cores x SM count x GPU memory cap, FastDecode and GPU-only)
 #   --quick  the specs' "quick" variants (a subset of their points) and the 7b model only; about
 #            20 minutes of GPU-machine time for all figures (docs/REPRODUCING.md has the time table)
 #   --full   every point of every spec (the default)
@@ -31,12 +32,12 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1 ;;
     --no-figures) draw=0 ;;
     -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    fig1|fig3|fig8|fig9|fig10|fig11|fig12|fig13|fig14|fig15) figs+=("$1") ;;
+    fig1|fig3|fig8|fig9|fig10|fig11|fig12|fig13|fig14|fig15|balance) figs+=("$1") ;;
     *) echo "reproduce.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
-[ ${#figs[@]} -eq 0 ] && figs=(fig1 fig3 fig8 fig9 fig10 fig11 fig12 fig13 fig14 fig15)
+[ ${#figs[@]} -eq 0 ] && figs=(fig1 fig3 fig8 fig9 fig10 fig11 fig12 fig13 fig14 fig15 balance)
 if [ -z "$bin" ]; then
   bin=build/cuda/bin
   [ -x "$bin/fd-bench" ] || bin=build/default/bin
@@ -125,17 +126,23 @@ if has fig14; then
   step "fig14: waits for tensor/pipeline parallelism (issue 14); experiments/paper/fig14-parallel.md says what it will run; nothing runs"
 fi
 has fig15 && sweep fig15-breakdown
+if has balance; then
+  sweep balance-map-fastdecode
+  sweep balance-map-gpu-only
+fi
 
 step "figures and claims"
 if [ $draw -eq 0 ]; then
   echo "  not drawn (--no-figures): python3 analysis/figures.py --paper $out --out $out/figures; python3 analysis/claims.py --paper $out --out $out/CLAIMS.md"
 elif [ $dry -eq 1 ]; then
-  echo "  would run: python3 analysis/figures.py --paper $out --out $out/figures; python3 analysis/claims.py --paper $out --out $out/CLAIMS.md"
+  echo "  would run: python3 analysis/figures.py --paper $out --out $out/figures; python3 analysis/claims.py --paper $out --out $out/CLAIMS.md;"
+  echo "             python3 analysis/balance_map.py --paper $out --out $out/figures"
 else
   base_args=()
   [ -d "$out/baselines" ] && base_args=(--baselines "$out/baselines")
   python3 analysis/figures.py --paper "$out" "${base_args[@]}" --out "$out/figures" || rc=1
-  python3 analysis/claims.py --paper "$out" --out "$out/CLAIMS.md" || rc=1
+  python3 analysis/claims.py --paper "$out" "${base_args[@]}" --out "$out/CLAIMS.md" || rc=1
+  python3 analysis/balance_map.py --paper "$out" "${base_args[@]}" --out "$out/figures" || rc=1
 fi
 step "done (rc $rc)"
 exit $rc

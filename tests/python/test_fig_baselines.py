@@ -234,3 +234,20 @@ def test_several_roots_and_packed_folders(tmp_path, capsys):
     assert script(ANALYSIS / "pack_runs.py", a).returncode == 0  # packing packed folders is a no-op
     assert sorted(p.name for p in d.iterdir()) == ["requests.jsonl.gz", "steps.jsonl.gz", "summary.json"]
     assert script(ANALYSIS / "pack_runs.py", tmp_path / "nope").returncode == 2
+
+
+def test_fig9_full_depth_axis(tmp_path):
+    """A reduced-layer panel carries a right axis of full-depth equivalents (x layers/N); none without the depths."""
+    r = tmp_path / "b"
+    d = make_run(r, "full", "llama-2-7b", "fastdecode", 64, [20.0, 20.0])
+    s = json.loads((d / "summary.json").read_text())
+    s["model"] = {"layers": 2, "full_layers": 32}
+    (d / "summary.json").write_text(json.dumps(s))
+    make_run(r, "full", "llama-2-13b", "fastdecode", 64, [20.0, 20.0])  # no depths recorded
+    figs = drawn(tmp_path / "o", "--baselines", r)
+    by_title = {ax.get_title(): ax for ax in figs[FIG9].axes}
+    sec = [c for c in by_title["llama-2-7b, full H200"].child_axes]
+    assert len(sec) == 1 and "full-depth equiv." in sec[0].get_ylabel() and "2 of 32 layers" in sec[0].get_ylabel()
+    lo, hi = by_title["llama-2-7b, full H200"].get_ylim()
+    assert sec[0].get_ylim() == pytest.approx((lo * 2 / 32, hi * 2 / 32))
+    assert not by_title["llama-2-13b, full H200"].child_axes

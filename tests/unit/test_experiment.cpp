@@ -66,6 +66,19 @@ TEST(Experiment, DefaultsAndOverrides) {
   EXPECT_EQ(e.output_dir, "results");
 }
 
+// hardware.gpu as summary.json's resolved config writes it when unset (0: the device's own memory and SMs) is
+// accepted and means the same as leaving the keys out (a sweep axis can name "the whole device" so).
+TEST(Experiment, GpuZerosMeanTheDevice) {
+  const ExperimentConfig unset = parse_experiment(base_config(), kFile);
+  EXPECT_EQ(unset.resolved()["hardware"]["gpu"], (json{{"memory_gb", 0.0}, {"sm_count", 0}}));
+  json j = base_config();
+  j["hardware"] = {{"gpu", {{"memory_gb", 0}, {"sm_count", 0}}}};
+  const ExperimentConfig zeros = parse_experiment(j, kFile);
+  EXPECT_EQ(zeros.hardware.gpu_memory_gb, 0.0);
+  EXPECT_EQ(zeros.hardware.gpu_sm_count, 0);
+  EXPECT_EQ(zeros.resolved()["hardware"], unset.resolved()["hardware"]);
+}
+
 TEST(Experiment, BadConfigsNameFileAndKey) {
   const auto with = [](const std::function<void(json&)>& f) {
     json j = base_config();
@@ -101,7 +114,8 @@ TEST(Experiment, BadConfigsNameFileAndKey) {
   EXPECT_THAT(with([](json& j) { j["model"]["config"] = "models/nope.json"; }), HasSubstr("nope.json: cannot open"));
   EXPECT_THAT(with([](json& j) { j["sampling"] = {{"top_p", 1.5}}; }), HasSubstr("sampling.top_p"));
   EXPECT_THAT(with([](json& j) { j["sampling"] = {{"temperature", -1}}; }), HasSubstr("sampling.temperature"));
-  EXPECT_THAT(with([](json& j) { j["hardware"] = {{"gpu", {{"sm_count", 0}}}}; }), HasSubstr("hardware.gpu.sm_count"));
+  EXPECT_THAT(with([](json& j) { j["hardware"] = {{"gpu", {{"sm_count", -1}}}}; }), HasSubstr("hardware.gpu.sm_count"));
+  EXPECT_THAT(with([](json& j) { j["hardware"] = {{"gpu", {{"memory_gb", -0.5}}}}; }), HasSubstr("hardware.gpu.memory_gb"));
   EXPECT_THAT(with([](json& j) { j["hardware"] = {{"cpu", 1}}; }), HasSubstr("hardware.cpu: unknown key"));
   EXPECT_THAT(with([](json& j) { j["output"] = {{"dir", ""}}; }), HasSubstr("output.dir"));
   EXPECT_THAT(config_error(json::array()), HasSubstr("must be a JSON object"));

@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""The balance map: FastDecode's decode throughput over GPU-only's as a function of the CPU side's aggregate KV
+read bandwidth relative to the GPU's HBM bandwidth — measured points, the model's curve through them, and the
+crossover ("with X GB/s of CPU bandwidth per GPU, FastDecode wins for model M at sequence S").
+
+MODELLED (the same bytes-moved argument as docs/SCHEDULING.md's step formula, decode being memory-bound on both
+sides): per layer and step, FastDecode's R-Part reads the whole KV of its batch from the CPUs' memory and
+GPU-only reads the layer's weights plus the KV of the batch its GPU memory holds, so per token
+
+    FastDecode:  N * ctx * kv / BW_cpu           (R-bound; capped by its S-Part: B_fd / (N * T_S(B_fd)))
+    GPU-only:    N * (w + B_go * ctx * kv) / (B_go * BW_gpu)
+    ratio        = x * (w + B_go * ctx * kv) / (B_go * ctx * kv) / eta,   x = BW_cpu / BW_gpu
+    crossover    x* = eta * B_go * ctx * kv / (w + B_go * ctx * kv)
+
+with w the fp16 weight bytes of a layer, kv the KV bytes per token per layer, ctx the mean context (S/2 under
+SLS), B_go = (0.9 * GPU memory - weights) / (max_context * kv * N) the batch GPU-only's memory holds, and eta
+the fraction of its HBM roofline GPU-only reaches (1 = the roofline; the measured value at the points is printed
+and used for the "calibrated" curve). FastDecode's S-Part and the transfers are not in the R-bound term: where
+they bind the measured point falls below the curve.
+
+Measured points: every FastDecode run with a gpu-only run at the same balance, model, window and B in the
+baselines grid (analysis/fig_baselines.py layout), and the strong-scaling sweep's points (fewer R-worker
+cores) against the gpu-only run of the same workload. x is measured too: the run's CPU KV bandwidth = KV bytes
+its R-workers read per decode step / the busiest R-worker's compute time; BW_gpu = the HBM read rate of that SM
+count (fd-kernel-bench --only balance).
+
+usage: analysis/balance_map.py [--baselines ROOT...] [--paper ROOT] [--balance-bench FILE] --out DIR
+writes DIR/balance_map.png and DIR/BALANCE_MAP.md (the crossover table for named GPUs and models)
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+import fig_baselines  # noqa: E402
+import fig_paper  # noqa: E402
+from fd_runs import decode_steps  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_BASELINES = [os.path.join(REPO, "artifacts", "baselines", r) for r in ("run1-a40a146", "run3-4bf4e28")]
+DEFAULT_PAPER = os.path.join(REPO, "artifacts", "paper", "run-9988a35")
+DEFAULT_BALANCE = os.path.join(REPO, "artifacts", "baselines", "run1-a40a146", "balance_bench.json")
+# Shapes (experiments/models/): fp16 weight bytes per layer, KV bytes per token per layer, layers, all weights.
+SHAPES = {"llama-2-7b": {"w": 2 * 202.4e6, "kv": 2 * 4096 * 2, "layers": 32, "weights": 13.5e9},
+          "llama-2-13b": {"w": 2 * 317.7e6, "kv": 2 * 5120 * 2, "layers": 40, "weights": 26.0e9}}
+# GPUs of the crossover table: HBM bandwidth (datasheets) and memory. The socket: AMD EPYC 7003, 8 x DDR4-3200
+# = 204.8 GB/s, 75 % sustained (as analysis/claims.py's MODELLED paper hardware).
+GPUS = [("A10", 600e9, 24e9), ("A100-80GB", 2039e9, 80e9), ("H100-SXM", 3350e9, 80e9), ("H200", 4800e9, 141e9)]
+SOCKET_BW = 0.75 * 204.8e9
+
+
+def gpu_only_batch(model, mem, max_context):
+    m = SHAPES[model]
+    return int(max(0.0, 0.9 * mem - m["weights"]) // (max_context * m["kv"] * m["layers"]))
+
+
+def crossover(model, ctx, b_go, eta=1.0):
+    """x* = BW_cpu / BW_gpu above which FastDecode's R-bound rate beats GPU-only's."""
+    m = SHAPES[model]
+    kvb = b_go * ctx * m["kv"]
+    return eta * kvb / (m["w"] + kvb) if b_go > 0 else 0.0
+
+
+def modelled_ratio(model, ctx, b_go, x, eta=1.0):
+    m = SHAPES[model]
+    if b_go <= 0:
+        return float("inf")
+    kvb = b_go * ctx * m["kv"]
+    return x * (m["w"] + kvb) / kvb / eta
+
+
+def hbm_rates(path):
+    """{sm_count: bytes/s} from fd-kernel-bench --only balance (0 = the whole device)."""
+    d = json.load(open(path))
+    out = {}
+    for b in d["benchmarks"]:
+        if b["name"].startswith("balance/read/") and "bytes_per_second" in b:
+            key = b["name"].split("/")[2]
+            out[0 if key == "all" else int(key[2:])] = b["bytes_per_second"]
+    return out
+
+
+def run_point(fd, go, hbm, label):
+    """One measured point from a FastDecode run and its gpu-only peer (fig_baselines.load_run dicts or fig_paper's)."""
+    s = fd["summary"]
+    model = s["model"]["name"]
+    if model not in SHAPES:
+        return None
+    dec = decode_steps(fd["steps"] if "steps" in fd else [])
+    if not dec:
+        return None
+    r_ms = statistics.fmean(x.get("breakdown_ms", {}).get("r_compute_max", 0.0) for x in dec)
+    W = statistics.fmean(x["total_context"] for x in dec)
+    if r_ms <= 0:
+        return None
+    layers = s["model"]["layers"]
+    bw_cpu = W * layers * SHAPES[model]["kv"] / (r_ms / 1e3)
+    sm = (s.get("config", {}).get("hardware", {}).get("gpu", {}) or {}).get("sm_count") or 0
+    bw_gpu = hbm.get(sm) or hbm.get(0)
+    go_dec = decode_steps(go["steps"])
+    go_b = statistics.fmean(x["decode_tokens"] for x in go_dec)
+    go_ctx = statistics.fmean(x["total_context"] for x in go_dec) / go_b
+    go_ms = statistics.fmean(x["step_ms"] for x in go_dec)
+    m = SHAPES[model]
+    roof_ms = 1e3 * layers * (m["w"] + go_b * go_ctx * m["kv"]) / bw_gpu
+    return {"label": label, "model": model, "x": bw_cpu / bw_gpu, "bw_cpu": bw_cpu, "bw_gpu": bw_gpu, "sm": sm,
+            "ratio": fd["tok_s"] / go["tok_s"], "fd_tok_s": fd["tok_s"], "go_tok_s": go["tok_s"], "b_go": go_b,
+            "ctx": go_ctx, "eta": roof_ms / go_ms, "fd_dir": os.path.relpath(fd["dir"], REPO),
+            "go_dir": os.path.relpath(go["dir"], REPO)}
+
+
+def with_steps(r):
+    if "steps" not in r:
+        r = dict(r, steps=fig_paper.read_jsonl(r["dir"], "steps.jsonl"))
+    return r
+
+
+def eta_per_layer(a, hbm):
+    """GPU-only's per-layer efficiency from Fig. 8's fit (step = a + b * layers): the roofline time of one layer at
+    the sweep's batch and context over b. The 2-layer points' own eta is lower (their step is mostly the fixed part
+    a: LM head, sampling, launches), which a full-depth step amortises; None without the sweep."""
+    if not a.paper:
+        return None
+    try:
+        data, fits, one = fig_paper.fig8_data(a.paper)
+    except fig_paper.Skip:
+        return None
+    if ("llama-2-7b", "gpu-only") not in fits:
+        return None
+    runs = fig_paper.sweep_runs(a.paper, "fig8-llama-2-7b-gpu-only")
+    r = next(iter(runs.values()))[0]
+    dec = decode_steps(r["steps"])
+    b = statistics.fmean(x["decode_tokens"] for x in dec)
+    ctx = statistics.fmean(x["total_context"] for x in dec) / b
+    m = SHAPES["llama-2-7b"]
+    roof_ms = 1e3 * (m["w"] + b * ctx * m["kv"]) / (hbm.get(0))
+    return roof_ms / fits[("llama-2-7b", "gpu-only")][1], b, ctx
+
+
+def grid_points(root, hbm):
+    """The balance-map sweeps (experiments/paper/balance-map-{fastdecode,gpu-only}.sweep.json): each FastDecode point
+    paired with the gpu-only point of the same SM count and memory cap; [] when the sweeps were not run."""
+    try:
+        fd_sweep = fig_paper.sweep_runs(root, "balance-map-fastdecode")
+        go_sweep = fig_paper.sweep_runs(root, "balance-map-gpu-only")
+    except fig_paper.Skip:
+        return []
+    def hw(r):
+        g = r["summary"]["config"].get("hardware", {}).get("gpu", {})
+        return (g.get("sm_count") or 0, g.get("memory_gb") or 0)
+    go_by = {hw(reps[0]): reps[0] for reps in go_sweep.values()}
+    out = []
+    for name, reps in sorted(fd_sweep.items()):
+        r = reps[0]
+        go = go_by.get(hw(r))
+        if not go:
+            print("balance_map: %s has no gpu-only point at SM count / memory %s" % (r["dir"], hw(r)))
+            continue
+        rw = r["summary"]["config"]["engine"]["rworkers"]
+        sm, mem = hw(r)
+        label = "%s SMs, %s, B = 256, %d cores" % (sm or "all", "%g GB" % mem if mem else "full memory", rw["spawn"] * rw["threads"])
+        p = run_point({"summary": r["summary"], "steps": r["steps"], "tok_s": r["decode_tps"], "dir": r["dir"]},
+                      {"summary": go["summary"], "steps": go["steps"], "tok_s": go["decode_tps"], "dir": go["dir"]}, hbm, label)
+        if p:
+            out.append(p)
+    return out
+
+
+def measured_points(a, hbm):
+    pts = []
+    runs, use = fig_baselines.load_runs(a.baselines, "steady")
+    for (bal, model), engines in sorted(runs.items()):
+        for B, fd in sorted(engines.get("fastdecode", {}).items()):
+            go = engines.get("gpu-only", {}).get(B)
+            if go:
+                p = run_point(with_steps(fd), with_steps(go), hbm, "%s, B = %d, 12 cores" % (fig_baselines.BALANCES.get(bal, bal), B))
+                if p:
+                    pts.append(p)
+    if a.paper:
+        pts += grid_points(a.paper, hbm)
+        try:
+            sweep = fig_paper.sweep_runs(a.paper, "fig13-scaling-s1024")
+        except fig_paper.Skip as e:
+            print("balance_map: %s" % e)
+            sweep = {}
+        go = runs.get(("full", "llama-2-7b"), {}).get("gpu-only", {}).get(256)
+        for name, reps in sorted(sweep.items()):
+            r = reps[0]
+            rw = r["summary"]["config"]["engine"]["rworkers"]
+            fd = {"summary": r["summary"], "steps": r["steps"], "tok_s": r["decode_tps"], "dir": r["dir"]}
+            if go:
+                p = run_point(fd, with_steps(go), hbm, "full H200, B = 256, %d cores" % (rw["spawn"] * rw["threads"]))
+                if p:
+                    pts.append(p)
+    return pts
+
+
+def draw(pts, a, eta):
+    """One curve per (model, balance), at the GPU-only batch of that group's largest-B point; the measured points in
+    the group's colour (marker by B)."""
+    fig, ax = plt.subplots(figsize=(12, 6))
+    xs = [10 ** (i / 20.0) for i in range(-60, 11)]  # 1e-3 .. 10
+    groups = {}
+    for p in pts:
+        groups.setdefault((p["model"], p["label"].split(", B = ")[0]), []).append(p)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    markers = {16: "v", 64: "s", 256: "o", 1024: "D"}
+    for i, ((model, bal), ps) in enumerate(sorted(groups.items())):
+        c = colors[i % len(colors)]
+        ref = max(ps, key=lambda p: (p["b_go"], p["label"]))
+        b, ctx = round(ref["b_go"]), round(ref["ctx"])
+        x1 = crossover(model, ctx, b)
+        ax.plot(xs, [modelled_ratio(model, ctx, b, x) for x in xs], "-", lw=1.2, color=c,
+                label="MODELLED roofline, %s, %s (GPU-only B = %d, ctx %d): crossover x* = %.2f" % (model, bal, b, ctx, x1))
+        if eta:
+            ax.plot(xs, [modelled_ratio(model, ctx, b, x, eta) for x in xs], "--", lw=0.8, color=c,
+                    label="   the same, GPU-only at η = %.2f per layer (Fig. 8's slope): x* = %.2f" % (eta, crossover(model, ctx, b, eta)))
+        for p in ps:
+            B = int(p["label"].split("B = ")[1].split(",")[0])
+            cores = p["label"].split(", ")[-1]
+            ax.plot([p["x"]], [p["ratio"]], markers.get(B, "o"), color=c, ms=7, mec="black", mew=0.5,
+                    label="measured %s, %s, B = %d, %s: %.0f GB/s CPU / %.2f TB/s GPU" % (model, bal, B, cores, p["bw_cpu"] / 1e9, p["bw_gpu"] / 1e12))
+    ax.axhline(1.0, color="0.3", lw=0.8)
+    paper_x = 8 * SOCKET_BW / 600e9
+    ax.axvline(paper_x, color="0.6", ls=":", lw=1)
+    ax.text(paper_x, 0.0015, " paper: A10 + 8 Epyc\n sockets, x ≈ %.1f\n (MODELLED bandwidths)" % paper_x, fontsize=7, color="0.4")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(xs[0], xs[-1])
+    ax.set_ylim(1e-3, 30)
+    ax.set_xlabel("x = CPU side's aggregate KV read bandwidth / GPU's HBM read bandwidth")
+    ax.set_ylabel("FastDecode / GPU-only decode tokens/s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.suptitle("The balance map: where offloading attention to CPUs wins (FastDecode over GPU-only; 2-layer runs, measured)", fontsize=11)
+    fig.text(0.01, 0.005, "Measured points: %s (x measured from each run: KV bytes per decode step / the busiest R-worker's compute; "
+             "GPU: fd-kernel-bench --only balance). Curves MODELLED (analysis/balance_map.py's docstring); BALANCE_MAP.md checks "
+             "each point against the model with that run's own GPU-only efficiency." % ", ".join(
+                 sorted({os.path.relpath(r, REPO) for r in a.baselines + ([a.paper] if a.paper else [])})),
+             fontsize=6.5, wrap=True, color="0.25")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    path = os.path.join(a.out, "balance_map.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print("wrote %s" % path)
+
+
+def table(pts, eta, a):
+    eta = eta or 1.0
+    out = ["# The balance map (analysis/balance_map.py)", "",
+           "## Measured points", "",
+           "Each point at 2 layers. MODELLED with the run's own η (GPU-only's step against its roofline in that run) is the "
+           "model's validation: FastDecode R-bound at the CPU bandwidth the run measured, GPU-only at its measured efficiency.", "",
+           "| point | model | CPU KV GB/s (measured) | GPU HBM TB/s | x | FastDecode / GPU-only (measured) | MODELLED (roofline) | "
+           "GPU-only η (this run) | MODELLED with this η | measured / MODELLED |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for p in pts:
+        mod = modelled_ratio(p["model"], p["ctx"], p["b_go"], p["x"])
+        mod_e = modelled_ratio(p["model"], p["ctx"], p["b_go"], p["x"], p["eta"])
+        out.append("| %s | %s | %.1f | %.2f | %.4f | %.3f (%.0f / %.0f tok/s) | %.3f | %.2f | %.3f | %.2f |" % (
+            p["label"], p["model"], p["bw_cpu"] / 1e9, p["bw_gpu"] / 1e12, p["x"], p["ratio"], p["fd_tok_s"], p["go_tok_s"],
+            mod, p["eta"], mod_e, p["ratio"] / mod_e))
+    out += ["", "Run folders: " + "; ".join(sorted({"%s vs %s" % (p["fd_dir"], p["go_dir"]) for p in pts})), "",
+            "## Crossover: the CPU bandwidth per GPU above which FastDecode out-generates GPU-only (MODELLED)", "",
+            "x* = η·B_go·ctx·kv / (w + B_go·ctx·kv), B_go = what 90 %% of the GPU's memory holds beside the fp16 weights at "
+            "max_context = S positions per sequence, ctx = S/2 (SLS's mean context). Roofline (η = 1) and with η = %.2f, "
+            "GPU-only's measured per-layer efficiency (Fig. 8's slope against one layer's roofline: what a full-depth step "
+            "approaches); sockets: AMD EPYC 7003 at %.0f GB/s sustained." % (eta, SOCKET_BW / 1e9), "",
+            "| GPU | model | S | GPU-only batch | x* (roofline) | CPU GB/s needed (roofline) | = Epyc sockets | CPU GB/s needed (η = %.2f) | = sockets |" % eta,
+            "|---|---|---|---|---|---|---|---|---|"]
+    for gpu, bw, mem in GPUS:
+        for model in SHAPES:
+            for S in (1024, 4096):
+                b = gpu_only_batch(model, mem, S)
+                if b == 0:
+                    out.append("| %s | %s | %d | 0 (the weights leave no room) | — | any: GPU-only cannot serve it | — | — | — |" % (gpu, model, S))
+                    continue
+                x1, xe = crossover(model, S / 2, b), crossover(model, S / 2, b, eta)
+                out.append("| %s | %s | %d | %d | %.2f | %.0f | %.1f | %.0f | %.1f |" % (
+                    gpu, model, S, b, x1, x1 * bw / 1e9, x1 * bw / SOCKET_BW, xe * bw / 1e9, xe * bw / SOCKET_BW))
+    out += ["", "Read: with more CPU KV bandwidth per GPU than the \"needed\" column, FastDecode's R-bound throughput is above "
+            "GPU-only's (both at full depth; FastDecode's S-Part and transfers not counted, so near the crossover it needs "
+            "somewhat more). This machine has ~%.0f GB/s on 12 R-worker cores against a %.1f TB/s H200."
+            % (max((p["bw_cpu"] for p in pts), default=0) / 1e9, max((p["bw_gpu"] for p in pts), default=0) / 1e12)]
+    path = os.path.join(a.out, "BALANCE_MAP.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(out) + "\n")
+    print("wrote %s (%d measured points)" % (path, len(pts)))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baselines", nargs="+", default=DEFAULT_BASELINES)
+    ap.add_argument("--paper", default=DEFAULT_PAPER, help="reproduce.sh's sweeps (fig13-scaling-s1024: fewer cores)")
+    ap.add_argument("--balance-bench", default=DEFAULT_BALANCE, help="fd-kernel-bench --only balance JSON (HBM rate per SM count)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    hbm = hbm_rates(a.balance_bench)
+    pts = measured_points(a, hbm)
+    if not pts:
+        print("balance_map: no FastDecode run with a gpu-only peer under %s" % ", ".join(a.baselines))
+        return 1
+    e = eta_per_layer(a, hbm)
+    eta = e[0] if e else None
+    if e:
+        print("balance_map: GPU-only per-layer efficiency %.3f (Fig. 8 slope at B = %.0f, ctx %.0f)" % e)
+    draw(pts, a, eta)
+    table(pts, eta, a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
