@@ -174,12 +174,34 @@ def fig8(a, written):
          "(full-depth equivalent = a + b·N)." % (machine(first), a.paper))
 
 
-def sls_data(root, name):
-    """{schedule mode: {peak (decode-only p99 ms), max, steady_p99, sustained tokens/s, steps: [(step, ms, W)]}}."""
+def sim_runs(root, name):
+    """{point: [run]} of ROOT/<name>-fdsim/<point>/ (analysis/sls_predict.py: fd-sim on each measured run's config);
+    a Skip when absent."""
+    top = os.path.join(root, name + "-fdsim")
+    if not os.path.isdir(top):
+        raise Skip("%s not found (analysis/sls_predict.py writes it)" % top)
     out = {}
-    for runs in sweep_runs(root, name).values():
+    for p in sorted(os.listdir(top)):
+        d = os.path.join(top, p)
+        if os.path.isfile(os.path.join(d, "summary.json")):
+            s = json.load(open(os.path.join(d, "summary.json")))
+            steps = read_jsonl(d, "steps.jsonl")
+            res = s.get("results", {})
+            out[p] = [{"dir": d, "summary": s, "steps": steps, "steady": res.get("steady") or {},
+                       "steady_tps": (res.get("steady") or {}).get("tokens_per_s"), "run_tps": res.get("tokens_per_s"),
+                       "mode": s["config"]["mode"]}]
+    if not out:
+        raise Skip("no fd-sim output under %s" % top)
+    return out
+
+
+def sls_data(root, name, sim=False):
+    """{schedule mode: {peak (decode-only p99 ms), max, steady_p99, sustained tokens/s, steps: [(step, ms, W)]}} of the
+    measured runs, or (sim=True) of fd-sim's predictions for them."""
+    out = {}
+    for runs in (sim_runs(root, name) if sim else sweep_runs(root, name)).values():
         r = runs[0]
-        mode = r["summary"]["config"]["schedule"]["mode"]
+        mode = r["mode"] if sim else r["summary"]["config"]["schedule"]["mode"]
         dec = decode_steps(r["steps"])
         if not dec:
             continue
@@ -187,6 +209,8 @@ def sls_data(root, name):
         first, last = st.get("first_step"), st.get("last_step")
         win = [x for x in dec if first is not None and first <= x["step"] <= last] if st.get("steps") else dec
         tps = med([x["run_tps"] for x in runs])[0] if mode == "all-at-once" else med([x["steady_tps"] for x in runs])[0]
+        if dec and dec[0].get("step_ms") is None:
+            continue  # fd-sim without costs
         if tps is None:
             tps = decode_tokens_per_s(win)
         out[mode] = {"peak": pctl([x["step_ms"] for x in dec], 99), "max": max(x["step_ms"] for x in dec),
@@ -222,6 +246,13 @@ def fig11(a, written):
     for ax, name in zip(axes[:, 0], names):
         d = sls_data(a.paper, name)
         ratios = sls_ratios(d)
+        try:
+            sim = sls_data(a.paper, name, sim=True)
+        except Skip as e:
+            print("fig_paper: %s: no fd-sim prediction (%s)" % (name, e))
+            sim = {}
+        sim_r = sls_ratios(sim)
+        colors = {}
         for mode, v in sorted(d.items()):
             first = first or v["run"]
             lab = mode
@@ -230,7 +261,15 @@ def fig11(a, written):
                     v["steady_p99"], 100 * ratios[mode][0], 100 * ratios[mode][1])
             else:
                 lab += ": decode p99 %.1f ms (max %.1f), %.0f tok/s" % (v["peak"], v["max"], v["tps"])
-            ax.plot([s for s, _, _ in v["steps"]], [ms for _, ms, _ in v["steps"]], lw=0.7, label=lab)
+            l, = ax.plot([s for s, _, _ in v["steps"]], [ms for _, ms, _ in v["steps"]], lw=0.7, label="measured " + lab)
+            colors[mode] = l.get_color()
+        for mode, v in sorted(sim.items()):
+            lab = "MODELLED (fd-sim, the run's profile) %s" % mode
+            if mode in sim_r:
+                lab += ": %.0f %% of all-at-once's p99, throughput %+.1f %%" % (100 * sim_r[mode][0], 100 * sim_r[mode][1])
+            else:
+                lab += ": decode p99 %.1f ms, %.0f tok/s" % (v["peak"], v["tps"])
+            ax.plot([s for s, _, _ in v["steps"]], [ms for _, ms, _ in v["steps"]], "--", lw=0.9, color=colors.get(mode, "0.4"), label=lab)
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_ylabel("step latency (ms)")
@@ -242,7 +281,8 @@ def fig11(a, written):
          "Measured on %s, real generation. All-at-once's peak = p99 of its decode-only steps (its load peaks at each batch's "
          "end; p99 is robust to one-off spikes); SLS's latency = p99 of the decode-only steps in its steady window "
          "(results.steady); throughput: all-at-once over its whole run (its batches repeat), SLS over its steady window "
-         "(the paper's sustained throughput)." % machine(first))
+         "(the paper's sustained throughput). Dashed: fd-sim on each run's schedule and workload with the cost model of "
+         "the profile measured on the same machine (analysis/sls_predict.py; MODELLED)." % machine(first))
 
 
 def scaling_data(root, name):

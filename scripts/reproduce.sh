@@ -118,6 +118,15 @@ if has fig9 || has fig10; then
 fi
 has fig11 && sweep fig11-sls-s1024
 has fig12 && sweep fig11-sls-s768
+if has fig11 || has fig12; then
+  # fd-sim's prediction beside each SLS run: a profile of this machine at the runs' context (T(B) of the CUDA
+  # S-Part, R of the R-worker kernel on their 12 CPUs), then fd-sim on each run's config (analysis/sls_predict.py)
+  step "fig11/fig12: profile and fd-sim predictions"
+  prof="$out/profile_r12_ctx528.json"
+  [ -f "$prof" ] || run "$bin/fd-bench" profile --backend cuda --model experiments/models/llama-2-7b.json --kv-dtypes fp16 \
+    --r-threads 12 --context 528 --batches 64 256 1024 --out "$prof"
+  run python3 analysis/sls_predict.py --paper "$out" --profile "$prof" --bin-dir "$bin"
+fi
 if has fig13; then
   sweep fig13-scaling-s1024
   [ $mode = full ] && sweep fig13-scaling-s128

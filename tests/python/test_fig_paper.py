@@ -141,3 +141,53 @@ def test_committed_claims_are_current(tmp_path):
     assert cl.main(["--out", str(out)]) == 0
     assert out.read_text(encoding="utf-8") == (REPO / "CLAIMS.md").read_text(encoding="utf-8"), \
         "CLAIMS.md is stale: run analysis/claims.py --out CLAIMS.md and commit it"
+
+
+def sls_config(mode, **sched):
+    return {"workload": {"requests": 12, "prompt_len": 4, "gen_len": 20, "arrival": "offline", "trace": "", "prompts": "", "score": ""},
+            "schedule": {"mode": mode, "batch": 4, "seq": 20, "interval": 5, **sched},
+            "model": {"layers": 2}, "engine": {"rworkers": {"spawn": 2, "threads": 3}}}
+
+
+def test_sls_predict_flags():
+    sp = module("sls_predict")
+    args, why = sp.sim_args(sls_config("fixed-interval"), "P.json", "OUT")
+    assert why is None and args == ["--mode", "fixed-interval", "--batch", "4", "--seq", "20", "--interval", "5", "--requests", "12",
+                                    "--prompt-len", "4", "--gen-len", "20", "--layers", "2", "--rworkers", "6", "--profile", "P.json",
+                                    "--out", "OUT"]
+    lc, _ = sp.sim_args(sls_config("load-control", w_lim=300, min_gap=5, max_running=0, micro_batch=2), "P.json", "OUT")
+    assert lc[-8:] == ["--w-lim", "300", "--min-gap", "5", "--max-running", "0", "--micro-batch", "2"]
+    cfg = sls_config("all-at-once")
+    cfg["workload"]["prompt_len"] = {"dist": "uniform", "min": 3, "max": 9}
+    assert sp.sim_args(cfg, "P", "O")[0][sp.sim_args(cfg, "P", "O")[0].index("--prompt-len") + 1] == "uniform:3:9"
+    cfg["workload"]["trace"] = "t.jsonl"
+    assert sp.sim_args(cfg, "P", "O") == (None, "workload from a file")
+
+
+def test_fd_sim_prediction_drawn_beside_the_runs(paper, tmp_path, fd_bin_dir):
+    """sls_predict.py runs fd-sim on each measured SLS point; fig11 draws it dashed and labelled MODELLED, and its ratios
+    are what fd-sim's own steps give."""
+    sp, fp = module("sls_predict"), module("fig_paper")
+    for point, mode in (("sched-all-at-once", "all-at-once"), ("sched-fixed-interval", "fixed-interval")):
+        s = paper / "fig11-sls-s1024" / point / "rep1" / "summary.json"
+        d = json.loads(s.read_text())
+        d["config"] = {**sls_config(mode), **{"engine": {"rworkers": {"spawn": 1, "threads": 1}}}}
+        s.write_text(json.dumps(d))
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"t_b": [[1, 1e-4], [64, 2e-4]], "r_s_per_token_layer": {"fp16": 1e-6}, "layers": 2}))
+    assert sp.main(["--paper", str(paper), "--profile", str(prof), "--bin-dir", str(fd_bin_dir)]) == 0
+    sim = fp.sls_data(str(paper), "fig11-sls-s1024", sim=True)
+    assert set(sim) == {"all-at-once", "fixed-interval"}
+    steps = [json.loads(l) for l in (paper / "fig11-sls-s1024-fdsim" / "sched-all-at-once" / "steps.jsonl").read_text().splitlines()]
+    dec = [s["step_ms"] for s in steps if s["prefill_tokens"] == 0 and s["decode_tokens"] > 0]
+    assert sim["all-at-once"]["peak"] == pytest.approx(float(np.percentile(dec, 99)))
+    figs = {}
+    import matplotlib.figure
+    orig = matplotlib.figure.Figure.savefig
+    matplotlib.figure.Figure.savefig = lambda self, fname, *a, **k: figs.setdefault(Path(fname).name, self)
+    try:
+        fp.fig11(type("A", (), {"paper": str(paper), "out": str(tmp_path), "formats": ("png",)})(), [])
+    finally:
+        matplotlib.figure.Figure.savefig = orig
+    labels = [l.get_label() for ax in figs["fig11_sls_measured.png"].axes for l in ax.get_lines()]
+    assert sum(l.startswith("MODELLED (fd-sim") for l in labels) == 2 and sum(l.startswith("measured ") for l in labels) == 2
