@@ -10,7 +10,14 @@ layer, the whole batch: the engine runs two mini-batches of B/2, so 2·T(B/2)) a
 once with each profile given (profiles measured with different r_threads give different R: CPUs that
 share a memory bus do not add up). Writes VALIDATION.md and validation.json into --out.
 
-usage: analysis/perf_model_validation.py --profile P.json [--profile Q.json ...] --out DIR RUN_DIR...
+--r-from-run adds, per run, the same model with R taken from the run itself (R = its busiest R-worker's mean
+compute per decode step x P / (W x N)) and a pipeline-fill term (the side that does not bind works once for one
+mini-batch of one layer before the other can start: + T(B/2) when R binds, + W*R/(2P) when S binds): that
+checks the step's composition (max of the two sides, overlapped, plus the fill) apart from how well a profile
+measures R, and a column says how far the profile's R is from the run's. Run folders are read plain or packed.
+
+usage: analysis/perf_model_validation.py --profile P.json [--profile Q.json ...] [--r-from-run] --out DIR
+           [--runs-under ROOT...] [RUN_DIR...]   (--runs-under: every FastDecode run folder below ROOT)
 """
 import argparse
 import bisect
@@ -18,7 +25,7 @@ import json
 import os
 import statistics
 
-from fd_runs import decode_steps, decode_tokens_per_s
+from fd_runs import decode_steps, decode_tokens_per_s, read_jsonl
 
 
 def t_at(tb, b):
@@ -35,16 +42,24 @@ def t_at(tb, b):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", action="append", required=True)
+    ap.add_argument("--r-from-run", action="store_true", help="also predict with R from each run's own R-worker compute, plus the fill")
     ap.add_argument("--out", required=True)
-    ap.add_argument("runs", nargs="+")
+    ap.add_argument("--runs-under", nargs="+", default=[], help="also every FastDecode run folder (summary.json) below these")
+    ap.add_argument("runs", nargs="*")
     a = ap.parse_args()
+    for root in a.runs_under:
+        for d, _, files in sorted(os.walk(root)):
+            if "summary.json" in files and json.load(open(os.path.join(d, "summary.json"))).get("engine") == "fastdecode":
+                a.runs.append(d)
+    if not a.runs:
+        ap.error("no run folder given or found")
     profiles = [(p, json.load(open(p))) for p in a.profile]
     rows = []
     for d in sorted(a.runs):
         s = json.load(open(os.path.join(d, "summary.json")))
         if s["engine"] != "fastdecode":
             continue
-        steps = [json.loads(l) for l in open(os.path.join(d, "steps.jsonl"))]
+        steps = read_jsonl(d, "steps.jsonl")
         dec = decode_steps(steps)
         B = statistics.fmean(x["decode_tokens"] for x in dec)
         W = statistics.fmean(x["total_context"] for x in dec)
@@ -53,6 +68,10 @@ def main():
         P = rw["spawn"] * rw["threads"]
         N = s["model"]["layers"]
         model = s["model"]["name"]
+        r_run = None
+        if a.r_from_run:
+            rmax = statistics.fmean(x.get("breakdown_ms", {}).get("r_compute_max", 0.0) for x in dec) / 1e3
+            r_run = rmax * P / (W * N) if rmax > 0 else None
         for path, prof in profiles:
             if prof.get("provenance", {}).get("command", "").find(model + ".json") < 0:
                 continue  # a profile of another model
@@ -66,16 +85,33 @@ def main():
                          "t_s_ms": ts * 1e3, "t_r_ms": tr * 1e3, "binds": "R" if tr > ts else "S",
                          "predicted_tok_s": pred, "measured_tok_s": measured, "measured_over_predicted": measured / pred,
                          "measured_step_ms": statistics.fmean(x["step_ms"] for x in dec),
-                         "predicted_step_ms": step * 1e3})
-    rows.sort(key=lambda r: (r["run"], r["r_threads"]))
+                         "predicted_step_ms": step * 1e3, "run_dir": d})
+            if r_run is not None:
+                tr_run = W * r_run / P
+                fill = 2 * t_at(prof["t_b"], B / 2) / 2 if tr_run > ts else tr_run / 2
+                step_run = N * max(ts, tr_run) + fill
+                rows.append({**rows[-1], "R": r_run, "r_source": "run", "t_r_ms": tr_run * 1e3, "fill_ms": fill * 1e3,
+                             "binds": "R" if tr_run > ts else "S", "predicted_tok_s": B / step_run,
+                             "measured_over_predicted": measured / (B / step_run), "predicted_step_ms": step_run * 1e3,
+                             "profile_r_over_run_r": R / r_run})
+    rows.sort(key=lambda r: (r["run"], r.get("run_dir", ""), r["r_threads"], r.get("r_source", "")))
     os.makedirs(a.out, exist_ok=True)
     json.dump(rows, open(os.path.join(a.out, "validation.json"), "w"), indent=1)
     lines = ["| run | B | W | P | R from | R (ns/token/layer/CPU) | S ms/layer | R ms/layer | binds | predicted tok/s (MODELLED) | measured tok/s | measured / predicted |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append("| %s | %.0f | %.0f | %d | %d thread(s) | %.0f | %.2f | %.1f | %s | %.0f | %.0f | %.2f |" % (
-            r["run"], r["B"], r["W"], r["P"], r["r_threads"], r["R"] * 1e9, r["t_s_ms"], r["t_r_ms"], r["binds"],
+        src = "the run (+ fill %.2f ms; profile R / run R = %.2f)" % (r["fill_ms"], r["profile_r_over_run_r"]) \
+            if r.get("r_source") == "run" else "%d thread(s)" % r["r_threads"]
+        name = r["run"] if not a.r_from_run else os.path.relpath(r["run_dir"])
+        lines.append("| %s | %.0f | %.0f | %d | %s | %.0f | %.2f | %.1f | %s | %.0f | %.0f | %.2f |" % (
+            name, r["B"], r["W"], r["P"], src, r["R"] * 1e9, r["t_s_ms"], r["t_r_ms"], r["binds"],
             r["predicted_tok_s"], r["measured_tok_s"], r["measured_over_predicted"]))
+    if a.r_from_run:
+        for label, sel in (("profile R", lambda r: r.get("r_source") != "run"), ("the run's R + fill", lambda r: r.get("r_source") == "run")):
+            v = [r["measured_over_predicted"] for r in rows if sel(r)]
+            if v:
+                lines.append("")
+                lines.append("%s: measured / predicted %.2f-%.2f over %d rows" % (label, min(v), max(v), len(v)))
     open(os.path.join(a.out, "VALIDATION.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

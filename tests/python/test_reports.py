@@ -42,3 +42,16 @@ def test_committed_profiles_load_in_the_planner(repo_root, fd_bin):
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         assert r.stdout.startswith("MODELLED") and "CPUs needed" in r.stdout
+
+
+def test_paper_validation_reproduces_the_committed_one(repo_root, tmp_path):
+    """artifacts/paper/validation/: the model against every committed FastDecode run, with the profiles' R and with
+    each run's own R plus the fill (the command in artifacts/paper/README.md)."""
+    prof = ["artifacts/sworker/gpu-machine/profile_llama-2-7b_cuda_r12.json", "artifacts/paper/run-9988a35/profile_r12_ctx528.json",
+            "artifacts/sworker/gpu-machine/profile_llama-3-8b_cuda_r12.json"]
+    subprocess.run([sys.executable, str(repo_root / "analysis" / "perf_model_validation.py"), "--r-from-run",
+                    *[a for p in prof for a in ("--profile", p)], "--out", str(tmp_path), "--runs-under",
+                    "artifacts/sworker/gpu-machine/e2e", "artifacts/baselines", "artifacts/paper/run-9988a35"],
+                   check=True, capture_output=True, text=True, timeout=300, cwd=repo_root)
+    committed = repo_root / "artifacts" / "paper" / "validation" / "VALIDATION.md"
+    assert (tmp_path / "VALIDATION.md").read_text() == committed.read_text(), "regenerate it (artifacts/paper/README.md)"
