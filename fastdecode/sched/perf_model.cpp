@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "fastdecode/core/error.h"
 
@@ -55,7 +56,7 @@ Profile parse_profile(const json& j, const std::string& file) {
     p.r_s_per_token_layer[k] = v.get<double>();
   }
   p.layers = o.get_int("layers", 1, 1 << 20, 0);
-  o.accept({"provenance", "method", "backend", "r_threads"});  // written by fd-bench profile; informational
+  o.accept({"provenance", "method", "backend", "r_threads", "sm_count"});  // written by fd-bench profile; informational
   o.finish();
   return p;
 }
@@ -93,7 +94,11 @@ double tokens_per_s_r_bound(double cpus, int64_t layers, double seq, double r) {
 Plan make_plan(const PlanInput& in) {
   FD_CHECK(!in.t.empty(), "plan: T(B) table is empty");
   FD_CHECK(in.layers >= 1 && in.seq >= 1 && in.r_s_per_token_layer > 0, "plan: layers, seq and R must be positive");
+  FD_CHECK(in.socket_cores >= 0, "plan: socket_cores must be >= 0");
+  FD_CHECK(!in.cpus_available || *in.cpus_available > 0, "plan: cpus_available must be > 0");
   Plan p;
+  p.socket_cores = in.socket_cores;
+  p.socket_name = in.socket_name;
   if (in.latency_s) {
     p.batch_rule = "latency";
     p.batch = latency_batch(in.t, in.layers, in.seq, *in.latency_s);
@@ -109,7 +114,17 @@ Plan make_plan(const PlanInput& in) {
   p.e_b = B / p.t_b_s;
   p.seq_latency_s = 2.0 * double(in.layers) * S * p.t_b_s;
   p.cpus_needed = cpus_needed(B, S, R, p.t_b_s);
-  p.cpus_used = in.cpus_available ? *in.cpus_available : std::ceil(p.cpus_needed);
+  if (in.cpus_available) {
+    p.cpus_used = *in.cpus_available;
+    p.cpus_used_reason = "--cpus-available";
+  } else if (p.cpus_needed < 1) {
+    p.cpus_used = 1;  // an R-worker is at least one CPU, however little R-Part work there is
+    p.cpus_used_reason = "at least one R-worker CPU";
+  } else {
+    p.cpus_used = std::ceil(p.cpus_needed);
+    if (p.cpus_used != p.cpus_needed) p.cpus_used_reason = "rounded up to whole CPUs";
+  }
+  if (p.socket_cores > 0) p.sockets_needed = p.cpus_needed / double(p.socket_cores);
   p.tokens_per_s_s_bound = tokens_per_s_s_bound(B, in.layers, p.t_b_s);
   p.tokens_per_s_r_bound = tokens_per_s_r_bound(p.cpus_used, in.layers, S, R);
   p.tokens_per_s = std::min(p.tokens_per_s_s_bound, p.tokens_per_s_r_bound);
@@ -126,10 +141,31 @@ json to_json(const Plan& p) {
           {"seq_latency_s", p.seq_latency_s},
           {"cpus_needed", p.cpus_needed},
           {"cpus_used", p.cpus_used},
+          {"cpus_used_reason", p.cpus_used_reason},
+          {"sockets_needed", p.socket_cores > 0 ? json(p.sockets_needed) : json(nullptr)},
+          {"socket_cores", p.socket_cores > 0 ? json(p.socket_cores) : json(nullptr)},
+          {"socket_name", p.socket_cores > 0 ? json(p.socket_name) : json(nullptr)},
           {"tokens_per_s_s_bound", p.tokens_per_s_s_bound},
           {"tokens_per_s_r_bound", p.tokens_per_s_r_bound},
           {"tokens_per_s", p.tokens_per_s},
           {"binds", p.binds}};
+}
+
+std::string format_count(double x) {
+  char buf[64];
+  if (std::fabs(x) >= 100) std::snprintf(buf, sizeof buf, "%.0f", x);
+  else std::snprintf(buf, sizeof buf, "%.3g", x);
+  return buf;
+}
+
+std::string format_cpus_line(const Plan& p) {
+  std::string s = "CPUs needed P = B·S·R/(2·T(B)) = " + format_count(p.cpus_needed) + " cores";
+  if (p.socket_cores > 0)
+    s += " = " + format_count(p.sockets_needed) + " sockets of " + p.socket_name + " (" + std::to_string(p.socket_cores) +
+         " cores each)";
+  s += "; using " + format_count(p.cpus_used);
+  if (!p.cpus_used_reason.empty()) s += " (" + p.cpus_used_reason + ")";
+  return s;
 }
 
 }  // namespace fd

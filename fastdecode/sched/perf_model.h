@@ -71,6 +71,8 @@ struct PlanInput {
   std::optional<double> latency_s;     // L
   std::optional<double> cpus_available;  // P available; default: the P the plan asks for, rounded up
   double knee_fraction = 0.9;
+  int64_t socket_cores = 0;              // > 0: also report P as sockets of that many cores
+  std::string socket_name = "socket";    // what a socket is, e.g. "AMD EPYC 7763"
 };
 
 struct Plan {
@@ -81,7 +83,12 @@ struct Plan {
   double e_max = 0;               // max E over the table range
   double seq_latency_s = 0;       // 2·N·S·T(B)
   double cpus_needed = 0;         // P = B·S·R/(2·T(B))
-  double cpus_used = 0;           // cpus_available or ceil(cpus_needed)
+  double cpus_used = 0;           // cpus_available or ceil(cpus_needed), at least 1
+  std::string cpus_used_reason;   // why cpus_used differs from cpus_needed: "--cpus-available", "at least one
+                                  // R-worker CPU", "rounded up to whole CPUs"; "" when equal
+  int64_t socket_cores = 0;       // as PlanInput (0: no socket report)
+  std::string socket_name;
+  double sockets_needed = 0;      // cpus_needed / socket_cores (0 without socket_cores)
   double tokens_per_s_s_bound = 0;
   double tokens_per_s_r_bound = 0;
   double tokens_per_s = 0;        // min of the two
@@ -95,6 +102,14 @@ double cpus_needed(double batch, double seq, double r, double t_b);             
 double tokens_per_s_s_bound(double batch, int64_t layers, double t_b);                  // B/(N·T)
 double tokens_per_s_r_bound(double cpus, int64_t layers, double seq, double r);         // 2P/(N·S·R)
 Plan make_plan(const PlanInput& in);
+// Keys as the Plan fields; socket_cores, socket_name and sockets_needed are null without socket_cores.
 json to_json(const Plan& p);
+
+// A positive count with 3 significant digits that never reads as 0 (%.3g below 100, whole numbers above:
+// 0.00912, 3.69, 123).
+std::string format_count(double x);
+// fd-bench plan's P line: "CPUs needed P = B·S·R/(2·T(B)) = 3.69 cores[ = 0.0577 sockets of NAME (64 cores
+// each)]; using 4 (rounded up to whole CPUs)".
+std::string format_cpus_line(const Plan& p);
 
 }  // namespace fd

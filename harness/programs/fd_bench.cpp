@@ -72,23 +72,28 @@ int main(int argc, char** argv) {
   plan->add_option("--cpus-available", cpus_available, "R-worker CPUs you have (default: as many as the plan needs)")
       ->check(CLI::PositiveNumber);
   plan->add_option("--kv-dtype", kv_dtype, "Which R of the profile to use")->capture_default_str();
+  int64_t socket_cores = 0;
+  std::string socket_name = "socket";
+  plan->add_option("--socket-cores", socket_cores, "Cores per CPU socket (e.g. 64 for an AMD EPYC 7763): P is also "
+                   "reported in sockets")->check(CLI::PositiveNumber);
+  CLI::Option* socket_name_opt = plan->add_option("--socket-name", socket_name, "What a socket is, for the report "
+                                                  "(needs --socket-cores)")->capture_default_str();
   plan->add_option("--json", plan_json, "Also write the plan as JSON here");
   // profile: T(B) of the S-Part backend and R of the R-worker kernel on this machine.
   std::string prof_model, prof_out;
-  int64_t prof_context = 2048, prof_reps = 5;
-  std::vector<int64_t> prof_batches = {1, 2, 4, 8, 16, 32, 64};
-  std::vector<std::string> prof_dtypes = {"fp16", "int8", "int4"};
-  std::string prof_backend = "cpu";
-  int64_t prof_r_threads = 1;
+  fd::ProfileOptions po;
   CLI::App* profile = app.add_subcommand("profile", "Measure T(B) (S-Part) and R (R-worker kernel, per CPU) -> profile.json");
-  profile->add_option("--backend", prof_backend, "S-Part backend for T(B)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
-  profile->add_option("--r-threads", prof_r_threads, "CPUs measuring R together (R is per CPU; use the R-worker CPU count)")
+  profile->add_option("--backend", po.backend, "S-Part backend for T(B)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  profile->add_option("--sm-count", po.sm_count, "T(B) with the CUDA S-Part on this many SMs (a green context, as "
+                      "hardware.gpu.sm_count; --backend cuda only; 0: the whole GPU)")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  profile->add_option("--r-threads", po.r_threads, "CPUs measuring R together (R is per CPU; use the R-worker CPU count)")
       ->capture_default_str()->check(CLI::Range(1, 4096));
   profile->add_option("--model", prof_model, "Model config (HF config.json)")->required();
-  profile->add_option("--batches", prof_batches, "Batch sizes for T(B)")->capture_default_str();
-  profile->add_option("--kv-dtypes", prof_dtypes, "KV dtypes for R")->capture_default_str();
-  profile->add_option("--context", prof_context, "Context per sequence for R")->capture_default_str()->check(CLI::PositiveNumber);
-  profile->add_option("--reps", prof_reps, "Repetitions (median)")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--batches", po.batches, "Batch sizes for T(B), increasing")->capture_default_str();
+  profile->add_option("--kv-dtypes", po.kv_dtypes, "KV dtypes for R (fp16, int8, int4)")->capture_default_str();
+  profile->add_option("--context", po.context, "Context per sequence for R (>= 32, one KV block)")->capture_default_str()->check(CLI::PositiveNumber);
+  profile->add_option("--reps", po.reps, "Repetitions (median)")->capture_default_str()->check(CLI::PositiveNumber);
   profile->add_option("--out", prof_out, "profile.json to write")->required();
   // workload: the requests `run` would make, as JSONL, for drivers outside the harness (baselines/hf).
   std::string wl_config, wl_out;
@@ -123,14 +128,15 @@ int main(int argc, char** argv) {
       return fd::run_sweep(fd::load_sweep_spec(sw_spec), sw);
     }
     if (*profile) {
-      const fd::json prof = fd::measure_profile(fd::load_model_config(prof_model), prof_batches, prof_dtypes,
-                                                prof_context, int(prof_reps), prof_backend, int(prof_r_threads),
-                                                fd::join_args(argc, argv));
+      po.command_line = fd::join_args(argc, argv);
+      const fd::json prof = fd::measure_profile(fd::load_model_config(prof_model), po);
       fd::write_json_file(prof_out, prof);
       std::printf("%s\nwrote %s\n", prof.dump(1).c_str(), prof_out.c_str());
       return 0;
     }
     if (*plan) {
+      if (socket_name_opt->count() > 0 && socket_cores == 0)
+        throw fd::ConfigError("--socket-name '" + socket_name + "' needs --socket-cores (cores per socket)");
       const fd::Profile prof = fd::load_profile(profile_path);
       const fd::ModelConfig m = fd::load_model_config(model_path);
       auto r = prof.r_s_per_token_layer.find(kv_dtype);
@@ -143,6 +149,8 @@ int main(int argc, char** argv) {
       in.seq = seq;
       if (latency_ms > 0) in.latency_s = latency_ms / 1e3;
       if (cpus_available > 0) in.cpus_available = cpus_available;
+      in.socket_cores = socket_cores;
+      in.socket_name = socket_name;
       const fd::Plan p = fd::make_plan(in);
       std::printf("MODELLED from %s (model %s, N = %lld layers, S = %lld, R[%s] = %.3g s/token/layer):\n",
                   profile_path.c_str(), m.name.c_str(), (long long)in.layers, (long long)seq, kv_dtype.c_str(), in.r_s_per_token_layer);
@@ -151,8 +159,8 @@ int main(int argc, char** argv) {
       } else {
         std::printf("  B = %lld (%s rule); T(B) = %.3f ms per layer; E(B) = %.0f /s (max %.0f)\n", (long long)p.batch,
                     p.batch_rule.c_str(), p.t_b_s * 1e3, p.e_b, p.e_max);
-        std::printf("  sequence latency 2·N·S·T(B) = %.1f s\n", p.seq_latency_s);
-        std::printf("  CPUs needed P = B·S·R/(2·T(B)) = %.1f; using %.0f\n", p.cpus_needed, p.cpus_used);
+        std::printf("  sequence latency 2·N·S·T(B) = %s s\n", fd::format_count(p.seq_latency_s).c_str());
+        std::printf("  %s\n", fd::format_cpus_line(p).c_str());
         std::printf("  tokens/s: S-bound %.0f, R-bound %.0f -> %.0f (%s binds)\n", p.tokens_per_s_s_bound,
                     p.tokens_per_s_r_bound, p.tokens_per_s, p.binds.c_str());
       }

@@ -4,10 +4,14 @@
 // 256. On [128, 256] T(B) = B/80 ms, so E(B) = B/T(B) = 80 per ms (80000/s) is the maximum.
 #include "fastdecode/sched/perf_model.h"
 
+#include <fstream>
+
+#include "harness/profile.h"
 #include "test_helpers.h"
 
 using namespace fd;
 using fd::test::error_message;
+using fd::test::TempDir;
 using ::testing::HasSubstr;
 
 namespace {
@@ -115,4 +119,119 @@ TEST(PerfModel, ProfileJson) {
                 parse_profile(json::parse(R"({"t_b": [[1, 0.001]], "r_s_per_token_layer": {"fp16": -1}})"), "p.json");
               }),
               HasSubstr("r_s_per_token_layer"));
+}
+
+// The P line never rounds P to 0 while using >= 1 CPU, and says why the count used differs.
+TEST(PerfModel, CpusLineAndSockets) {
+  EXPECT_EQ(format_count(0.0091136), "0.00911");
+  EXPECT_EQ(format_count(3.6916), "3.69");
+  EXPECT_EQ(format_count(0.04), "0.04");
+  EXPECT_EQ(format_count(1.5e-5), "1.5e-05");
+  EXPECT_EQ(format_count(123.4), "123");  // whole numbers from 100 up, not 1.23e+02
+  EXPECT_EQ(format_count(4), "4");
+
+  PlanInput in;
+  in.t = table();
+  in.r_s_per_token_layer = 1e-7;
+  in.layers = 32;
+  in.seq = 1024;
+  in.socket_cores = 64;
+  in.socket_name = "AMD EPYC 7763";
+  // Knee plan: P = 3.6916... (PlanAtKneeWithoutLatency) = 0.05768 sockets of 64 cores; 4 CPUs used.
+  Plan p = make_plan(in);
+  EXPECT_DOUBLE_EQ(p.cpus_used, 4);
+  EXPECT_EQ(p.cpus_used_reason, "rounded up to whole CPUs");
+  EXPECT_DOUBLE_EQ(p.sockets_needed, p.cpus_needed / 64);
+  EXPECT_EQ(format_cpus_line(p),
+            "CPUs needed P = B·S·R/(2·T(B)) = 3.69 cores = 0.0577 sockets of AMD EPYC 7763 (64 cores each); using 4 "
+            "(rounded up to whole CPUs)");
+  json j = to_json(p);
+  EXPECT_EQ(j["socket_cores"], 64);
+  EXPECT_EQ(j["socket_name"], "AMD EPYC 7763");
+  EXPECT_DOUBLE_EQ(j["sockets_needed"].get<double>(), p.cpus_needed / 64);
+  EXPECT_DOUBLE_EQ(j["cpus_needed"].get<double>(), p.cpus_needed);
+  EXPECT_EQ(j["cpus_used_reason"], "rounded up to whole CPUs");
+
+  // R 1000x smaller: P = 0.0036916, which "%.1f" printed as 0.0; one R-worker CPU is the least.
+  in.r_s_per_token_layer = 1e-10;
+  in.socket_cores = 0;
+  p = make_plan(in);
+  EXPECT_DOUBLE_EQ(p.cpus_used, 1);
+  EXPECT_EQ(format_cpus_line(p), "CPUs needed P = B·S·R/(2·T(B)) = 0.00369 cores; using 1 (at least one R-worker CPU)");
+  j = to_json(p);
+  EXPECT_TRUE(j["sockets_needed"].is_null() && j["socket_cores"].is_null() && j["socket_name"].is_null());
+
+  in.cpus_available = 2;
+  p = make_plan(in);
+  EXPECT_EQ(format_cpus_line(p), "CPUs needed P = B·S·R/(2·T(B)) = 0.00369 cores; using 2 (--cpus-available)");
+
+  Plan exact;  // P a whole number: nothing to explain
+  exact.cpus_needed = exact.cpus_used = 12;
+  EXPECT_EQ(format_cpus_line(exact), "CPUs needed P = B·S·R/(2·T(B)) = 12 cores; using 12");
+}
+
+// R's working set: >= 4 x LLC, >= 1 GiB, >= the old 256 MB x threads/4, capped at MemAvailable / 4.
+TEST(PerfModel, RWorkingSetFromLLC) {
+  const int64_t GiB = int64_t(1) << 30, big = int64_t(64) << 30;
+  RWorkingSet w = r_working_set(300'000'000, 12, big);  // the GPU machine's 300 MB L3
+  EXPECT_EQ(w.bytes, 1'200'000'000);
+  EXPECT_TRUE(w.llc_known);
+  EXPECT_FALSE(w.capped());
+  w = r_working_set(32 << 20, 1, big);  // a 32 MiB L3: the 1 GiB floor
+  EXPECT_EQ(w.bytes, GiB);
+  w = r_working_set(0, 1, big);  // unreadable: 256 MB assumed, 4 x 256 MB < 1 GiB
+  EXPECT_FALSE(w.llc_known);
+  EXPECT_EQ(w.llc_bytes, 256'000'000);
+  EXPECT_EQ(w.bytes, GiB);
+  w = r_working_set(32 << 20, 64, big);  // many threads: 256 MB x 16
+  EXPECT_EQ(w.bytes, 4'096'000'000);
+  w = r_working_set(300'000'000, 12, 2'000'000'000);  // little free memory: a quarter of it
+  EXPECT_EQ(w.bytes, 500'000'000);
+  EXPECT_EQ(w.wanted, 1'200'000'000);
+  EXPECT_TRUE(w.capped());
+  w = r_working_set(2 * GiB, 1, 0);  // MemAvailable unreadable: at most 4 GiB
+  EXPECT_EQ(w.bytes, 4 * GiB);
+  EXPECT_TRUE(w.capped());
+}
+
+// The LLC is the highest level's size in sysfs (not the largest number, not the first entry).
+TEST(PerfModel, ReadLLCFromSysfs) {
+  TempDir d("llc");
+  auto put = [&](const std::string& idx, const std::string& level, const std::string& size) {
+    std::filesystem::create_directories(d.path / idx);
+    std::ofstream(d.path / idx / "level") << level << "\n";
+    std::ofstream(d.path / idx / "size") << size << "\n";
+  };
+  EXPECT_EQ(read_llc_bytes(d.file("none")), 0);
+  EXPECT_EQ(read_llc_bytes(d.path.string()), 0);
+  put("index0", "1", "48K");
+  put("index3", "3", "107520K");
+  put("index2", "2", "2048K");
+  put("index1", "1", "32K");
+  EXPECT_EQ(read_llc_bytes(d.path.string()), int64_t(107520) << 10);
+  put("index4", "x", "9999M");  // unreadable entries are skipped
+  EXPECT_EQ(read_llc_bytes(d.path.string()), int64_t(107520) << 10);
+  put("index5", "2", "200M");  // a lower level larger than the last: still the last level's size
+  EXPECT_EQ(read_llc_bytes(d.path.string()), int64_t(107520) << 10);
+  std::ofstream(d.file("meminfo")) << "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   23000000 kB\n";
+  EXPECT_EQ(read_mem_available_bytes(d.file("meminfo")), int64_t(23000000) * 1024);
+  EXPECT_EQ(read_mem_available_bytes(d.file("none")), 0);
+}
+
+// fd-bench profile's options are refused before any measurement, naming the flag.
+TEST(PerfModel, ProfileOptionsRefused) {
+  const ModelConfig m = load_model_config(fd::test::repo_path("experiments/models/tiny-llama.json"));
+  auto refuse = [&](auto change) {
+    ProfileOptions o;
+    change(o);
+    return error_message<ConfigError>([&] { measure_profile(m, o); });
+  };
+  EXPECT_THAT(refuse([](ProfileOptions& o) { o.sm_count = 8; }), HasSubstr("--sm-count 8"));
+  EXPECT_THAT(refuse([](ProfileOptions& o) { o.kv_dtypes = {"fp16", "int3"}; }), HasSubstr("--kv-dtypes: unknown KV dtype 'int3'"));
+  EXPECT_THAT(refuse([](ProfileOptions& o) { o.batches = {4, 2}; }), HasSubstr("--batches: must be strictly increasing"));
+  EXPECT_THAT(refuse([](ProfileOptions& o) { o.context = 16; }), HasSubstr("--context"));
+  const Profile p = parse_profile(json::parse(R"({"t_b": [[1, 0.001]], "r_s_per_token_layer": {"fp16": 1e-7},
+                                                  "backend": "cuda", "sm_count": 32})"),
+                                  "p.json");  // what fd-bench profile --sm-count writes
+  EXPECT_DOUBLE_EQ(p.t.at(1), 0.001);
 }
