@@ -33,7 +33,7 @@ import sys
 
 import numpy as np
 
-from fd_runs import decode_steps, decode_tokens_per_s, jsonl_path, read_jsonl
+from fd_runs import decode_steps, decode_tokens_per_s, full_layers, jsonl_path, read_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METRICS = (  # key, column header, format
@@ -56,20 +56,7 @@ class CompareError(Exception):
 
 
 def model_full_layers(summary):
-    m = summary.get("model") or {}
-    if m.get("full_layers"):
-        return int(m["full_layers"])
-    cfg = ((summary.get("config") or {}).get("model") or {}).get("config")
-    for p in ([cfg, os.path.join(REPO, cfg)] if cfg else []) + ([os.path.join(REPO, "experiments", "models", m["name"] + ".json")]
-                                                                 if m.get("name") else []):
-        if p and os.path.isfile(p):
-            try:
-                n = json.load(open(p)).get("num_hidden_layers")
-            except ValueError:
-                n = None
-            if n:
-                return int(n)
-    return None
+    return full_layers(summary)
 
 
 def balance(summary):

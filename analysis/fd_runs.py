@@ -11,6 +11,31 @@ import json
 import os
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS_DIR = os.path.join(REPO, "experiments", "models")
+
+
+def full_layers(summary=None, model=None):
+    """A run's full model depth: summary.json model.full_layers when recorded, else num_hidden_layers of the model
+    config its resolved config names (as given, or relative to the repository), else of experiments/models/<model or
+    the summary's model name>.json; None when none says."""
+    m = (summary or {}).get("model") or {}
+    if m.get("full_layers"):
+        return int(m["full_layers"])
+    cfg = (((summary or {}).get("config") or {}).get("model") or {}).get("config")
+    name = model or m.get("name")
+    paths = ([cfg, os.path.join(REPO, cfg)] if cfg else []) + ([os.path.join(MODELS_DIR, name + ".json")] if name else [])
+    for p in paths:
+        if p and os.path.isfile(p):
+            try:
+                n = json.load(open(p)).get("num_hidden_layers")
+            except ValueError:
+                n = None
+            if n:
+                return int(n)
+    return None
+
+
 def jsonl_path(d, name):
     """The path of d/name or d/name.gz (whichever exists, plain first), or None."""
     for p in (os.path.join(d, name), os.path.join(d, name + ".gz")):

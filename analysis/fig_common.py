@@ -4,6 +4,7 @@ figure in every requested format."""
 import json
 import os
 
+import fd_runs
 import matplotlib
 
 matplotlib.use("Agg")
@@ -91,21 +92,8 @@ def e2e_machine(artifacts, rows):
 
 
 def full_layers(model, summary=None):
-    """The model's full depth: summary.json model.full_layers when given, else experiments/models/<model>.json
-    num_hidden_layers; None when neither says."""
-    if summary:
-        n = (summary.get("model") or {}).get("full_layers")
-        if n:
-            return int(n)
-    path = os.path.join(MODELS_DIR, "%s.json" % model)
-    if os.path.isfile(path):
-        try:
-            n = json.load(open(path)).get("num_hidden_layers")
-        except ValueError:
-            n = None
-        if n:
-            return int(n)
-    return None
+    """The model's full depth (analysis/fd_runs.py: summary.json, else the model's config); None when neither says."""
+    return fd_runs.full_layers(summary, model)
 
 
 def depth_factor(layers, full):
