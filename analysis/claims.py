@@ -324,8 +324,8 @@ def write(rows, notes, a):
             "model predicts 1.3-2.2× more than measured on our machine (artifacts/sworker/gpu-machine/VALIDATION.md): read "
             "MODELLED values as upper bounds." % (hw["gpu_bw"] / 1e9, hw["gpu_flops"] / 1e12, 100 * hw["gemm_eff"], hw["sockets"],
                                                   hw["socket_bw"] / 1e9)]
-    if notes:
-        out += ["", "Not in the table:"] + ["* %s" % n for n in notes]
+    if notes:  # paths below the repository written relative to it, so the file is the same in every checkout
+        out += ["", "Not in the table:"] + ["* %s" % n.replace(REPO + os.sep, "") for n in notes]
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w", encoding="utf-8") as f:
         f.write("\n".join(out) + "\n")
