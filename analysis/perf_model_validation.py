@@ -16,7 +16,12 @@ mini-batch of one layer before the other can start: + T(B/2) when R binds, + W*R
 checks the step's composition (max of the two sides, overlapped, plus the fill) apart from how well a profile
 measures R, and a column says how far the profile's R is from the run's. Run folders are read plain or packed.
 
-usage: analysis/perf_model_validation.py --profile P.json [--profile Q.json ...] [--r-from-run] --out DIR
+--fixed-from SWEEP_DIR (with --r-from-run) adds to those rows a fixed per-step term a(B), measured apart from the
+runs: the intercept of step = a + b * layers in the fig8-intercept sweep (experiments/paper/
+fig8-intercept-llama-2-7b.sweep.json: 1 and 2 layers at several B), a(B) = 2 * step(1 layer) - step(2 layers),
+linear in B between its points (held at the ends).
+
+usage: analysis/perf_model_validation.py --profile P.json [--profile Q.json ...] [--r-from-run [--fixed-from DIR]] --out DIR
            [--runs-under ROOT...] [RUN_DIR...]   (--runs-under: every FastDecode run folder below ROOT)
 """
 import argparse
@@ -39,10 +44,38 @@ def t_at(tb, b):
     return ys[i - 1] + (ys[i] - ys[i - 1]) * (b - xs[i - 1]) / (xs[i] - xs[i - 1])
 
 
+def fixed_table(sweep_dir):
+    """[(B, a(B) seconds)] from the intercept sweep: per B, the mean decode-only step at 1 and 2 layers."""
+    by = {}
+    for d, _, files in os.walk(sweep_dir):
+        if "summary.json" not in files:
+            continue
+        s = json.load(open(os.path.join(d, "summary.json")))
+        dec = decode_steps(read_jsonl(d, "steps.jsonl"))
+        if dec:
+            B = s["config"]["workload"]["requests"]
+            by.setdefault(B, {})[s["model"]["layers"]] = statistics.fmean(x["step_ms"] for x in dec) / 1e3
+    pts = sorted((B, 2 * v[1] - v[2]) for B, v in by.items() if 1 in v and 2 in v)
+    if not pts:
+        raise SystemExit("perf_model_validation: no B with both 1- and 2-layer runs under %s" % sweep_dir)
+    return pts
+
+
+def fixed_at(pts, b):
+    if b <= pts[0][0]:
+        return pts[0][1]
+    if b >= pts[-1][0]:
+        return pts[-1][1]
+    i = bisect.bisect_left([p[0] for p in pts], b)
+    (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+    return y0 + (y1 - y0) * (b - x0) / (x1 - x0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", action="append", required=True)
     ap.add_argument("--r-from-run", action="store_true", help="also predict with R from each run's own R-worker compute, plus the fill")
+    ap.add_argument("--fixed-from", help="the fig8-intercept sweep folder: a fixed per-step term a(B) for the --r-from-run rows")
     ap.add_argument("--out", required=True)
     ap.add_argument("--runs-under", nargs="+", default=[], help="also every FastDecode run folder (summary.json) below these")
     ap.add_argument("runs", nargs="*")
@@ -54,6 +87,7 @@ def main():
     if not a.runs:
         ap.error("no run folder given or found")
     profiles = [(p, json.load(open(p))) for p in a.profile]
+    fixed = fixed_table(a.fixed_from) if a.fixed_from else None
     rows = []
     for d in sorted(a.runs):
         s = json.load(open(os.path.join(d, "summary.json")))
@@ -89,8 +123,9 @@ def main():
             if r_run is not None:
                 tr_run = W * r_run / P
                 fill = 2 * t_at(prof["t_b"], B / 2) / 2 if tr_run > ts else tr_run / 2
-                step_run = N * max(ts, tr_run) + fill
-                rows.append({**rows[-1], "R": r_run, "r_source": "run", "t_r_ms": tr_run * 1e3, "fill_ms": fill * 1e3,
+                fixed_s = fixed_at(fixed, B) if fixed else 0.0
+                step_run = N * max(ts, tr_run) + fill + fixed_s
+                rows.append({**rows[-1], "R": r_run, "r_source": "run", "t_r_ms": tr_run * 1e3, "fill_ms": fill * 1e3, "fixed_ms": fixed_s * 1e3,
                              "binds": "R" if tr_run > ts else "S", "predicted_tok_s": B / step_run,
                              "measured_over_predicted": measured / (B / step_run), "predicted_step_ms": step_run * 1e3,
                              "profile_r_over_run_r": R / r_run})
@@ -100,14 +135,15 @@ def main():
     lines = ["| run | B | W | P | R from | R (ns/token/layer/CPU) | S ms/layer | R ms/layer | binds | predicted tok/s (MODELLED) | measured tok/s | measured / predicted |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        src = "the run (+ fill %.2f ms; profile R / run R = %.2f)" % (r["fill_ms"], r["profile_r_over_run_r"]) \
+        src = "the run (+ fill %.2f ms%s; profile R / run R = %.2f)" % (
+            r["fill_ms"], " + fixed %.2f ms" % r["fixed_ms"] if r.get("fixed_ms") else "", r["profile_r_over_run_r"]) \
             if r.get("r_source") == "run" else "%d thread(s)" % r["r_threads"]
         name = r["run"] if not a.r_from_run else os.path.relpath(r["run_dir"])
         lines.append("| %s | %.0f | %.0f | %d | %s | %.0f | %.2f | %.1f | %s | %.0f | %.0f | %.2f |" % (
             name, r["B"], r["W"], r["P"], src, r["R"] * 1e9, r["t_s_ms"], r["t_r_ms"], r["binds"],
             r["predicted_tok_s"], r["measured_tok_s"], r["measured_over_predicted"]))
     if a.r_from_run:
-        for label, sel in (("profile R", lambda r: r.get("r_source") != "run"), ("the run's R + fill", lambda r: r.get("r_source") == "run")):
+        for label, sel in (("profile R", lambda r: r.get("r_source") != "run"), ("the run's R + fill" + (" + fixed" if fixed else ""), lambda r: r.get("r_source") == "run")):
             v = [r["measured_over_predicted"] for r in rows if sel(r)]
             if v:
                 lines.append("")

@@ -103,6 +103,7 @@ if has fig3; then
 fi
 if has fig8; then
   for m in $models; do for e in fastdecode gpu-only; do sweep "fig8-$m-$e"; done; done
+  sweep fig8-intercept-llama-2-7b  # the performance model's fixed per-step term (validation below)
 fi
 if has fig9 || has fig10; then
   step "fig9/fig10: every baseline engine (scripts/baselines-bench.sh)"
@@ -152,6 +153,12 @@ else
   python3 analysis/figures.py --paper "$out" "${base_args[@]}" --out "$out/figures" || rc=1
   python3 analysis/claims.py --paper "$out" "${base_args[@]}" --out "$out/CLAIMS.md" || rc=1
   python3 analysis/balance_map.py --paper "$out" "${base_args[@]}" --out "$out/figures" || rc=1
+  if [ -f "$out/profile_r12_ctx528.json" ]; then  # the performance model against every FastDecode run here
+    fixed=()
+    [ -d "$out/fig8-intercept-llama-2-7b" ] && fixed=(--fixed-from "$out/fig8-intercept-llama-2-7b")
+    python3 analysis/perf_model_validation.py --r-from-run "${fixed[@]}" --profile "$out/profile_r12_ctx528.json" \
+      --out "$out/validation" --runs-under "$out" || rc=1
+  fi
 fi
 step "done (rc $rc)"
 exit $rc

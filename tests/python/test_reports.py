@@ -55,3 +55,24 @@ def test_paper_validation_reproduces_the_committed_one(repo_root, tmp_path):
                    check=True, capture_output=True, text=True, timeout=300, cwd=repo_root)
     committed = repo_root / "artifacts" / "paper" / "validation" / "VALIDATION.md"
     assert (tmp_path / "VALIDATION.md").read_text() == committed.read_text(), "regenerate it (artifacts/paper/README.md)"
+
+
+def test_fixed_per_step_term_from_the_intercept_sweep(repo_root, tmp_path):
+    """--fixed-from: a(B) = 2 * step(1 layer) - step(2 layers) per B of the sweep, linear in B between, held at the
+    ends, and added to the run-R predictions."""
+    import importlib.util
+    import json
+    spec = importlib.util.spec_from_file_location("pmv", repo_root / "analysis" / "perf_model_validation.py")
+    pmv = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(repo_root / "analysis"))
+    spec.loader.exec_module(pmv)
+    for B, ms in ((16, {1: 5.0, 2: 7.0}), (64, {1: 9.0, 2: 13.0})):  # a(16) = 3 ms, a(64) = 5 ms
+        for L, step in ms.items():
+            d = tmp_path / "sweep" / f"B-{B}_layers-{L}" / "rep1"
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps({"config": {"workload": {"requests": B}}, "model": {"layers": L}}))
+            (d / "steps.jsonl").write_text("".join(json.dumps({"step": i, "step_ms": step, "prefill_tokens": 0, "decode_tokens": B}) + "\n"
+                                                   for i in range(3)))
+    pts = pmv.fixed_table(str(tmp_path / "sweep"))
+    assert [p[0] for p in pts] == [16, 64] and [p[1] for p in pts] == pytest.approx([0.003, 0.005])
+    assert [pmv.fixed_at(pts, b) for b in (8, 40, 1024)] == pytest.approx([0.003, 0.004, 0.005])
