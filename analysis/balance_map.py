@@ -41,38 +41,34 @@ import matplotlib.pyplot as plt  # noqa: E402
 import fig_baselines  # noqa: E402
 import fig_paper  # noqa: E402
 from fd_runs import decode_steps  # noqa: E402
+from shapes import SHAPES, SOCKET_BW, layer_weight_bytes  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BASELINES = [os.path.join(REPO, "artifacts", "baselines", r) for r in ("run1-a40a146", "run3-4bf4e28")]
 DEFAULT_PAPER = os.path.join(REPO, "artifacts", "paper", "run-9988a35")
 DEFAULT_BALANCE = os.path.join(REPO, "artifacts", "baselines", "run1-a40a146", "balance_bench.json")
-# Shapes (experiments/models/): fp16 weight bytes per layer, KV bytes per token per layer, layers, all weights.
-SHAPES = {"llama-2-7b": {"w": 2 * 202.4e6, "kv": 2 * 4096 * 2, "layers": 32, "weights": 13.5e9},
-          "llama-2-13b": {"w": 2 * 317.7e6, "kv": 2 * 5120 * 2, "layers": 40, "weights": 26.0e9}}
-# GPUs of the crossover table: HBM bandwidth (datasheets) and memory. The socket: AMD EPYC 7003, 8 x DDR4-3200
-# = 204.8 GB/s, 75 % sustained (as analysis/claims.py's MODELLED paper hardware).
+# GPUs of the crossover table: HBM bandwidth (datasheets) and memory; the socket bandwidth is analysis/shapes.py's.
 GPUS = [("A10", 600e9, 24e9), ("A100-80GB", 2039e9, 80e9), ("H100-SXM", 3350e9, 80e9), ("H200", 4800e9, 141e9)]
-SOCKET_BW = 0.75 * 204.8e9
 
 
 def gpu_only_batch(model, mem, max_context):
     m = SHAPES[model]
-    return int(max(0.0, 0.9 * mem - m["weights"]) // (max_context * m["kv"] * m["layers"]))
+    return int(max(0.0, 0.9 * mem - m["weights"]) // (max_context * m["kv_tok_layer"] * m["layers"]))
 
 
 def crossover(model, ctx, b_go, eta=1.0):
     """x* = BW_cpu / BW_gpu above which FastDecode's R-bound rate beats GPU-only's."""
     m = SHAPES[model]
-    kvb = b_go * ctx * m["kv"]
-    return eta * kvb / (m["w"] + kvb) if b_go > 0 else 0.0
+    kvb = b_go * ctx * m["kv_tok_layer"]
+    return eta * kvb / (layer_weight_bytes(model) + kvb) if b_go > 0 else 0.0
 
 
 def modelled_ratio(model, ctx, b_go, x, eta=1.0):
     m = SHAPES[model]
     if b_go <= 0:
         return float("inf")
-    kvb = b_go * ctx * m["kv"]
-    return x * (m["w"] + kvb) / kvb / eta
+    kvb = b_go * ctx * m["kv_tok_layer"]
+    return x * (layer_weight_bytes(model) + kvb) / kvb / eta
 
 
 def hbm_rates(path):
@@ -100,7 +96,7 @@ def run_point(fd, go, hbm, label):
     if r_ms <= 0:
         return None
     layers = s["model"]["layers"]
-    bw_cpu = W * layers * SHAPES[model]["kv"] / (r_ms / 1e3)
+    bw_cpu = W * layers * SHAPES[model]["kv_tok_layer"] / (r_ms / 1e3)
     sm = (s.get("config", {}).get("hardware", {}).get("gpu", {}) or {}).get("sm_count") or 0
     bw_gpu = hbm.get(sm) or hbm.get(0)
     go_dec = decode_steps(go["steps"])
@@ -108,7 +104,7 @@ def run_point(fd, go, hbm, label):
     go_ctx = statistics.fmean(x["total_context"] for x in go_dec) / go_b
     go_ms = statistics.fmean(x["step_ms"] for x in go_dec)
     m = SHAPES[model]
-    roof_ms = 1e3 * layers * (m["w"] + go_b * go_ctx * m["kv"]) / bw_gpu
+    roof_ms = 1e3 * layers * (layer_weight_bytes(model) + go_b * go_ctx * m["kv_tok_layer"]) / bw_gpu
     return {"label": label, "model": model, "x": bw_cpu / bw_gpu, "bw_cpu": bw_cpu, "bw_gpu": bw_gpu, "sm": sm,
             "ratio": fd["tok_s"] / go["tok_s"], "fd_tok_s": fd["tok_s"], "go_tok_s": go["tok_s"], "b_go": go_b,
             "ctx": go_ctx, "eta": roof_ms / go_ms, "fd_dir": os.path.relpath(fd["dir"], REPO),
@@ -139,7 +135,7 @@ def eta_per_layer(a, hbm):
     b = statistics.fmean(x["decode_tokens"] for x in dec)
     ctx = statistics.fmean(x["total_context"] for x in dec) / b
     m = SHAPES["llama-2-7b"]
-    roof_ms = 1e3 * (m["w"] + b * ctx * m["kv"]) / (hbm.get(0))
+    roof_ms = 1e3 * (layer_weight_bytes("llama-2-7b") + b * ctx * m["kv_tok_layer"]) / (hbm.get(0))
     return roof_ms / fits[("llama-2-7b", "gpu-only")][1], b, ctx
 
 

@@ -31,20 +31,12 @@ import sys
 
 import fig_baselines
 import fig_paper
+from shapes import PAPER_HW, SHAPES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BASELINES = [os.path.join(REPO, "artifacts", "baselines", r) for r in ("run1-a40a146", "run3-4bf4e28")]
 DEFAULT_RWORKER = os.path.join(REPO, "artifacts", "rworker", "gpu-machine", "attn_mha_avx512_v2.json")
 DEFAULT_PAPER = os.path.join(REPO, "artifacts", "paper", "run-9988a35")  # scripts/reproduce.sh --quick, committed
-
-# The paper's hardware as MODELLED here (sources: NVIDIA A10 datasheet; AMD EPYC 7002/7003: 8 channels of
-# DDR4-3200 = 204.8 GB/s per socket, of which a STREAM-like 75 % is taken as sustained).
-PAPER_HW = {"gpu_bw": 600e9, "gpu_flops": 125e12, "gemm_eff": 0.7, "gpu_mem": 24e9,
-            "socket_bw": 0.75 * 204.8e9, "sockets": 8}
-# Model shapes (experiments/models/): params per layer, KV bytes per token per layer (fp16), layers, all weights.
-SHAPES = {"llama-2-7b": {"layer_params": 202.4e6, "kv_tok_layer": 2 * 4096 * 2, "layers": 32, "weights": 13.5e9},
-          "llama-2-13b": {"layer_params": 317.7e6, "kv_tok_layer": 2 * 5120 * 2, "layers": 40, "weights": 26.0e9}}
-
 
 def modelled_fastdecode(model, B, mean_ctx, hw=PAPER_HW):
     """tokens/s of FastDecode at full depth: step = N * max(S-Part(B), R-Part(W)) (the two mini-batches overlap
