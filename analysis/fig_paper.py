@@ -119,7 +119,8 @@ def present(root, names):
     return [n for n in names if os.path.isdir(os.path.join(root, n))]
 
 
-FIG8 = [("llama-2-7b", "fastdecode"), ("llama-2-7b", "gpu-only"), ("llama-2-13b", "fastdecode"), ("llama-2-13b", "gpu-only")]
+FIG8 = [("llama-2-7b", "fastdecode"), ("llama-2-7b", "gpu-only"), ("llama-2-13b", "fastdecode"), ("llama-2-13b", "gpu-only"),
+        ("opt-175b", "fastdecode")]  # OPT-175b: FastDecode only (GPU-only refuses its 350 GB of full-depth weights)
 
 
 def fig8_data(root):

@@ -103,6 +103,7 @@ if has fig3; then
 fi
 if has fig8; then
   for m in $models; do for e in fastdecode gpu-only; do sweep "fig8-$m-$e"; done; done
+  sweep fig8-opt-175b-fastdecode   # the paper's Fig. 8 model (FastDecode only: GPU-only cannot hold it)
   sweep fig8-intercept-llama-2-7b  # the performance model's fixed per-step term (validation below)
 fi
 if has fig9 || has fig10; then
