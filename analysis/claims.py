@@ -36,7 +36,7 @@ from shapes import PAPER_HW, SHAPES
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BASELINES = [os.path.join(REPO, "artifacts", "baselines", r) for r in ("run1-a40a146", "run3-4bf4e28")]
 DEFAULT_RWORKER = os.path.join(REPO, "artifacts", "rworker", "gpu-machine", "attn_mha_avx512_v2.json")
-DEFAULT_PAPER = os.path.join(REPO, "artifacts", "paper", "run-9988a35")  # scripts/reproduce.sh --quick, committed
+DEFAULT_PAPER = os.path.join(REPO, "artifacts", "paper", "runs")  # scripts/reproduce.sh --quick, committed
 
 def modelled_fastdecode(model, B, mean_ctx, hw=PAPER_HW):
     """tokens/s of FastDecode at full depth: step = N * max(S-Part(B), R-Part(W)) (the two mini-batches overlap

@@ -19,7 +19,10 @@ measures R, and a column says how far the profile's R is from the run's. Run fol
 --fixed-from SWEEP_DIR (with --r-from-run) adds to those rows a fixed per-step term a(B), measured apart from the
 runs: the intercept of step = a + b * layers in the fig8-intercept sweep (experiments/paper/
 fig8-intercept-llama-2-7b.sweep.json: 1 and 2 layers at several B), a(B) = 2 * step(1 layer) - step(2 layers),
-linear in B between its points (held at the ends).
+linear in B between its points (held at the ends), per model: a run gets the a(B) of its own model's sweep (the term is
+mostly the LM head and sampling, which scale with the vocabulary: Llama-3-8B's 128 256 against Llama-2-7b's 32 000),
+and a run of a model without one gets none (its row says so). An a(B) below zero is held at 0: a per-step cost cannot be
+negative, and at large B the two runs' R-worker spread (a few % of a 100 ms step) is larger than the term itself.
 
 usage: analysis/perf_model_validation.py --profile P.json [--profile Q.json ...] [--r-from-run [--fixed-from DIR]] --out DIR
            [--runs-under ROOT...] [RUN_DIR...]   (--runs-under: every FastDecode run folder below ROOT)
@@ -45,7 +48,8 @@ def t_at(tb, b):
 
 
 def fixed_table(sweep_dir):
-    """[(B, a(B) seconds)] from the intercept sweep: per B, the mean decode-only step at 1 and 2 layers."""
+    """{model: [(B, a(B) seconds)]} from the intercept sweep: per model and B, the mean decode-only step at 1 and 2
+    layers; a(B) = 2 * step(1) - step(2), held at 0 from below."""
     by = {}
     for d, _, files in os.walk(sweep_dir):
         if "summary.json" not in files:
@@ -54,11 +58,13 @@ def fixed_table(sweep_dir):
         dec = decode_steps(read_jsonl(d, "steps.jsonl"))
         if dec:
             B = s["config"]["workload"]["requests"]
-            by.setdefault(B, {})[s["model"]["layers"]] = statistics.fmean(x["step_ms"] for x in dec) / 1e3
-    pts = sorted((B, 2 * v[1] - v[2]) for B, v in by.items() if 1 in v and 2 in v)
-    if not pts:
+            model = s["model"].get("name", "")
+            by.setdefault(model, {}).setdefault(B, {})[s["model"]["layers"]] = statistics.fmean(x["step_ms"] for x in dec) / 1e3
+    table = {m: sorted((B, max(0.0, 2 * v[1] - v[2])) for B, v in bs.items() if 1 in v and 2 in v) for m, bs in by.items()}
+    table = {m: pts for m, pts in table.items() if pts}
+    if not table:
         raise SystemExit("perf_model_validation: no B with both 1- and 2-layer runs under %s" % sweep_dir)
-    return pts
+    return table
 
 
 def fixed_at(pts, b):
@@ -123,9 +129,11 @@ def main():
             if r_run is not None:
                 tr_run = W * r_run / P
                 fill = 2 * t_at(prof["t_b"], B / 2) / 2 if tr_run > ts else tr_run / 2
-                fixed_s = fixed_at(fixed, B) if fixed else 0.0
+                has_fixed = bool(fixed) and model in fixed
+                fixed_s = fixed_at(fixed[model], B) if has_fixed else 0.0
                 step_run = N * max(ts, tr_run) + fill + fixed_s
-                rows.append({**rows[-1], "R": r_run, "r_source": "run", "t_r_ms": tr_run * 1e3, "fill_ms": fill * 1e3, "fixed_ms": fixed_s * 1e3,
+                rows.append({**rows[-1], "R": r_run, "r_source": "run", "t_r_ms": tr_run * 1e3, "fill_ms": fill * 1e3,
+                             "fixed_ms": fixed_s * 1e3 if has_fixed else None,
                              "binds": "R" if tr_run > ts else "S", "predicted_tok_s": B / step_run,
                              "measured_over_predicted": measured / (B / step_run), "predicted_step_ms": step_run * 1e3,
                              "profile_r_over_run_r": R / r_run})
@@ -135,15 +143,23 @@ def main():
     lines = ["| run | B | W | P | R from | R (ns/token/layer/CPU) | S ms/layer | R ms/layer | binds | predicted tok/s (MODELLED) | measured tok/s | measured / predicted |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        src = "the run (+ fill %.2f ms%s; profile R / run R = %.2f)" % (
-            r["fill_ms"], " + fixed %.2f ms" % r["fixed_ms"] if r.get("fixed_ms") else "", r["profile_r_over_run_r"]) \
+        fx = ("" if not fixed else " + fixed %.2f ms" % r["fixed_ms"] if r.get("fixed_ms") is not None
+              else "; no intercept sweep of %s, so no fixed term" % r["model"])
+        src = "the run (+ fill %.2f ms%s; profile R / run R = %.2f)" % (r["fill_ms"], fx, r["profile_r_over_run_r"]) \
             if r.get("r_source") == "run" else "%d thread(s)" % r["r_threads"]
         name = r["run"] if not a.r_from_run else os.path.relpath(r["run_dir"])
         lines.append("| %s | %.0f | %.0f | %d | %s | %.0f | %.2f | %.1f | %s | %.0f | %.0f | %.2f |" % (
             name, r["B"], r["W"], r["P"], src, r["R"] * 1e9, r["t_s_ms"], r["t_r_ms"], r["binds"],
             r["predicted_tok_s"], r["measured_tok_s"], r["measured_over_predicted"]))
     if a.r_from_run:
-        for label, sel in (("profile R", lambda r: r.get("r_source") != "run"), ("the run's R + fill" + (" + fixed" if fixed else ""), lambda r: r.get("r_source") == "run")):
+        groups = [("profile R", lambda r: r.get("r_source") != "run")]
+        if fixed:
+            groups += [("the run's R + fill + fixed (models with an intercept sweep: %s)" % ", ".join(sorted(fixed)),
+                        lambda r: r.get("r_source") == "run" and r.get("fixed_ms") is not None),
+                       ("the run's R + fill (models without one)", lambda r: r.get("r_source") == "run" and r.get("fixed_ms") is None)]
+        else:
+            groups += [("the run's R + fill", lambda r: r.get("r_source") == "run")]
+        for label, sel in groups:
             v = [r["measured_over_predicted"] for r in rows if sel(r)]
             if v:
                 lines.append("")

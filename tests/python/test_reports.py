@@ -46,33 +46,36 @@ def test_committed_profiles_load_in_the_planner(repo_root, fd_bin):
 
 def test_paper_validation_reproduces_the_committed_one(repo_root, tmp_path):
     """artifacts/paper/validation/: the model against every committed FastDecode run, with the profiles' R and with
-    each run's own R plus the fill (the command in artifacts/paper/README.md)."""
-    prof = ["artifacts/sworker/gpu-machine/profile_llama-2-7b_cuda_r12.json", "artifacts/paper/run-9988a35/profile_r12_ctx528.json",
+    each run's own R plus the fill and the intercept sweep's fixed term (the command in artifacts/paper/README.md)."""
+    prof = ["artifacts/sworker/gpu-machine/profile_llama-2-7b_cuda_r12.json", "artifacts/paper/runs/profile_r12_ctx528.json",
             "artifacts/sworker/gpu-machine/profile_llama-3-8b_cuda_r12.json"]
     subprocess.run([sys.executable, str(repo_root / "analysis" / "perf_model_validation.py"), "--r-from-run",
-                    *[a for p in prof for a in ("--profile", p)], "--out", str(tmp_path), "--runs-under",
-                    "artifacts/sworker/gpu-machine/e2e", "artifacts/baselines", "artifacts/paper/run-9988a35"],
+                    "--fixed-from", "artifacts/paper/runs/fig8-intercept-llama-2-7b", *[a for p in prof for a in ("--profile", p)], "--out", str(tmp_path), "--runs-under",
+                    "artifacts/sworker/gpu-machine/e2e", "artifacts/baselines", "artifacts/paper/runs"],
                    check=True, capture_output=True, text=True, timeout=300, cwd=repo_root)
     committed = repo_root / "artifacts" / "paper" / "validation" / "VALIDATION.md"
     assert (tmp_path / "VALIDATION.md").read_text() == committed.read_text(), "regenerate it (artifacts/paper/README.md)"
 
 
 def test_fixed_per_step_term_from_the_intercept_sweep(repo_root, tmp_path):
-    """--fixed-from: a(B) = 2 * step(1 layer) - step(2 layers) per B of the sweep, linear in B between, held at the
-    ends, and added to the run-R predictions."""
+    """--fixed-from: a(B) = 2 * step(1 layer) - step(2 layers) per model and B of the sweep, linear in B between, held
+    at the ends and at 0 from below, and added to the run-R predictions of that model only."""
     import importlib.util
     import json
     spec = importlib.util.spec_from_file_location("pmv", repo_root / "analysis" / "perf_model_validation.py")
     pmv = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(repo_root / "analysis"))
     spec.loader.exec_module(pmv)
-    for B, ms in ((16, {1: 5.0, 2: 7.0}), (64, {1: 9.0, 2: 13.0})):  # a(16) = 3 ms, a(64) = 5 ms
+    # a(16) = 3 ms, a(64) = 5 ms, a(256) = 2 * 40 - 82 < 0 -> 0
+    for B, ms in ((16, {1: 5.0, 2: 7.0}), (64, {1: 9.0, 2: 13.0}), (256, {1: 40.0, 2: 82.0})):
         for L, step in ms.items():
             d = tmp_path / "sweep" / f"B-{B}_layers-{L}" / "rep1"
             d.mkdir(parents=True)
-            (d / "summary.json").write_text(json.dumps({"config": {"workload": {"requests": B}}, "model": {"layers": L}}))
+            (d / "summary.json").write_text(json.dumps({"config": {"workload": {"requests": B}}, "model": {"layers": L, "name": "m"}}))
             (d / "steps.jsonl").write_text("".join(json.dumps({"step": i, "step_ms": step, "prefill_tokens": 0, "decode_tokens": B}) + "\n"
                                                    for i in range(3)))
-    pts = pmv.fixed_table(str(tmp_path / "sweep"))
-    assert [p[0] for p in pts] == [16, 64] and [p[1] for p in pts] == pytest.approx([0.003, 0.005])
-    assert [pmv.fixed_at(pts, b) for b in (8, 40, 1024)] == pytest.approx([0.003, 0.004, 0.005])
+    table = pmv.fixed_table(str(tmp_path / "sweep"))
+    assert list(table) == ["m"]
+    pts = table["m"]
+    assert [p[0] for p in pts] == [16, 64, 256] and [p[1] for p in pts] == pytest.approx([0.003, 0.005, 0.0])
+    assert [pmv.fixed_at(pts, b) for b in (8, 40, 160, 1024)] == pytest.approx([0.003, 0.004, 0.0025, 0.0])
