@@ -11,6 +11,7 @@ PACKAGES=(
   python3 python3-numpy python3-pytest python3-matplotlib # NumPy reference, pytest, figures
   clang libclang-rt-14-dev                                # the libFuzzer target (ASan/UBSan) in ctest
   libtorch-dev                                            # the vanilla baseline (LibTorch 1.13, CPU)
+  libgloo-dev                                             # the CPU communicator between S-ranks (issue 14)
 )
 
 missing=()

@@ -7,6 +7,7 @@
 //   zero_head                    the R-worker returns zeros for query head 1
 //   sampler_ignores_temperature  fd::sample_token draws at temperature 1 whatever it is given
 //   int4_wrong_nibble            the int4 quantizer writes one wrong nibble per block
+//   tp_skip_reduce               a tensor-parallel CPU S-Part skips the all-reduce of the MLP branch
 //   gpu_probe_fails              the CUDA device query fails (GPU tests must then fail under FD_REQUIRE_GPU=1)
 #pragma once
 #include "fd_planted_fault.h"

@@ -169,12 +169,17 @@ void ref_attention_input(const ModelConfig& c, const LayerWeights& L, const floa
 }
 
 void ref_attention_output_and_mlp(const ModelConfig& c, const LayerWeights& L, const float* att, int64_t T, float* x,
-                                  LinearFn linear) {
+                                  LinearFn linear, const ResidualAdd* add) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   std::vector<float> proj(size_t(T * H)), h(size_t(T * H)), up(size_t(T * I)), gate;
+  const auto residual_add = [&](const float* y) {
+    if (add) (*add)(x, y, T * H);
+    else
+      for (int64_t i = 0; i < T * H; ++i) x[i] += y[i];
+  };
   // x += o W_o^T
   linear(att, T, c.q_dim(), L.wo.data(), bias_of(L.bo), H, proj.data());
-  for (int64_t i = 0; i < T * H; ++i) x[i] += proj[size_t(i)];
+  residual_add(proj.data());
   const bool pre = c.pre_norm();  // false: post-LayerNorm OPT (LN after each residual add)
   if (!pre) {
     layer_norm_of(c, L.attn_norm_w, L.attn_norm_b, x, T, h.data());
@@ -195,26 +200,32 @@ void ref_attention_output_and_mlp(const ModelConfig& c, const LayerWeights& L, c
     for (auto& u : up) u = std::max(u, 0.0f);
   }
   linear(up.data(), T, I, L.w_down.data(), bias_of(L.b_down), H, proj.data());
-  for (int64_t i = 0; i < T * H; ++i) x[i] += proj[size_t(i)];
+  residual_add(proj.data());
   if (!pre) {
     layer_norm_of(c, L.mlp_norm_w, L.mlp_norm_b, x, T, h.data());
     std::copy(h.begin(), h.end(), x);
   }
 }
 
+void ref_final_hidden(const ModelWeights& w, const float* x, int64_t n, float* hn, LinearFn linear) {
+  const ModelConfig& c = w.cfg;
+  std::vector<float> h(size_t(n * c.hidden_size));
+  if (c.arch == Arch::Llama) ref_rmsnorm(x, n, c.hidden_size, w.final_norm_w.data(), c.norm_eps, h.data());
+  else if (c.has_final_norm())
+    ref_layernorm(x, n, c.hidden_size, w.final_norm_w.data(), w.final_norm_b.data(), c.norm_eps, h.data());
+  else std::copy(x, x + n * c.hidden_size, h.begin());  // post-LayerNorm OPT: no final LayerNorm
+  if (c.has_projections())  // OPT: project_out [P, H], then the head over width P
+    linear(h.data(), n, c.hidden_size, w.project_out.data(), nullptr, c.embed_dim(), hn);
+  else
+    std::copy(h.begin(), h.end(), hn);
+}
+
 void ref_lm_head(const ModelWeights& w, const float* x, int64_t n, float* logits, LinearFn linear) {
   const ModelConfig& c = w.cfg;
-  std::vector<float> hn(size_t(n * c.hidden_size));
-  if (c.arch == Arch::Llama) ref_rmsnorm(x, n, c.hidden_size, w.final_norm_w.data(), c.norm_eps, hn.data());
-  else if (c.has_final_norm())
-    ref_layernorm(x, n, c.hidden_size, w.final_norm_w.data(), w.final_norm_b.data(), c.norm_eps, hn.data());
-  else std::copy(x, x + n * c.hidden_size, hn.begin());  // post-LayerNorm OPT: no final LayerNorm
-  if (c.has_projections()) {  // OPT: project_out [P, H], then the head over width P
-    std::vector<float> hp(size_t(n * c.embed_dim()));
-    linear(hn.data(), n, c.hidden_size, w.project_out.data(), nullptr, c.embed_dim(), hp.data());
-    hn.swap(hp);
-  }
-  linear(hn.data(), n, c.embed_dim(), w.lm_head_matrix().data(), nullptr, c.vocab_size, logits);
+  std::vector<float> hn(size_t(n * c.embed_dim()));
+  ref_final_hidden(w, x, n, hn.data(), linear);
+  const int64_t rows = int64_t(w.lm_head_matrix().size()) / c.embed_dim();  // vocab_size, or a shard's slice
+  linear(hn.data(), n, c.embed_dim(), w.lm_head_matrix().data(), nullptr, rows, logits);
 }
 
 void ref_decode_attention(const float* q, const float* kc, const float* vc, int64_t n, const ModelConfig& c, float* out) {

@@ -80,10 +80,18 @@ void ref_embed(const ModelWeights& w, const int32_t* tokens, const int64_t* pos,
 // norm -> q, k, v projections (+ biases) -> RoPE (Llama: cfg.rope). q: [T, q_dim], k, v: [T, kv_dim].
 void ref_attention_input(const ModelConfig& c, const LayerWeights& L, const float* x, const int64_t* pos, int64_t T,
                          float* q, float* k, float* v, LinearFn linear = ref_linear);
-// x += att W_o^T (+ b); x += MLP(norm(x)). att: [T, q_dim].
+// How a residual branch's output y [n] (the o projection's, the MLP's down projection's) joins the residual
+// stream x [n]. The default (null) is x += y. A tensor-parallel rank holds only its heads' / its intermediate
+// slice's share of y, so its hook sums the shares over the ranks (rank 0: x += y, the others: x = y, then an
+// all-reduce of x), after which every rank holds the same x.
+using ResidualAdd = std::function<void(float* x, const float* y, int64_t n)>;
+// x += att W_o^T (+ b); x += MLP(norm(x)). att: [T, q_dim]. `add`: see ResidualAdd.
 void ref_attention_output_and_mlp(const ModelConfig& c, const LayerWeights& L, const float* att, int64_t T, float* x,
-                                  LinearFn linear = ref_linear);
-// final norm -> LM head: logits [n, vocab].
+                                  LinearFn linear = ref_linear, const ResidualAdd* add = nullptr);
+// The LM head's input: final norm (Llama; pre-LN OPT), then OPT's project_out. hn: [n, embed_dim].
+void ref_final_hidden(const ModelWeights& w, const float* x, int64_t n, float* hn, LinearFn linear = ref_linear);
+// final norm -> LM head: logits [n, V] over the rows the weights hold (the whole vocabulary; a
+// tensor-parallel shard: its vocabulary slice).
 void ref_lm_head(const ModelWeights& w, const float* x, int64_t n, float* logits, LinearFn linear = ref_linear);
 // One query token over n cached tokens (k, v: [n, kv_dim]); out: [q_dim]. GQA by head groups.
 void ref_decode_attention(const float* q, const float* k, const float* v, int64_t n, const ModelConfig& c, float* out);

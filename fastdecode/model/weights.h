@@ -77,8 +77,20 @@ struct LayerWeights {
   std::vector<float> w_down, b_down;            // Llama down_proj / OPT fc2: [H,I], [H]
 };
 
+// Which part of the model a ModelWeights holds (tensor/pipeline parallel, fastdecode/model/shard.h).
+// The default is the whole model, as load_model_weights returns it; -1 ends mean "to the end".
+struct WeightShard {
+  int64_t tp_rank = 0, tp_size = 1;        // tensor rank t of T: heads and MLP columns [t/T, (t+1)/T)
+  int64_t pp_rank = 0, pp_size = 1;        // pipeline stage p of P
+  int64_t layer_begin = 0, layer_end = -1;  // global layers [begin, end); layers[i] is global layer begin + i
+  int64_t vocab_begin = 0, vocab_end = -1;  // embedding / LM-head rows held, global ids [begin, end)
+  int64_t vocab_padded = 0;                 // Vp = ceil(V/T): each rank's slot in the gathered logits (0: V)
+  bool first_stage = true, last_stage = true;  // holds the embedding / the final norm and LM head
+};
+
 struct ModelWeights {
   ModelConfig cfg;
+  WeightShard shard;  // default: the whole model
   std::vector<float> embed;                   // [V,H] (OPT: [V,P])
   std::vector<float> pos_embed;               // OPT: [max_pos+2, H]
   std::vector<float> project_in, project_out; // OPT word_embed_proj_dim P != H: [H,P], [P,H]; else empty

@@ -89,11 +89,36 @@ class SPart {
               const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out) {
     sample(slot, rows, std::vector<SamplingParams>(rows.size(), sp), request_ids, steps, out, {}, nullptr);
   }
+
+  // Pipeline parallelism: a later stage's slot takes its residual stream from the stage before instead of
+  // embedding tokens. prepare() sizes slot `slot` for T tokens at positions pos without embedding (x is
+  // then written through residual()); residual() is the slot's x [T, hidden] in fp32 where the backend keeps
+  // it, for sending to the next stage or receiving into. The default (a backend without pipeline support)
+  // throws fd::Error.
+  struct Residual {
+    float* data = nullptr;
+    size_t bytes = 0;
+    bool on_host = true;
+  };
+  virtual void prepare(int slot, const int64_t* pos, int64_t T);
+  virtual Residual residual(int slot);
+};
+
+class Communicator;  // fastdecode/parallel/comm.h
+
+// The S-Part's peers in a parallel engine. tp: the tensor-parallel group of this rank (null or size 1: none).
+struct SPartComms {
+  Communicator* tp = nullptr;
 };
 
 // fp32 on the CPU: the reference model's stages (fastdecode/model/reference.h). The embedded default
-// when no GPU answers.
-std::unique_ptr<SPart> make_cpu_spart(ModelWeights weights);
+// when no GPU answers. With comms.tp of size T > 1, `weights` is tensor rank tp->rank()'s shard
+// (fastdecode/model/shard.h: its heads, its MLP columns, its vocabulary rows) and the S-Part takes part in
+// the group's collectives: embed() all-reduces the masked embedding (exact: one rank's row plus zeros), each
+// residual branch all-reduces the ranks' shares (attention_output_and_mlp: the only arithmetic that changes
+// with T, by the order of the fp32 sums), and logits() all-gathers the vocabulary slices into [n, V]. Every
+// rank of the group must make the same calls in the same order; each rank's x stays bit-identical.
+std::unique_ptr<SPart> make_cpu_spart(ModelWeights weights, SPartComms comms = {});
 struct CudaSPartOptions {
   int sm_count = 0;         // > 0: run on that many SMs (a CUDA green context: hardware-balance emulation)
   DType act = DType::F16;   // 16-bit weights and activations: fp16 or bf16

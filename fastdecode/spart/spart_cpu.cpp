@@ -1,9 +1,12 @@
 // The CPU S-Part backend: the reference model's stages with OpenBLAS GEMMs (fp32) where OpenBLAS was
 // found at configure time, the reference GEMM otherwise.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
+#include "fastdecode/core/fault.h"
 #include "fastdecode/model/reference.h"
+#include "fastdecode/parallel/comm.h"
 #include "fastdecode/spart/spart.h"
 
 #ifdef FD_HAVE_OPENBLAS
@@ -27,6 +30,13 @@ void SPart::sample(int slot, const std::vector<int32_t>& rows, const std::vector
     FD_CHECK(record[k] >= 0 && size_t(record[k]) < rows.size(), "sample: record index " << record[k] << " out of range");
     std::memcpy(recorded + k * size_t(V), &lg[size_t(record[k]) * size_t(V)], size_t(V) * 4);
   }
+}
+
+void SPart::prepare(int, const int64_t*, int64_t) {
+  FD_THROW("S-Part " << describe() << ": no pipeline-parallel stages on this backend yet (issue 14 step 7)");
+}
+SPart::Residual SPart::residual(int) {
+  FD_THROW("S-Part " << describe() << ": no pipeline-parallel stages on this backend yet (issue 14 step 7)");
 }
 
 #ifdef FD_HAVE_OPENBLAS
@@ -53,17 +63,63 @@ void store(const float* src, size_t n, DType dt, void* dst) {
   else convert_from_f32(dt, src, dst, n);
 }
 
+// Tensor rank t's embedding rows: x = embed[tok] (OPT: project_in of it) when t holds the token's row, else
+// 0; OPT's learned position on rank 0 only. Summed over the ranks this is ref_embed's x, exactly (one
+// non-zero term besides the position, and fp32 addition of two terms commutes).
+void embed_shard(const ModelWeights& w, const int32_t* tokens, const int64_t* pos, int64_t T, float* x) {
+  const int64_t H = w.cfg.hidden_size, P = w.cfg.embed_dim(), v0 = w.shard.vocab_begin, v1 = w.shard.vocab_end;
+  for (int64_t t = 0; t < T; ++t) {
+    float* xt = x + t * H;
+    if (tokens[t] >= v0 && tokens[t] < v1) {
+      const float* e = w.embed.data() + (int64_t(tokens[t]) - v0) * P;
+      if (w.cfg.has_projections()) ref_linear(e, 1, P, w.project_in.data(), nullptr, H, xt);
+      else std::memcpy(xt, e, size_t(H) * 4);
+    } else {
+      std::memset(xt, 0, size_t(H) * 4);
+    }
+    if (w.cfg.arch == Arch::OPT && w.shard.tp_rank == 0) {
+      const float* p = w.pos_embed.data() + (pos[t] + 2) * H;
+      for (int64_t i = 0; i < H; ++i) xt[i] += p[i];
+    }
+  }
+}
+
 class CpuSPart : public SPart {
  public:
-  explicit CpuSPart(ModelWeights w) : w_(std::move(w)) {}
+  CpuSPart(ModelWeights w, SPartComms comms) : w_(std::move(w)), tp_(comms.tp && comms.tp->size() > 1 ? comms.tp : nullptr) {
+    const int64_t T = tp_ ? tp_->size() : 1;
+    FD_CHECK(w_.shard.tp_size == T, "cpu S-Part: weights of tensor part " << w_.shard.tp_rank << " of " << w_.shard.tp_size
+                                                                          << " with a tensor group of " << T);
+    FD_CHECK(!tp_ || w_.shard.tp_rank == tp_->rank(),
+             "cpu S-Part: weights of tensor rank " << w_.shard.tp_rank << " on group rank " << tp_->rank());
+    if (tp_) {
+      add_ = [this](float* x, const float* y, int64_t n) {  // rank 0 keeps x, the others contribute only y
+#ifdef FD_FAULT_TP_SKIP_REDUCE  // planted fault: the MLP branch (every second call) is not summed over the ranks
+        if (++fault_calls_ % 2 == 0) {
+          for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+          return;
+        }
+#endif
+        if (tp_->rank() == 0)
+          for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+        else
+          std::memcpy(x, y, size_t(n) * 4);
+        tp_->all_reduce_sum(x, size_t(n), CommType::F32);
+      };
+    }
+  }
   const ModelConfig& config() const override { return w_.cfg; }
-  std::string describe() const override { return std::string("cpu fp32, GEMM: ") + kGemm; }
+  std::string describe() const override {
+    std::string d = std::string("cpu fp32, GEMM: ") + kGemm;
+    if (tp_) d += ", tensor rank " + std::to_string(tp_->rank()) + " of " + std::to_string(tp_->size()) + " (" + tp_->describe() + ")";
+    return d;
+  }
 
   HostBuffer alloc_host(size_t bytes) override {
     return HostBuffer(std::malloc(std::max<size_t>(bytes, 1)), bytes, [](void* p) { std::free(p); });
   }
 
-  void embed(int slot, const int32_t* tokens, const int64_t* pos, int64_t T) override {
+  void prepare(int slot, const int64_t* pos, int64_t T) override {
     Slot& s = at(slot);
     const ModelConfig& c = w_.cfg;
     s.T = T;
@@ -73,7 +129,22 @@ class CpuSPart : public SPart {
     s.att.resize(s.q.size());
     s.k.resize(size_t(T * c.kv_dim()));
     s.v.resize(s.k.size());
-    ref_embed(w_, tokens, pos, T, s.x.data());
+  }
+
+  Residual residual(int slot) override {
+    Slot& s = at(slot);
+    return {s.x.data(), s.x.size() * 4, true};
+  }
+
+  void embed(int slot, const int32_t* tokens, const int64_t* pos, int64_t T) override {
+    prepare(slot, pos, T);
+    Slot& s = at(slot);
+    if (!tp_) {
+      ref_embed(w_, tokens, pos, T, s.x.data());
+      return;
+    }
+    embed_shard(w_, tokens, pos, T, s.x.data());
+    tp_->all_reduce_sum(s.x.data(), s.x.size(), CommType::F32);
   }
 
   void attention_input(int slot, int layer, DType dt, void* q, void* k, void* v) override {
@@ -112,7 +183,8 @@ class CpuSPart : public SPart {
 
   void attention_output_and_mlp(int slot, int layer) override {
     Slot& s = at(slot);
-    ref_attention_output_and_mlp(w_.cfg, w_.layers[size_t(layer)], s.att.data(), s.T, s.x.data(), kLinear);
+    ref_attention_output_and_mlp(w_.cfg, w_.layers[size_t(layer)], s.att.data(), s.T, s.x.data(), kLinear,
+                                 tp_ ? &add_ : nullptr);
   }
 
   void logits(int slot, const std::vector<int32_t>& rows, float* out) override {
@@ -120,7 +192,23 @@ class CpuSPart : public SPart {
     const size_t H = size_t(w_.cfg.hidden_size);
     std::vector<float> sel(rows.size() * H);
     for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&sel[i * H], &s.x[size_t(rows[i]) * H], H * 4);
-    ref_lm_head(w_, sel.data(), int64_t(rows.size()), out, kLinear);
+    const int64_t n = int64_t(rows.size());
+    if (!tp_) {
+      ref_lm_head(w_, sel.data(), n, out, kLinear);
+      return;
+    }
+    // This rank's vocabulary slice [v0, v1), padded to Vp columns, gathered rank-major: [T][n][Vp].
+    const int64_t V = w_.cfg.vocab_size, v0 = w_.shard.vocab_begin, vr = w_.shard.vocab_end - v0;
+    const int64_t Vp = w_.shard.vocab_padded > 0 ? w_.shard.vocab_padded : vr, T = tp_->size();
+    std::vector<float> local(size_t(n * vr)), padded(size_t(n * Vp), 0.0f), all(size_t(T * n * Vp));
+    ref_lm_head(w_, sel.data(), n, local.data(), kLinear);
+    for (int64_t i = 0; i < n; ++i) std::memcpy(&padded[size_t(i * Vp)], &local[size_t(i * vr)], size_t(vr) * 4);
+    tp_->all_gather(padded.data(), all.data(), padded.size(), CommType::F32);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t cols = std::min(Vp, V - t * Vp);  // the last slice may be shorter
+      for (int64_t i = 0; i < n && cols > 0; ++i)
+        std::memcpy(out + i * V + t * Vp, &all[size_t((t * n + i) * Vp)], size_t(cols) * 4);
+    }
   }
 
  private:
@@ -135,11 +223,16 @@ class CpuSPart : public SPart {
     return slots_[size_t(slot)];
   }
   ModelWeights w_;
+  Communicator* tp_ = nullptr;
+  ResidualAdd add_;
+  [[maybe_unused]] int64_t fault_calls_ = 0;  // the planted fault tp_skip_reduce only
   std::vector<Slot> slots_;
 };
 
 }  // namespace
 
-std::unique_ptr<SPart> make_cpu_spart(ModelWeights weights) { return std::make_unique<CpuSPart>(std::move(weights)); }
+std::unique_ptr<SPart> make_cpu_spart(ModelWeights weights, SPartComms comms) {
+  return std::make_unique<CpuSPart>(std::move(weights), comms);
+}
 
 }  // namespace fd

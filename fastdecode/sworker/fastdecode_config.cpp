@@ -14,6 +14,28 @@ FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
   c.dtype = o.get_enum("dtype", {"fp16", "bf16"}, std::string("fp16"));
   c.cuda_graphs = o.get_bool("cuda_graphs", true);
   c.prefill_tokens = o.get_int("prefill_tokens", 1, 1 << 24, 16384);
+  if (o.has("parallel")) {
+    StrictObject p = o.get_object("parallel");
+    ParallelConfig& pc = c.parallel;
+    pc.tensor = p.get_int("tensor", 1, 64, 1);
+    pc.pipeline = p.get_int("pipeline", 1, 64, 1);
+    const json& ls = p.get_raw("layers");
+    if (!ls.is_null()) {
+      if (!ls.is_array() || int64_t(ls.size()) != pc.pipeline)
+        p.fail("layers", "expected a list of " + std::to_string(pc.pipeline) + " layer counts, one per pipeline stage");
+      for (const auto& n : ls) {
+        if (!n.is_number_integer() || n.get<int64_t>() < 1) p.fail("layers", "every stage needs at least 1 layer");
+        pc.layers.push_back(n.get<int64_t>());
+      }
+    }
+    pc.timeout_ms = p.get_int("timeout_ms", 100, 3600000, 60000);
+    p.finish();
+    if (pc.ranks() > 1 && c.backend != "cpu")
+      o.fail("parallel", "tensor/pipeline parallelism runs on the cpu backend so far (the CUDA S-Part's ranks are issue 14 "
+                         "steps 7-8); set engine.backend to cpu");
+  } else {
+    o.get_raw("parallel");
+  }
   if (o.has("rworkers")) {
     StrictObject r = o.get_object("rworkers");
     RWorkersConfig& rw = c.rworkers;
@@ -38,6 +60,9 @@ FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
   } else {
     o.get_raw("rworkers");
   }
+  if (c.parallel.ranks() > 1 && !c.rworkers.endpoints.empty())
+    o.fail("parallel", "tensor/pipeline parallelism spawns one R-worker group per rank (engine.rworkers.spawn each); "
+                       "engine.rworkers.endpoints is not allowed with it");
   return c;
 }
 
@@ -46,6 +71,9 @@ json FastDecodeConfig::to_json() const {
             {"wire_dtype", wire_dtype.empty() ? (backend == "cpu" ? "fp32" : backend == "cuda" ? "fp16" : "auto") : wire_dtype},
             {"prefill_tokens", prefill_tokens}};
   if (backend != "cpu") j["dtype"] = dtype, j["cuda_graphs"] = cuda_graphs;
+  if (parallel.ranks() > 1)
+    j["parallel"] = {{"tensor", parallel.tensor}, {"pipeline", parallel.pipeline}, {"layers", parallel.layers},
+                     {"timeout_ms", parallel.timeout_ms}};
   const RWorkersConfig& r = rworkers;
   j["rworkers"] = r.endpoints.empty()
                       ? json{{"spawn", r.spawn}, {"threads", r.threads}, {"kv_dtype", r.kv_dtype}, {"memory_gb", r.memory_gb},

@@ -6,14 +6,19 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <atomic>
 #include <map>
+#include <thread>
 
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/fault.h"
 #include "fastdecode/model/reference.h"
+#include "fastdecode/model/shard.h"
+#include "fastdecode/parallel/comm.h"
 #include "fastdecode/wire/rworker_client.h"
 #include "fastdecode/sworker/rworker_spawn.h"
+#include "fastdecode/sworker/srank.h"
 #include "fastdecode/spart/spart.h"
 #include "kernels/cuda/device_info.h"
 
@@ -25,13 +30,6 @@ using proto::Header;
 using proto::MsgType;
 using proto::WireDType;
 
-// "L3 mb1 attention input": span names (snprintf: GCC 12 warns falsely on chained std::string +).
-std::string span_name(int layer, int mb, const char* what) {
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "L%d mb%d%s%s", layer, mb, *what ? " " : "", what);
-  return buf;
-}
-
 struct Sequence {
   Request req;
   size_t worker = 0;
@@ -40,28 +38,6 @@ struct Sequence {
   int32_t last = 0;
   int32_t emitted_before = -1;  // planted fault shift_tokens only: the token emitted in its place
 };
-
-// One mini-batch in flight through the layers. Its sequences are ordered by owning R-worker, so each
-// worker's rows are one contiguous range of the q/k/v host buffers and are sent from there without a
-// copy (the buffers live until the reply arrives: zero-copy sends). Activations live in the S-Part's
-// slot of the same index.
-struct MiniBatch {
-  int index = 0;
-  std::vector<Sequence*> seqs;
-  std::vector<int64_t> pos;
-  HostBuffer q, k, v;  // [T, q_dim] / [T, kv_dim] in the wire dtype
-  struct Part {
-    size_t begin = 0, end = 0;  // rows of this mini-batch owned by the worker
-    std::vector<uint64_t> ids;
-    uint64_t request = 0;
-  };
-  std::vector<Part> parts;  // per worker
-};
-
-// Grows a backend host buffer to at least `bytes`.
-void reserve(SPart& sp, HostBuffer& b, size_t bytes) {
-  if (b.size() < bytes) b = sp.alloc_host(std::max(bytes, b.size() + b.size() / 2));
-}
 
 // The config as this engine runs it: backend "auto" decided (cuda when a GPU answers), the wire dtype's
 // default filled in, the hardware balance applied to spawned R-workers.
@@ -77,10 +53,6 @@ class FastDecodeEngine : public Engine {
  public:
   FastDecodeEngine(const FastDecodeConfig& config, const EngineContext& ctx)
       : ec_(resolve(config, ctx.hardware)), cfg_(ctx.model), sampling_(ctx.sampling),
-        spart_(ec_.backend == "cuda"
-                   ? make_cuda_spart(load_model_weights(ctx.model, ctx.weights),
-                                     {int(ctx.hardware.gpu_sm_count), dtype_from_name(ec_.dtype), ec_.cuda_graphs})
-                   : make_cpu_spart(load_model_weights(ctx.model, ctx.weights))),
         wire_(ec_.wire_dtype == "fp16" ? WireDType::F16 : WireDType::F32) {
     const FastDecodeConfig& ec = ec_;
     if ((ctx.hardware.gpu_memory_gb > 0 || ctx.hardware.gpu_sm_count > 0) && ec.backend != "cuda")
@@ -92,29 +64,64 @@ class FastDecodeEngine : public Engine {
     if (cfg_.head_dim % 32 != 0 || cfg_.head_dim > 256)
       FD_THROW("fastdecode engine: model " << cfg_.name << " has head_dim " << cfg_.head_dim
                                            << "; the R-worker kernels need a multiple of 32, at most 256");
-    std::vector<std::string> endpoints = ec.rworkers.endpoints;
-    if (endpoints.empty()) {
-      const std::string bin = ec.rworkers.binary.empty() ? default_rworker_binary() : ec.rworkers.binary;
-      for (int64_t i = 0; i < ec.rworkers.spawn; ++i) {
-        std::vector<std::string> args = {"--threads", std::to_string(ec.rworkers.threads), "--kv-dtype",
-                                          ec.rworkers.kv_dtype, "--memory-gb", std::to_string(ec.rworkers.memory_gb),
-                                          "--name", "rworker" + std::to_string(i)};
-        if (ec.rworkers.pin) {  // disjoint cores per worker: the emulated CPU count is exact
-          const int64_t first = i * ec.rworkers.threads, last = first + ec.rworkers.threads - 1;
-          char cpus[48];
-          std::snprintf(cpus, sizeof cpus, "%lld-%lld", (long long)first, (long long)last);
-          args.insert(args.end(), {"--cpus", cpus});
-        }
-        spawned_.push_back(std::make_unique<SpawnedRWorker>(bin, args));
-        endpoints.push_back(spawned_.back()->endpoint());
-      }
+    const int64_t T = ec.parallel.tensor, P = ec.parallel.pipeline, G = T * P;
+    std::vector<std::pair<int64_t, int64_t>> stages = {{0, cfg_.num_layers}};
+    if (G > 1) {
+      check_tensor_parallel(cfg_, T);
+      stages = stage_layers(cfg_.num_layers, P, ec.parallel.layers);
+      if (!ec.rworkers.endpoints.empty())
+        FD_THROW("fastdecode engine: engine.parallel needs spawned R-worker groups (engine.rworkers.spawn), not endpoints");
     }
-    client_ = std::make_unique<RWorkerClient>(endpoints, int(ec.rworkers.timeout_ms), int(endpoints.size()) + 1);
-    endpoints_ = endpoints;
-    for (size_t w = 0; w < client_->size(); ++w)
-      hello_.push_back(
-          client_->hello(w, int(cfg_.num_layers), int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), wire_));
-    load_.assign(client_->size(), 0);
+    // Every group's workers first, before any thread or communicator: group g belongs to rank g, and worker i
+    // of group g is pinned to the cores after those of the groups before it.
+    std::vector<std::vector<std::string>> endpoints(static_cast<size_t>(G));
+    if (!ec.rworkers.endpoints.empty()) {
+      endpoints[0] = ec.rworkers.endpoints;
+    } else {
+      const std::string bin = ec.rworkers.binary.empty() ? default_rworker_binary() : ec.rworkers.binary;
+      const int64_t N = ec.rworkers.spawn, th = ec.rworkers.threads;
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < N; ++i) {
+          const std::string name = G == 1 ? "rworker" + std::to_string(i) : "g" + std::to_string(g) + "w" + std::to_string(i);
+          std::vector<std::string> args = {"--threads", std::to_string(th), "--kv-dtype", ec.rworkers.kv_dtype,
+                                            "--memory-gb", std::to_string(ec.rworkers.memory_gb), "--name", name};
+          if (ec.rworkers.pin) {  // disjoint cores per worker: the emulated CPU count is exact
+            const int64_t first = (g * N + i) * th, last = first + th - 1;
+            char cpus[48];
+            std::snprintf(cpus, sizeof cpus, "%lld-%lld", (long long)first, (long long)last);
+            args.insert(args.end(), {"--cpus", cpus});
+          }
+          spawned_.push_back(std::make_unique<SpawnedRWorker>(bin, args));
+          endpoints[size_t(g)].push_back(spawned_.back()->endpoint());
+        }
+    }
+    std::vector<ModelWeights> weights;
+    if (G == 1) weights.push_back(load_model_weights(ctx.model, ctx.weights));
+    else weights = load_model_shards(ctx.model, ctx.weights, T, stages);
+    const int timeout = int(ec.parallel.timeout_ms);
+    if (T > 1)
+      for (int64_t p = 0; p < P; ++p) tp_.push_back(make_gloo_group(int(T), timeout));
+    if (P > 1)  // the stage hand-off: ranks are threads of this process, so an in-process mailbox
+      for (int64_t t = 0; t < T; ++t) pp_.push_back(make_local_group(int(P), timeout));
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t p = g / T, t = g % T;
+      std::unique_ptr<SPart> sp =
+          ec.backend == "cuda" ? make_cuda_spart(std::move(weights[size_t(g)]), {int(ctx.hardware.gpu_sm_count),
+                                                                                dtype_from_name(ec.dtype), ec.cuda_graphs})
+                               : make_cpu_spart(std::move(weights[size_t(g)]), {T > 1 ? tp_[size_t(p)][size_t(t)].get() : nullptr});
+      auto client = std::make_unique<RWorkerClient>(endpoints[size_t(g)], int(ec.rworkers.timeout_ms),
+                                                    int(endpoints[size_t(g)].size()) + 1);
+      SRankOptions o;
+      o.tp_rank = int(t), o.tp_size = int(T), o.pp_rank = int(p), o.pp_size = int(P);
+      o.layer_begin = stages[size_t(p)].first;
+      o.wire = wire_;
+      if (G > 1) {
+        o.track_suffix = " t" + std::to_string(t) + " p" + std::to_string(p);
+        o.worker_prefix = "rworker g" + std::to_string(g) + ".";
+      }
+      ranks_.push_back(std::make_unique<SRank>(std::move(sp), std::move(client), P > 1 ? pp_[size_t(t)][size_t(p)].get() : nullptr, o));
+    }
+    load_.assign(ranks_[0]->client().size(), 0);
   }
 
   ~FastDecodeEngine() override {
@@ -126,32 +133,56 @@ class FastDecodeEngine : public Engine {
 
   std::string name() const override { return "fastdecode"; }
   json info() const override {
-    json w = json::array();
-    for (size_t i = 0; i < endpoints_.size(); ++i) w.push_back({{"endpoint", endpoints_[i]}, {"hello", hello_[i]}});
-    return {{"backend", ec_.backend},          {"s_part", spart_->describe()}, {"mini_batches", ec_.mini_batches},
-            {"wire_dtype", ec_.wire_dtype},    {"rworkers_spawned", !spawned_.empty()}, {"rworkers", w}};
+    const auto workers = [](const SRank& r) {
+      json w = json::array();
+      for (size_t i = 0; i < r.hello().size(); ++i) w.push_back({{"endpoint", r.endpoint(i)}, {"hello", r.hello()[i]}});
+      return w;
+    };
+    json j = {{"backend", ec_.backend},       {"s_part", ranks_.empty() ? "" : ranks_[0]->spart().describe()},
+              {"mini_batches", ec_.mini_batches}, {"wire_dtype", ec_.wire_dtype},
+              {"rworkers_spawned", !spawned_.empty()}, {"rworkers", ranks_.empty() ? json::array() : workers(*ranks_[0])}};
+    if (ranks_.size() > 1) {
+      json r = json::array();
+      for (const auto& rk : ranks_) {
+        const SRankOptions& o = rk->options();
+        const ModelConfig& c = rk->config();
+        r.push_back({{"t", o.tp_rank}, {"p", o.pp_rank}, {"layers", {o.layer_begin, o.layer_begin + c.num_layers}},
+                     {"heads", c.num_heads}, {"kv_heads", c.num_kv_heads}, {"s_part", rk->spart().describe()},
+                     {"rworkers", workers(*rk)}});
+      }
+      j["parallel"] = {{"tensor", ec_.parallel.tensor}, {"pipeline", ec_.parallel.pipeline},
+                       {"comm", {{"tensor", ec_.parallel.tensor > 1 ? tp_[0][0]->describe() : "none"},
+                                 {"pipeline", ec_.parallel.pipeline > 1 ? pp_[0][0]->describe() : "none"}}}};
+      j["ranks"] = r;
+    }
+    return j;
   }
 
   // The R-workers' KV memory (from their HELLO replies): worker w holds C_w = memory_w / (layers x bytes
   // per token per layer) tokens of full blocks; each sequence also holds at most one fp16 partial block
   // per layer (slack s_w tokens), and at most W / min(prompt + 1) sequences run at a W load, so
   // C'_w = C_w / (1 + s_w / min(prompt + 1)); placement by least projected load keeps a worker within one
-  // sequence (max_len) of the mean: the capacity is P x (min_w C'_w - max_len).
+  // sequence (max_len) of the mean: the capacity is P x (min_w C'_w - max_len). With several ranks a
+  // sequence sits at the same worker index in every group: the minimum is over every group's workers, each
+  // with its own layers and heads.
   EngineCapacity capacity(int64_t min_prompt, int64_t max_len) const override {
     EngineCapacity cap;
     double min_c = 1e300;
-    for (const json& h : hello_) {
-      const double per_token = double(cfg_.num_layers) * h.at("kv_bytes_per_token_per_layer").get<double>();
-      const double slack = h.at("kv_tail_block_bytes").get<double>() * double(cfg_.num_layers) / per_token;
-      const double c = std::floor(h.at("memory_limit_bytes").get<double>() / per_token);
-      min_c = std::min(min_c, c / (1.0 + slack / double(min_prompt + 1)));
-    }
-    cap.kv_tokens = int64_t(double(hello_.size()) * (std::floor(min_c) - double(max_len)));
-    char buf[320];
+    for (const auto& rk : ranks_)
+      for (const json& h : rk->hello()) {
+        const double layers = double(rk->config().num_layers);
+        const double per_token = layers * h.at("kv_bytes_per_token_per_layer").get<double>();
+        const double slack = h.at("kv_tail_block_bytes").get<double>() * layers / per_token;
+        const double c = std::floor(h.at("memory_limit_bytes").get<double>() / per_token);
+        min_c = std::min(min_c, c / (1.0 + slack / double(min_prompt + 1)));
+      }
+    const size_t n = load_.size();
+    cap.kv_tokens = int64_t(double(n) * (std::floor(min_c) - double(max_len)));
+    char buf[360];
     std::snprintf(buf, sizeof buf,
-                  "schedule.kv_capacity_tokens = %lld, derived from the R-workers' memory (%zu workers, at most %.0f "
+                  "schedule.kv_capacity_tokens = %lld, derived from the R-workers' memory (%zu workers%s, at most %.0f "
                   "tokens each after partial-block slack; minus one longest sequence each for placement imbalance)",
-                  (long long)cap.kv_tokens, hello_.size(), std::floor(min_c));
+                  (long long)cap.kv_tokens, n, ranks_.size() > 1 ? " per group" : "", std::floor(min_c));
     cap.note = buf;
     if (cap.kv_tokens < max_len) {
       std::snprintf(buf, sizeof buf,
@@ -175,110 +206,174 @@ class FastDecodeEngine : public Engine {
 
   StepResult step() override {
     StepResult out;
-    s_ns_ = r_wait_ns_ = 0;
-    worker_ns_.assign(client_->size(), 0);
-    collect_frees();
-    if (!running_.empty()) decode(out);
-    if (!queued_.empty()) prefill(out);
-    release_finished(out);
+    StepPlan plan;
+    plan.frees = std::move(frees_);
+    frees_.clear();
+    std::vector<std::vector<Sequence*>> mb_seqs;
+    if (!running_.empty()) plan_decode(plan, mb_seqs);
+    std::vector<Sequence*> fresh;
+    if (!queued_.empty()) plan_prefill(plan, fresh);
+    std::vector<RankStep> res = run_ranks(plan);
+    // The tokens: the last stage's tensor rank 0 (its tensor peers picked the same ones).
+    const RankStep& last = res[size_t((ec_.parallel.pipeline - 1) * ec_.parallel.tensor)];
+    for (size_t m = 0; m < mb_seqs.size(); ++m) {
+      for (Sequence* s : mb_seqs[m]) s->len += 1;
+      emit(mb_seqs[m], last.decode_tokens.at(m), last.decode_recorded.at(m), out);
+      for (Sequence* s : mb_seqs[m]) out.total_context += s->len;
+    }
+    out.decode_tokens = int64_t(running_.size()) - int64_t(fresh.size());
+    if (plan.has_prefill) {
+      for (Sequence* s : fresh) s->len = int64_t(s->req.prompt.size());
+      emit(fresh, last.prefill_tokens, last.prefill_recorded, out);
+      for (Sequence* s : fresh) out.total_context += s->len;
+      out.prefill_tokens = int64_t(plan.prefill.pos.size());
+    }
     // r_compute_max: the busiest R-worker's compute this step (its requests run one after another), the
-    // R side's critical path; r_wait: time the S-worker waited for replies; s_compute: S-Part time.
-    const int64_t busiest = worker_ns_.empty() ? 0 : *std::max_element(worker_ns_.begin(), worker_ns_.end());
-    out.breakdown_ms = {{"s_compute", s_ns_ / 1e6}, {"r_wait", r_wait_ns_ / 1e6}, {"r_compute_max", busiest / 1e6}};
+    // R side's critical path; r_wait: time the S-worker waited for replies; s_compute: S-Part time. With
+    // several ranks each is the largest over the ranks (the step waits for the slowest), plus comm: the
+    // longest time a rank spent in stage hand-offs.
+    int64_t s_ns = 0, r_wait = 0, busiest = 0, comm = 0;
+    for (auto& r : res) {
+      s_ns = std::max(s_ns, r.s_ns), r_wait = std::max(r_wait, r.r_wait_ns), comm = std::max(comm, r.comm_ns);
+      for (int64_t w : r.worker_ns) busiest = std::max(busiest, w);
+      out.spans.insert(out.spans.end(), std::make_move_iterator(r.spans.begin()), std::make_move_iterator(r.spans.end()));
+    }
+    out.breakdown_ms = {{"s_compute", s_ns / 1e6}, {"r_wait", r_wait / 1e6}, {"r_compute_max", busiest / 1e6}};
+    if (ranks_.size() > 1) out.breakdown_ms["comm"] = comm / 1e6;
+    release_finished(out);
     return out;
   }
 
   void shutdown() override {
-    if (!client_) return;
+    if (ranks_.empty()) return;
     std::exception_ptr failed;  // a failed FREE_SEQ still lets the workers be shut down, then is reported
-    try {
-      collect_frees();
-    } catch (...) {
-      failed = std::current_exception();
-      pending_frees_.clear();
+    for (auto& rk : ranks_) {
+      try {
+        rk->collect_frees();
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
     }
     std::map<size_t, std::vector<uint64_t>> by_worker;
     for (auto& [id, s] : running_) by_worker[s.worker].push_back(id);
+    for (const auto& [w, ids] : frees_) by_worker[w].insert(by_worker[w].end(), ids.begin(), ids.end());
+    frees_.clear();
     running_.clear();
     queued_.clear();
-    if (spawned_.empty()) {
-      for (auto& [w, ids] : by_worker) client_->free_seqs(w, ids);  // users' workers stay up, clean
-    } else {
-      for (size_t w = 0; w < client_->size(); ++w) client_->shutdown(w);
-      for (auto& p : spawned_) p->wait_exit();
-      spawned_.clear();
+    const std::vector<std::pair<size_t, std::vector<uint64_t>>> live(by_worker.begin(), by_worker.end());
+    for (auto& rk : ranks_) {
+      try {
+        rk->shutdown(live, !spawned_.empty());
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
     }
-    client_.reset();
+    for (auto& p : spawned_) p->wait_exit();
+    spawned_.clear();
+    ranks_.clear();
+    tp_.clear();
+    pp_.clear();
     if (failed) std::rethrow_exception(failed);
   }
 
  private:
-  DType host_dtype() const { return wire_ == WireDType::F16 ? DType::F16 : DType::F32; }
-  size_t row_bytes(int64_t width) const { return size_t(width) * proto::wire_dtype_size(wire_); }
-
-  Header header(MsgType t, int layer, size_t n_seq) const {
-    Header h = proto::make_header(t, int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim), wire_);
-    h.layer = uint32_t(layer);
-    h.n_seq = uint32_t(n_seq);
-    return h;
-  }
-
-  // S-Part of layer l for a mini-batch, then ATTEND to every worker owning some of its sequences.
-  void launch(MiniBatch& mb, int l, StepResult& out) {
-    const size_t qb = row_bytes(cfg_.q_dim()), kvb = row_bytes(cfg_.kv_dim());
-    const int64_t t0 = now_ns();
-    spart_->attention_input(mb.index, l, host_dtype(), mb.q.data(), mb.k.data(), mb.v.data());
-    s_ns_ += now_ns() - t0;
-    out.spans.push_back({"s-part", span_name(l, mb.index, "attention input"), t0, now_ns() - t0});
-    for (size_t w = 0; w < mb.parts.size(); ++w) {
-      auto& p = mb.parts[w];
-      if (p.begin == p.end) continue;
-      const size_t n = p.end - p.begin;
-      p.request = client_->send(w, header(MsgType::Attend, l, n),
-                                {{p.ids.data(), p.ids.size() * 8}, {mb.q.data() + p.begin * qb, n * qb},
-                                 {mb.k.data() + p.begin * kvb, n * kvb}, {mb.v.data() + p.begin * kvb, n * kvb}});
+  // The running sequences in mini-batches: each worker's sequences alternate between them, so every worker
+  // has work in both (it attends for one while the S-Part runs the other); each is ordered by owning worker.
+  void plan_decode(StepPlan& plan, std::vector<std::vector<Sequence*>>& mbs) {
+    const size_t n_mb = size_t(std::min<int64_t>(ec_.mini_batches, int64_t(running_.size())));
+    mbs.assign(n_mb, {});
+    std::vector<size_t> turn(load_.size(), 0);
+    for (auto& [id, s] : running_) mbs[turn[s.worker]++ % n_mb].push_back(&s);
+    for (size_t m = 0; m < n_mb; ++m) {
+      std::stable_sort(mbs[m].begin(), mbs[m].end(), [](const Sequence* a, const Sequence* b) { return a->worker < b->worker; });
+      PlanBatch pb;
+      pb.slot = int(m);
+      for (Sequence* s : mbs[m]) {
+        pb.sample_rows.push_back(int32_t(pb.ids.size()));
+        pb.ids.push_back(s->req.id), pb.workers.push_back(s->worker), pb.tokens.push_back(s->last), pb.pos.push_back(s->len);
+        pb.draws.add(s->req, s->generated, sampling_);
+      }
+      plan.decode.push_back(std::move(pb));
     }
   }
 
-  // Waits for layer l's attention of a mini-batch, then the rest of the layer on the S-Part.
-  void finish(MiniBatch& mb, int l, StepResult& out) {
-    std::vector<std::pair<size_t, uint64_t>> reqs;
-    for (size_t w = 0; w < mb.parts.size(); ++w)
-      if (mb.parts[w].begin != mb.parts[w].end) reqs.push_back({w, mb.parts[w].request});
-    const int64_t t0 = now_ns();
-    std::vector<RWorkerReply> replies = client_->wait(reqs);
-    const int64_t t1 = now_ns();
-    r_wait_ns_ += t1 - t0;
-    std::vector<HostRows> rows;  // workers in row order: their ranges are consecutive
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      const auto& p = mb.parts[reqs[i].first];
-      const RWorkerReply& r = replies[i];
-      worker_ns_[reqs[i].first] += int64_t(r.h.compute_ns);
-      // The worker's own compute time, drawn ending when its reply was in hand (clocks differ
-      // between processes; the duration is the worker's, the placement approximate).
-      out.spans.push_back({"rworker " + std::to_string(reqs[i].first), span_name(l, mb.index, ""),
-                           t1 - int64_t(r.h.compute_ns), int64_t(r.h.compute_ns)});
-      FD_CHECK(r.frames.at(0).size() == (p.end - p.begin) * row_bytes(cfg_.q_dim()),
-               "rworker " << reqs[i].first << ": attention reply of " << r.frames.at(0).size() << " bytes");
-      rows.push_back({r.frames.at(0).data(), int64_t(p.end - p.begin)});
+  // New requests: placed on the least-loaded worker index (the same in every group); at most prefill_tokens
+  // prompt tokens per step (whole prompts, at least one): bounds the S-Part's activation memory; the rest
+  // start on the following steps.
+  void plan_prefill(StepPlan& plan, std::vector<Sequence*>& fresh) {
+    int64_t budget = ec_.prefill_tokens;
+    std::map<size_t, std::vector<uint64_t>> adds;
+    while (!queued_.empty() && (fresh.empty() || int64_t(queued_.front().prompt.size()) <= budget)) {
+      budget -= int64_t(queued_.front().prompt.size());
+      Sequence s;
+      s.req = std::move(queued_.front());
+      queued_.pop_front();
+      s.worker = size_t(std::min_element(load_.begin(), load_.end()) - load_.begin());
+      load_[s.worker] += int64_t(s.req.prompt.size()) + s.req.max_new_tokens;
+      adds[s.worker].push_back(s.req.id);
+      const uint64_t id = s.req.id;
+      fresh.push_back(&running_.emplace(id, std::move(s)).first->second);
     }
-    spart_->set_attention(mb.index, host_dtype(), rows);
-    spart_->attention_output_and_mlp(mb.index, l);
-    s_ns_ += now_ns() - t1;
-    out.spans.push_back({"s-part", span_name(l, mb.index, "output+MLP"), t1, now_ns() - t1});
+    plan.adds.assign(adds.begin(), adds.end());
+    // Ordered by worker: each worker's prompt rows are one contiguous range of the K/V buffers.
+    std::stable_sort(fresh.begin(), fresh.end(), [](const Sequence* a, const Sequence* b) { return a->worker < b->worker; });
+    PlanBatch& pb = plan.prefill;
+    plan.has_prefill = true;
+    pb.slot = int(std::max<int64_t>(ec_.mini_batches, 1));  // after the decode mini-batches' slots
+    for (Sequence* s : fresh) {
+      pb.starts.push_back(int64_t(pb.tokens.size()));
+      pb.ids.push_back(s->req.id), pb.workers.push_back(s->worker);
+      for (size_t t = 0; t < s->req.prompt.size(); ++t) pb.tokens.push_back(s->req.prompt[t]), pb.pos.push_back(int64_t(t));
+      pb.sample_rows.push_back(int32_t(pb.tokens.size()) - 1);
+      pb.draws.add(s->req, s->generated, sampling_);
+    }
+    pb.starts.push_back(int64_t(pb.tokens.size()));
   }
 
-  // Samples the next token of each sequence from rows of an S-Part slot (each with its request's sampling,
-  // else the run's) and records it; the logits rows of the sequences that record them come back with it
-  // (none copied when none does). A forced sequence continues with its forced token, not the pick.
-  void sample_and_emit(int slot, const std::vector<Sequence*>& seqs, const std::vector<int32_t>& rows, StepResult& out) {
-    RowDraws d;
-    for (const Sequence* s : seqs) d.add(s->req, s->generated, sampling_);
-    std::vector<int32_t> tok(seqs.size());
+  // One rank: inline. Several: one thread each; a rank that fails aborts its communicators, which wakes its
+  // peers blocked in a collective or a hand-off, and the first failure is what the step throws.
+  std::vector<RankStep> run_ranks(const StepPlan& plan) {
+    if (ranks_.size() == 1) return {ranks_[0]->run(plan)};
+    const size_t G = ranks_.size();
+    std::vector<RankStep> res(G);
+    std::vector<std::string> err(G);
+    std::atomic<int> order{0};
+    std::vector<int> when(G, -1);
+    std::vector<std::thread> th;
+    for (size_t g = 0; g < G; ++g)
+      th.emplace_back([&, g] {
+        try {
+          res[g] = ranks_[g]->run(plan);
+        } catch (const std::exception& e) {
+          when[g] = order++;
+          err[g] = e.what();
+          abort_comms(g);
+        }
+      });
+    for (auto& t : th) t.join();
+    int first = -1;
+    for (size_t g = 0; g < G; ++g)
+      if (when[g] >= 0 && (first < 0 || when[g] < when[size_t(first)])) first = int(g);
+    if (first >= 0) {
+      const SRankOptions& o = ranks_[size_t(first)]->options();
+      FD_THROW("fastdecode engine: rank t" << o.tp_rank << " p" << o.pp_rank << " (R-worker group " << first
+                                           << "): " << err[size_t(first)]);
+    }
+    return res;
+  }
+
+  void abort_comms(size_t g) {
+    const size_t T = size_t(ec_.parallel.tensor), p = g / T, t = g % T;
+    if (!tp_.empty()) tp_[p][t]->abort();
+    if (!pp_.empty()) pp_[t][p]->abort();
+  }
+
+  // Emits each sequence's picked token (a forced sequence continues with its forced token, not the pick) and
+  // the logits rows of those that record them (`recorded`: their rows in order).
+  void emit(const std::vector<Sequence*>& seqs, const std::vector<int32_t>& tok, const std::vector<float>& recorded,
+            StepResult& out) {
+    FD_CHECK(tok.size() == seqs.size(), "fastdecode engine: " << tok.size() << " tokens for " << seqs.size() << " sequences");
     const size_t V = size_t(cfg_.vocab_size);
-    std::vector<float> recorded(d.record.size() * V);
-    spart_->sample(slot, rows, d.params, d.ids, d.steps, tok.data(), d.record,
-                   d.record.empty() ? nullptr : recorded.data());
     size_t next_record = 0;
     for (size_t i = 0; i < seqs.size(); ++i) {
       Sequence& s = *seqs[i];
@@ -295,162 +390,14 @@ class FastDecodeEngine : public Engine {
 #endif
       out.tokens.push_back({s.req.id, emit, s.generated >= max_new || eos, {}});
       if (s.req.record_logits) {
-        const float* row = &recorded[next_record++ * V];
+        const float* row = &recorded.at(next_record++ * V);
         out.tokens.back().logits.assign(row, row + V);
       }
     }
   }
 
-  void decode(StepResult& out) {
-    const int64_t L = cfg_.num_layers;
-    const int64_t t_start = now_ns();
-    // Split the running sequences into mini-batches: each worker's sequences alternate between them,
-    // so every worker has work in both (it attends for one while the S-Part runs the other); each
-    // mini-batch is ordered by owning worker.
-    const size_t n_mb = size_t(std::min<int64_t>(ec_.mini_batches, int64_t(running_.size())));
-    mbs_.resize(std::max(mbs_.size(), n_mb));
-    for (auto& mb : mbs_) mb.seqs.clear();
-    std::vector<size_t> turn(client_->size(), 0);
-    for (auto& [id, s] : running_) mbs_[turn[s.worker]++ % n_mb].seqs.push_back(&s);
-    const int64_t t0 = now_ns();
-    for (size_t m = 0; m < n_mb; ++m) {
-      MiniBatch& mb = mbs_[m];
-      mb.index = int(m);
-      std::stable_sort(mb.seqs.begin(), mb.seqs.end(), [](const Sequence* a, const Sequence* b) { return a->worker < b->worker; });
-      const int64_t T = int64_t(mb.seqs.size());
-      std::vector<int32_t> tokens;
-      mb.pos.clear();
-      for (Sequence* s : mb.seqs) {
-        tokens.push_back(s->last);
-        mb.pos.push_back(s->len);
-      }
-      reserve(*spart_, mb.q, size_t(T) * row_bytes(cfg_.q_dim()));
-      reserve(*spart_, mb.k, size_t(T) * row_bytes(cfg_.kv_dim()));
-      reserve(*spart_, mb.v, size_t(T) * row_bytes(cfg_.kv_dim()));
-      spart_->embed(mb.index, tokens.data(), mb.pos.data(), T);
-      mb.parts.assign(client_->size(), {});
-      for (size_t r = 0; r < mb.seqs.size(); ++r) {
-        auto& p = mb.parts[mb.seqs[r]->worker];
-        if (p.ids.empty()) p.begin = r;
-        p.end = r + 1;
-        p.ids.push_back(mb.seqs[r]->req.id);
-      }
-    }
-    s_ns_ += now_ns() - t0;
-    // The pipeline: while the R-workers attend for one mini-batch, the S-Part runs the other.
-    for (size_t m = 0; m < n_mb; ++m) launch(mbs_[m], 0, out);
-    for (int l = 0; l < L; ++l)
-      for (size_t m = 0; m < n_mb; ++m) {
-        finish(mbs_[m], l, out);
-        if (l + 1 < L) launch(mbs_[m], l + 1, out);
-      }
-    const int64_t t1 = now_ns();
-    for (size_t m = 0; m < n_mb; ++m) {
-      MiniBatch& mb = mbs_[m];
-      std::vector<int32_t> rows(mb.seqs.size());
-      for (size_t r = 0; r < rows.size(); ++r) rows[r] = int32_t(r);
-      for (Sequence* s : mb.seqs) s->len += 1;
-      sample_and_emit(mb.index, mb.seqs, rows, out);
-      for (Sequence* s : mb.seqs) out.total_context += s->len;
-    }
-    s_ns_ += now_ns() - t1;
-    out.decode_tokens = int64_t(running_.size());
-    out.spans.push_back({"s-worker", "decode step", t_start, now_ns() - t_start});
-  }
-
-  // New requests: placed on the least-loaded R-worker, prompt run through the S-Part with its own
-  // causal attention (the prompt is compute-bound: the S-Part's device is good at it), the prompt's
-  // K/V shipped to the owning worker per layer (APPEND_KV), the first token sampled.
-  void prefill(StepResult& out) {
-    const int64_t t_start = now_ns();
-    const int slot = int(std::max<int64_t>(ec_.mini_batches, 1));  // after the decode mini-batches' slots
-    std::vector<Sequence*> fresh;
-    std::map<size_t, std::vector<uint64_t>> adds;
-    // At most prefill_tokens prompt tokens per step (whole prompts, at least one): bounds the S-Part's
-    // activation memory; the rest start on the following steps.
-    int64_t budget = ec_.prefill_tokens;
-    while (!queued_.empty() && (fresh.empty() || int64_t(queued_.front().prompt.size()) <= budget)) {
-      budget -= int64_t(queued_.front().prompt.size());
-      Sequence s;
-      s.req = std::move(queued_.front());
-      queued_.pop_front();
-      s.worker = size_t(std::min_element(load_.begin(), load_.end()) - load_.begin());
-      load_[s.worker] += int64_t(s.req.prompt.size()) + s.req.max_new_tokens;
-      adds[s.worker].push_back(s.req.id);
-      const uint64_t id = s.req.id;
-      fresh.push_back(&running_.emplace(id, std::move(s)).first->second);
-    }
-    for (auto& [w, ids] : adds) client_->add_seqs(w, ids);
-    // Ordered by worker: each worker's prompt rows are one contiguous range of the K/V buffers.
-    std::stable_sort(fresh.begin(), fresh.end(), [](const Sequence* a, const Sequence* b) { return a->worker < b->worker; });
-
-    std::vector<int32_t> tokens;
-    std::vector<int64_t> pos, start;  // start: first row of each sequence
-    for (Sequence* s : fresh) {
-      start.push_back(int64_t(tokens.size()));
-      for (size_t t = 0; t < s->req.prompt.size(); ++t) {
-        tokens.push_back(s->req.prompt[t]);
-        pos.push_back(int64_t(t));
-      }
-    }
-    start.push_back(int64_t(tokens.size()));
-    const int64_t T = int64_t(tokens.size());
-    const size_t kvb = row_bytes(cfg_.kv_dim());
-    spart_->embed(slot, tokens.data(), pos.data(), T);
-    // APPEND_KV per (layer, worker) from two alternating K/V buffers: before a buffer is refilled, the
-    // sends of two layers earlier (its readers, zero-copy) are answered.
-    struct Append {
-      std::vector<uint64_t> ids;
-      std::vector<uint32_t> counts;
-      size_t begin = 0, end = 0;  // rows
-    };
-    std::map<size_t, Append> per_worker;
-    for (size_t si = 0; si < fresh.size(); ++si) {
-      Append& a = per_worker[fresh[si]->worker];
-      if (a.ids.empty()) a.begin = size_t(start[si]);
-      a.end = size_t(start[si + 1]);
-      a.ids.push_back(fresh[si]->req.id);
-      a.counts.push_back(uint32_t(start[si + 1] - start[si]));
-    }
-    std::vector<std::pair<size_t, uint64_t>> pending[2];
-    for (int l = 0; l < cfg_.num_layers; ++l) {
-      const int b = l % 2;
-      if (!pending[b].empty()) {
-        const int64_t tw = now_ns();
-        client_->wait(pending[b]);
-        r_wait_ns_ += now_ns() - tw;
-        pending[b].clear();
-      }
-      reserve(*spart_, prefill_k_[b], size_t(T) * kvb);
-      reserve(*spart_, prefill_v_[b], size_t(T) * kvb);
-      spart_->attention_input(slot, l, host_dtype(), nullptr, prefill_k_[b].data(), prefill_v_[b].data());
-      spart_->prefill_attention(slot, start);
-      spart_->attention_output_and_mlp(slot, l);
-      for (auto& [w, a] : per_worker) {
-        Header h = header(MsgType::AppendKV, l, a.ids.size());
-        h.n_tokens = uint32_t(a.end - a.begin);
-        const size_t n = a.end - a.begin;
-        pending[b].push_back({w, client_->send(w, h, {{a.ids.data(), a.ids.size() * 8}, {a.counts.data(), a.counts.size() * 4},
-                                                      {prefill_k_[b].data() + a.begin * kvb, n * kvb},
-                                                      {prefill_v_[b].data() + a.begin * kvb, n * kvb}})});
-      }
-    }
-    std::vector<int32_t> last;
-    for (size_t si = 0; si < fresh.size(); ++si) last.push_back(int32_t(start[si + 1] - 1));
-    for (size_t si = 0; si < fresh.size(); ++si) fresh[si]->len = int64_t(fresh[si]->req.prompt.size());
-    sample_and_emit(slot, fresh, last, out);
-    const int64_t t1 = now_ns();
-    for (auto& p : pending) client_->wait(p);
-    r_wait_ns_ += now_ns() - t1;
-    s_ns_ += t1 - t_start;
-    for (Sequence* s : fresh) out.total_context += s->len;
-    out.prefill_tokens = T;
-    out.spans.push_back({"s-worker", "prefill", t_start, now_ns() - t_start});
-  }
-
-  // Finished sequences free their R-worker memory at once. The S-worker does not wait for the
-  // FREE_SEQ replies (a worker handles its requests in order, so later requests see the memory freed);
-  // they are collected at the next step or at shutdown, where an error still fails the run.
+  // Finished sequences free their R-worker memory at the start of the next step (every rank's group frees
+  // its copy); their placement load is released now.
   void release_finished(const StepResult& out) {
     std::map<size_t, std::vector<uint64_t>> frees;
     for (const auto& t : out.tokens) {
@@ -460,42 +407,21 @@ class FastDecodeEngine : public Engine {
       load_[s.worker] -= int64_t(s.req.prompt.size()) + s.req.max_new_tokens;
       running_.erase(t.request_id);
     }
-    for (auto& [w, ids] : frees) {
-      pending_frees_.push_back({w, 0, std::move(ids)});
-      pending_frees_.back().request = client_->send_free_seqs(w, pending_frees_.back().ids);
-    }
-  }
-
-  void collect_frees() {
-    if (pending_frees_.empty()) return;
-    std::vector<std::pair<size_t, uint64_t>> reqs;
-    for (const auto& f : pending_frees_) reqs.push_back({f.worker, f.request});
-    client_->wait(reqs);
-    pending_frees_.clear();
+    frees_.assign(frees.begin(), frees.end());
   }
 
   FastDecodeConfig ec_;
   ModelConfig cfg_;
   SamplingParams sampling_;
-  std::unique_ptr<SPart> spart_;
   WireDType wire_;
   std::vector<std::unique_ptr<SpawnedRWorker>> spawned_;
-  std::unique_ptr<RWorkerClient> client_;
-  std::vector<std::string> endpoints_;
-  std::vector<json> hello_;  // each worker's HELLO reply (kv dtype, ISA, threads, memory)
-  std::vector<int64_t> load_;  // projected tokens per worker (prompt + max new of its sequences)
+  std::vector<CommGroup> tp_;  // per stage p: its T tensor ranks' group
+  std::vector<CommGroup> pp_;  // per tensor index t: its P stages' hand-off group
+  std::vector<std::unique_ptr<SRank>> ranks_;  // rank g = p * T + t
+  std::vector<int64_t> load_;  // projected tokens per worker index (prompt + max new of its sequences)
   std::deque<Request> queued_;
   std::map<uint64_t, Sequence> running_;
-  std::vector<MiniBatch> mbs_;      // decode mini-batches (host buffers kept between steps)
-  HostBuffer prefill_k_[2], prefill_v_[2];
-  struct PendingFree {
-    size_t worker;
-    uint64_t request;
-    std::vector<uint64_t> ids;  // alive until the reply (zero-copy send)
-  };
-  std::deque<PendingFree> pending_frees_;
-  int64_t s_ns_ = 0, r_wait_ns_ = 0;
-  std::vector<int64_t> worker_ns_;  // this step's compute per R-worker (from its replies)
+  std::vector<std::pair<size_t, std::vector<uint64_t>>> frees_;  // finished last step, freed at the next
 };
 
 }  // namespace

@@ -22,6 +22,18 @@ struct RWorkersConfig {
   std::string binary;                  // fd-rworker to spawn; default: next to the running program
 };
 
+// Tensor and pipeline parallelism (docs/PARALLEL.md): T x P S-ranks, threads of the engine's process; rank
+// (t, p) holds tensor part t of stage p's layers (fastdecode/model/shard.h) and has its own group of
+// R-workers (rworkers.spawn of them, each with rworkers.threads; pinned groups take consecutive cores),
+// which hold the KV of that rank's heads and layers only. cpu backend only so far.
+struct ParallelConfig {
+  int64_t tensor = 1;                // T: heads and MLP columns split over T ranks (Gloo all-reduce)
+  int64_t pipeline = 1;              // P: contiguous layer runs over P stages (residual handed stage to stage)
+  std::vector<int64_t> layers;       // layers per stage (P entries summing to model.layers); empty: even split
+  int64_t timeout_ms = 60000;        // deadline of every collective and stage hand-off
+  int64_t ranks() const { return tensor * pipeline; }
+};
+
 struct FastDecodeConfig {
   // S-Part backend: cpu | cuda | auto (cuda when a GPU answers, decided when the engine is made).
   std::string backend = "cpu";
@@ -34,6 +46,7 @@ struct FastDecodeConfig {
   // Prompt tokens prefilled per step at most (whole prompts, at least one); the rest start later.
   int64_t prefill_tokens = 16384;
   RWorkersConfig rworkers;
+  ParallelConfig parallel;
   static FastDecodeConfig parse(StrictObject& o);  // the section's own keys (not type / threads)
   json to_json() const;
 };

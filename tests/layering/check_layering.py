@@ -8,6 +8,7 @@ Prints every violation (file:line: rule) and exits 1 if there is one, 0 otherwis
   kernels       kernels/ includes only fastdecode/core/ (and kernels/ itself)
   harness       nothing under fastdecode/, baselines/ or kernels/ includes harness/
   engine        fastdecode/engine/ includes no implementation (only fastdecode/core/, fastdecode/model/)
+  parallel      fastdecode/parallel/ (the communicators) includes only fastdecode/core/ (and itself)
   engines       only harness/engines.cpp names the engines: a make_X_engine factory is used outside its
                 own folder only there, and no other harness file includes an engine's header
   targets       every library a CMakeLists.txt under fastdecode/, baselines/, kernels/, harness/ defines
@@ -65,6 +66,12 @@ def check(root: Path) -> list[str]:
         for n, inc in includes(p):
             if "/" in inc and not inc.startswith(("fastdecode/core/", "fastdecode/model/", "fastdecode/engine/")):
                 bad.append(f"{rel(p)}:{n}: fastdecode/engine/ includes no implementation (found {inc})")
+
+    # parallel: the communicators stand on core alone, so every S-Part and engine may use them
+    for p in sources(root, "fastdecode/parallel"):
+        for n, inc in includes(p):
+            if "/" in inc and not inc.startswith(("fastdecode/core/", "fastdecode/parallel/")):
+                bad.append(f"{rel(p)}:{n}: fastdecode/parallel/ includes only fastdecode/core/ (found {inc})")
 
     # engines: factories and engine headers named only in harness/engines.cpp
     factory_def = re.compile(r"std::unique_ptr<Engine>\s+(make_\w+_engine)\s*\(")

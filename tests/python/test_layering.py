@@ -49,6 +49,8 @@ PLANTS = {
         lambda t: prepend(t / "baselines/reference/reference_engine.cpp", '#include "harness/engines.h"\n'),
     "fastdecode/engine/ includes no implementation":
         lambda t: prepend(t / "fastdecode/engine/engine.cpp", '#include "fastdecode/spart/spart.h"\n'),
+    "fastdecode/parallel/ includes only fastdecode/core/":
+        lambda t: prepend(t / "fastdecode/parallel/comm.cpp", '#include "fastdecode/model/weights.h"\n'),
     "only harness/engines.cpp names the engines (make_fastdecode_engine used here)":
         lambda t: append(t / "harness/runner.cpp", "\n// auto e = make_fastdecode_engine(c, ctx);\n"),
     "only harness/engines.cpp includes an engine's header":

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -45,4 +46,22 @@ std::string error_message(const std::function<void()>& f) {
   return "";
 }
 
+// FD_REQUIRE_BINARIES set (scripts/test.sh sets it): a test whose tools scripts/setup.sh installs fails when
+// they are missing instead of skipping.
+inline bool binaries_required() {
+  const char* e = std::getenv("FD_REQUIRE_BINARIES");
+  return e != nullptr && *e != '\0' && std::string(e) != "0";
+}
+
 }  // namespace fd::test
+
+// Skips the test with the reason when this build has no Gloo communicator (the caller includes
+// fastdecode/parallel/comm.h), or fails it under FD_REQUIRE_BINARIES, so CI cannot pass without Gloo.
+#define FD_REQUIRE_GLOO()                                                                                      \
+  do {                                                                                                         \
+    if (!fd::have_gloo()) {                                                                                    \
+      if (fd::test::binaries_required())                                                                       \
+        FAIL() << "this build has no Gloo communicator and FD_REQUIRE_BINARIES is set";                        \
+      GTEST_SKIP() << "this build has no Gloo communicator (libgloo-dev not found at configure time)";        \
+    }                                                                                                          \
+  } while (0)

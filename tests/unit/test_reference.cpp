@@ -3,6 +3,7 @@
 #include "fastdecode/engine/engine.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "test_helpers.h"
 
@@ -110,6 +111,43 @@ TEST_P(ReferenceArch, BatchIndependence) {
   m.free_sequence(s1);
   EXPECT_EQ(m.num_sequences(), 1);
   EXPECT_EQ(m.total_context(), 3);
+}
+
+// The residual hook (tensor parallelism sums the ranks' shares through it): called once per branch (the o
+// projection, the MLP), and x += y through it gives the same bits as the default; a hook that drops a branch
+// changes the result (the hook is what joins the branch). ref_lm_head = ref_final_hidden, then the head GEMM.
+TEST_P(ReferenceArch, ResidualHookAndFinalHidden) {
+  ReferenceModel m = make_model(GetParam());
+  const ModelConfig& c = m.config();
+  const LayerWeights& L = m.weights().layers[0];
+  const int64_t T = 3, H = c.hidden_size;
+  std::vector<float> x0(size_t(T * H)), att(size_t(T * c.q_dim()));
+  for (size_t i = 0; i < x0.size(); ++i) x0[i] = std::sin(0.37f * float(i));
+  for (size_t i = 0; i < att.size(); ++i) att[i] = std::cos(0.11f * float(i));
+  std::vector<float> a = x0, b = x0, d = x0;
+  ref_attention_output_and_mlp(c, L, att.data(), T, a.data());
+  int calls = 0;
+  const ResidualAdd plus = [&](float* x, const float* y, int64_t n) {
+    ++calls;
+    EXPECT_EQ(n, T * H);
+    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  };
+  ref_attention_output_and_mlp(c, L, att.data(), T, b.data(), ref_linear, &plus);
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  int seen = 0;
+  const ResidualAdd drop_mlp = [&](float* x, const float* y, int64_t n) {
+    if (seen++ == 0)
+      for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  };
+  ref_attention_output_and_mlp(c, L, att.data(), T, d.data(), ref_linear, &drop_mlp);
+  EXPECT_NE(0, std::memcmp(a.data(), d.data(), a.size() * sizeof(float)));
+
+  std::vector<float> logits(size_t(T * c.vocab_size)), hn(size_t(T * c.embed_dim())), direct(logits.size());
+  ref_lm_head(m.weights(), a.data(), T, logits.data());
+  ref_final_hidden(m.weights(), a.data(), T, hn.data());
+  ref_linear(hn.data(), T, c.embed_dim(), m.weights().lm_head_matrix().data(), nullptr, c.vocab_size, direct.data());
+  EXPECT_EQ(0, std::memcmp(logits.data(), direct.data(), logits.size() * sizeof(float)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ReferenceArch, ::testing::Values("tiny-llama", "tiny-llama-gqa", "tiny-opt"));

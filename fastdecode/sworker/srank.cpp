@@ -1,0 +1,294 @@
+#include "fastdecode/sworker/srank.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "fastdecode/core/clock.h"
+#include "fastdecode/parallel/comm.h"
+
+namespace fd {
+
+using proto::Header;
+using proto::MsgType;
+using proto::WireDType;
+
+// A plan batch in flight through this rank's layers. Its rows are ordered by owning worker, so each worker's
+// rows are one contiguous range of the q/k/v host buffers and are sent from there without a copy (the
+// buffers live until the reply arrives: zero-copy sends). Activations live in the S-Part's slot.
+struct SRank::Batch {
+  int slot = 0;
+  const PlanBatch* plan = nullptr;
+  HostBuffer q, k, v;  // [T, q_dim] / [T, kv_dim] in the wire dtype
+  struct Part {
+    size_t begin = 0, end = 0;  // rows of this batch owned by the worker
+    std::vector<uint64_t> ids;
+    uint64_t request = 0;
+  };
+  std::vector<Part> parts;  // per worker
+};
+
+namespace {
+
+void reserve(SPart& sp, HostBuffer& b, size_t bytes) {
+  if (b.size() < bytes) b = sp.alloc_host(std::max(bytes, b.size() + b.size() / 2));
+}
+
+}  // namespace
+
+SRank::SRank(std::unique_ptr<SPart> spart, std::unique_ptr<RWorkerClient> client, Communicator* pp, SRankOptions o)
+    : spart_(std::move(spart)), client_(std::move(client)), pp_(pp), o_(std::move(o)) {
+  const ModelConfig& c = spart_->config();
+  for (size_t w = 0; w < client_->size(); ++w)
+    hello_.push_back(client_->hello(w, int(c.num_layers), int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), o_.wire));
+}
+
+SRank::~SRank() = default;
+
+DType SRank::host_dtype() const { return o_.wire == WireDType::F16 ? DType::F16 : DType::F32; }
+size_t SRank::row_bytes(int64_t width) const { return size_t(width) * proto::wire_dtype_size(o_.wire); }
+
+Header SRank::header(MsgType t, int layer, size_t n_seq) const {
+  const ModelConfig& c = spart_->config();
+  Header h = proto::make_header(t, int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), o_.wire);
+  h.layer = uint32_t(layer);
+  h.n_seq = uint32_t(n_seq);
+  return h;
+}
+
+// "L3 mb1 attention input" with the global layer index (snprintf: GCC 12 warns falsely on chained +).
+std::string SRank::span(int l, int slot, const char* what) const {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "L%lld mb%d%s%s", (long long)(o_.layer_begin + l), slot, *what ? " " : "", what);
+  return buf;
+}
+
+void SRank::collect_frees() {
+  if (pending_frees_.empty()) return;
+  std::vector<std::pair<size_t, uint64_t>> reqs;
+  for (const auto& f : pending_frees_) reqs.push_back({f.worker, f.request});
+  pending_frees_.clear();  // a failed wait still forgets them: the error fails the run
+  client_->wait(reqs);
+}
+
+void SRank::shutdown(const std::vector<std::pair<size_t, std::vector<uint64_t>>>& live, bool spawned) {
+  if (!spawned) {
+    for (const auto& [w, ids] : live) client_->free_seqs(w, ids);  // users' workers stay up, clean
+    return;
+  }
+  for (size_t w = 0; w < client_->size(); ++w) client_->shutdown(w);
+}
+
+RankStep SRank::run(const StepPlan& plan) {
+  RankStep out;
+  out.worker_ns.assign(client_->size(), 0);
+  if (pp_) pp_->busy_ms_and_reset();
+  collect_frees();
+  // FREE_SEQ without waiting (a worker handles its requests in order: later ones see the memory freed);
+  // the replies are collected at the next step or at shutdown, where an error still fails the run.
+  for (const auto& [w, ids] : plan.frees) {
+    pending_frees_.push_back({w, 0, ids});
+    pending_frees_.back().request = client_->send_free_seqs(w, pending_frees_.back().ids);
+  }
+  if (!plan.decode.empty()) decode(plan, out);
+  if (plan.has_prefill) {
+    for (const auto& [w, ids] : plan.adds) client_->add_seqs(w, ids);
+    prefill(plan.prefill, out);
+  }
+  if (pp_) out.comm_ns = int64_t(pp_->busy_ms_and_reset() * 1e6);
+  return out;
+}
+
+// The batch's first-layer input: its tokens' embeddings (first stage) or the residual stream handed on by the
+// stage before (sizes the slot, then receives into it); and each worker's range of its rows.
+void SRank::setup(Batch& b, const PlanBatch& pb, RankStep& out) {
+  const ModelConfig& c = spart_->config();
+  const int64_t T = int64_t(pb.ids.size());
+  b.slot = pb.slot;
+  b.plan = &pb;
+  reserve(*spart_, b.q, size_t(T) * row_bytes(c.q_dim()));
+  reserve(*spart_, b.k, size_t(T) * row_bytes(c.kv_dim()));
+  reserve(*spart_, b.v, size_t(T) * row_bytes(c.kv_dim()));
+  const int64_t t0 = now_ns();
+  if (o_.pp_rank == 0) {
+    spart_->embed(b.slot, pb.tokens.data(), pb.pos.data(), int64_t(pb.tokens.size()));
+  } else {
+    spart_->prepare(b.slot, pb.pos.data(), int64_t(pb.pos.size()));
+    const SPart::Residual x = spart_->residual(b.slot);
+    const int64_t tr = now_ns();
+    pp_->recv(x.data, x.bytes, o_.pp_rank - 1);
+    out.spans.push_back({"comm" + o_.track_suffix, span(0, b.slot, "residual in"), tr, now_ns() - tr});
+  }
+  out.s_ns += now_ns() - t0;
+  b.parts.assign(client_->size(), {});
+  for (size_t r = 0; r < pb.ids.size(); ++r) {
+    auto& p = b.parts[pb.workers[r]];
+    if (p.ids.empty()) p.begin = r;
+    p.end = r + 1;
+    p.ids.push_back(pb.ids[r]);
+  }
+}
+
+void SRank::hand_on(int slot) {
+  const SPart::Residual x = spart_->residual(slot);
+  pp_->send(x.data, x.bytes, o_.pp_rank + 1);
+}
+
+// S-Part of layer l for a batch, then ATTEND to every worker owning some of its sequences.
+void SRank::launch(Batch& b, int l, RankStep& out) {
+  const ModelConfig& c = spart_->config();
+  const size_t qb = row_bytes(c.q_dim()), kvb = row_bytes(c.kv_dim());
+  const int64_t t0 = now_ns();
+  spart_->attention_input(b.slot, l, host_dtype(), b.q.data(), b.k.data(), b.v.data());
+  out.s_ns += now_ns() - t0;
+  out.spans.push_back({"s-part" + o_.track_suffix, span(l, b.slot, "attention input"), t0, now_ns() - t0});
+  for (size_t w = 0; w < b.parts.size(); ++w) {
+    auto& p = b.parts[w];
+    if (p.begin == p.end) continue;
+    const size_t n = p.end - p.begin;
+    p.request = client_->send(w, header(MsgType::Attend, l, n),
+                              {{p.ids.data(), p.ids.size() * 8}, {b.q.data() + p.begin * qb, n * qb},
+                               {b.k.data() + p.begin * kvb, n * kvb}, {b.v.data() + p.begin * kvb, n * kvb}});
+  }
+}
+
+// Waits for layer l's attention of a batch, then the rest of the layer on the S-Part.
+void SRank::finish(Batch& b, int l, RankStep& out) {
+  const ModelConfig& c = spart_->config();
+  std::vector<std::pair<size_t, uint64_t>> reqs;
+  for (size_t w = 0; w < b.parts.size(); ++w)
+    if (b.parts[w].begin != b.parts[w].end) reqs.push_back({w, b.parts[w].request});
+  const int64_t t0 = now_ns();
+  std::vector<RWorkerReply> replies = client_->wait(reqs);
+  const int64_t t1 = now_ns();
+  out.r_wait_ns += t1 - t0;
+  std::vector<HostRows> rows;  // workers in row order: their ranges are consecutive
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto& p = b.parts[reqs[i].first];
+    const RWorkerReply& r = replies[i];
+    out.worker_ns[reqs[i].first] += int64_t(r.h.compute_ns);
+    // The worker's own compute time, drawn ending when its reply was in hand (clocks differ between
+    // processes; the duration is the worker's, the placement approximate).
+    out.spans.push_back({o_.worker_prefix + std::to_string(reqs[i].first), span(l, b.slot, ""),
+                         t1 - int64_t(r.h.compute_ns), int64_t(r.h.compute_ns)});
+    FD_CHECK(r.frames.at(0).size() == (p.end - p.begin) * row_bytes(c.q_dim()),
+             o_.worker_prefix << reqs[i].first << " (" << client_->endpoint(reqs[i].first) << "): attention reply of " << r.frames.at(0).size() << " bytes");
+    rows.push_back({r.frames.at(0).data(), int64_t(p.end - p.begin)});
+  }
+  spart_->set_attention(b.slot, host_dtype(), rows);
+  spart_->attention_output_and_mlp(b.slot, l);
+  out.s_ns += now_ns() - t1;
+  out.spans.push_back({"s-part" + o_.track_suffix, span(l, b.slot, "output+MLP"), t1, now_ns() - t1});
+}
+
+void SRank::decode(const StepPlan& plan, RankStep& out) {
+  const int64_t t_start = now_ns();
+  const int64_t L = spart_->config().num_layers, V = spart_->config().vocab_size;
+  const size_t n_mb = plan.decode.size();
+  while (batches_.size() < n_mb) batches_.push_back(std::make_unique<Batch>());
+  // The pipeline: while the R-workers attend for one mini-batch, the S-Part runs the other. A later stage
+  // starts a mini-batch as soon as the stage before has handed it on.
+  for (size_t m = 0; m < n_mb; ++m) {
+    setup(*batches_[m], plan.decode[m], out);
+    launch(*batches_[m], 0, out);
+  }
+  for (int l = 0; l < L; ++l)
+    for (size_t m = 0; m < n_mb; ++m) {
+      finish(*batches_[m], l, out);
+      if (l + 1 < L) launch(*batches_[m], l + 1, out);
+      else if (o_.pp_rank + 1 < o_.pp_size) hand_on(batches_[m]->slot);
+    }
+  if (o_.pp_rank + 1 < o_.pp_size) {
+    pp_->flush_sends();
+    out.spans.push_back({"s-worker" + o_.track_suffix, "decode step", t_start, now_ns() - t_start});
+    return;
+  }
+  const int64_t t1 = now_ns();
+  out.decode_tokens.resize(n_mb);
+  out.decode_recorded.resize(n_mb);
+  for (size_t m = 0; m < n_mb; ++m) {
+    const PlanBatch& pb = plan.decode[m];
+    out.decode_tokens[m].resize(pb.sample_rows.size());
+    out.decode_recorded[m].resize(pb.draws.record.size() * size_t(V));
+    spart_->sample(pb.slot, pb.sample_rows, pb.draws.params, pb.draws.ids, pb.draws.steps, out.decode_tokens[m].data(),
+                   pb.draws.record, pb.draws.record.empty() ? nullptr : out.decode_recorded[m].data());
+  }
+  out.s_ns += now_ns() - t1;
+  out.spans.push_back({"s-worker" + o_.track_suffix, "decode step", t_start, now_ns() - t_start});
+}
+
+// Prompts run through the S-Part with its own causal attention (the prompt is compute-bound: the S-Part's
+// device is good at it), the prompt's K/V shipped to the owning worker per layer (APPEND_KV), the first
+// token sampled at the last stage.
+// pb: one entry of ids / workers per sequence (ordered by worker), tokens and pos per prompt token.
+void SRank::prefill(const PlanBatch& pb, RankStep& out) {
+  const int64_t t_start = now_ns();
+  const ModelConfig& c = spart_->config();
+  const int64_t T = int64_t(pb.pos.size());
+  const int slot = pb.slot;
+  const size_t kvb = row_bytes(c.kv_dim());
+  if (o_.pp_rank == 0) {
+    spart_->embed(slot, pb.tokens.data(), pb.pos.data(), T);
+  } else {
+    spart_->prepare(slot, pb.pos.data(), T);
+    const SPart::Residual x = spart_->residual(slot);
+    const int64_t tr = now_ns();
+    pp_->recv(x.data, x.bytes, o_.pp_rank - 1);
+    out.spans.push_back({"comm" + o_.track_suffix, "prefill residual in", tr, now_ns() - tr});
+  }
+  // APPEND_KV per (layer, worker) from two alternating K/V buffers: before a buffer is refilled, the sends of
+  // two layers earlier (its readers, zero-copy) are answered.
+  struct Append {
+    std::vector<uint64_t> ids;
+    std::vector<uint32_t> counts;
+    size_t begin = 0, end = 0;  // rows
+  };
+  std::vector<std::pair<size_t, Append>> per_worker;  // in row order (rows are ordered by worker)
+  for (size_t si = 0; si + 1 < pb.starts.size(); ++si) {
+    const size_t w = pb.workers[si];
+    if (per_worker.empty() || per_worker.back().first != w) per_worker.push_back({w, {}}), per_worker.back().second.begin = size_t(pb.starts[si]);
+    Append& a = per_worker.back().second;
+    a.end = size_t(pb.starts[si + 1]);
+    a.ids.push_back(pb.ids[si]);
+    a.counts.push_back(uint32_t(pb.starts[si + 1] - pb.starts[si]));
+  }
+  std::vector<std::pair<size_t, uint64_t>> pending[2];
+  for (int l = 0; l < c.num_layers; ++l) {
+    const int b = l % 2;
+    if (!pending[b].empty()) {
+      const int64_t tw = now_ns();
+      client_->wait(pending[b]);
+      out.r_wait_ns += now_ns() - tw;
+      pending[b].clear();
+    }
+    reserve(*spart_, prefill_k_[b], size_t(T) * kvb);
+    reserve(*spart_, prefill_v_[b], size_t(T) * kvb);
+    spart_->attention_input(slot, l, host_dtype(), nullptr, prefill_k_[b].data(), prefill_v_[b].data());
+    spart_->prefill_attention(slot, pb.starts);
+    spart_->attention_output_and_mlp(slot, l);
+    for (auto& [w, a] : per_worker) {
+      Header h = header(MsgType::AppendKV, l, a.ids.size());
+      h.n_tokens = uint32_t(a.end - a.begin);
+      const size_t n = a.end - a.begin;
+      pending[b].push_back({w, client_->send(w, h, {{a.ids.data(), a.ids.size() * 8}, {a.counts.data(), a.counts.size() * 4},
+                                                    {prefill_k_[b].data() + a.begin * kvb, n * kvb},
+                                                    {prefill_v_[b].data() + a.begin * kvb, n * kvb}})});
+    }
+  }
+  if (o_.pp_rank + 1 < o_.pp_size) {
+    hand_on(slot);
+  } else {
+    const size_t V = size_t(c.vocab_size);
+    out.prefill_tokens.resize(pb.sample_rows.size());
+    out.prefill_recorded.resize(pb.draws.record.size() * V);
+    spart_->sample(slot, pb.sample_rows, pb.draws.params, pb.draws.ids, pb.draws.steps, out.prefill_tokens.data(),
+                   pb.draws.record, pb.draws.record.empty() ? nullptr : out.prefill_recorded.data());
+  }
+  const int64_t t1 = now_ns();
+  for (auto& p : pending) client_->wait(p);
+  if (pp_ && o_.pp_rank + 1 < o_.pp_size) pp_->flush_sends();
+  out.r_wait_ns += now_ns() - t1;
+  out.s_ns += t1 - t_start;
+  out.spans.push_back({"s-worker" + o_.track_suffix, "prefill", t_start, now_ns() - t_start});
+}
+
+}  // namespace fd

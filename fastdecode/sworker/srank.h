@@ -1,0 +1,115 @@
+// One S-rank of the FastDecode engine: an S-Part (the whole model, or tensor part t of pipeline stage p's
+// layers) with its own group of R-workers, which hold the KV of that rank's heads and layers only. The
+// engine (fastdecode_engine.cpp, the leader) owns the sequences: it places them, splits each step into
+// mini-batches and a prefill batch (a StepPlan, the same for every rank) and emits the tokens; a rank runs
+// the plan's S-Part work and R-worker traffic. With one rank (T = P = 1) the leader runs it inline; with
+// more, each rank runs the step on its own thread (docs/PARALLEL.md), talking to its tensor group through
+// the S-Part's collectives and to its neighbouring stages through `pp` (send/recv of the residual stream).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fastdecode/engine/engine.h"
+#include "fastdecode/spart/spart.h"
+#include "fastdecode/sworker/rworker_spawn.h"
+#include "fastdecode/wire/rworker_client.h"
+
+namespace fd {
+
+class Communicator;
+
+// One mini-batch of a step (decode: slot = its index; prefill: the slot after the decode ones). Rows are
+// ordered by owning worker index (the same index in every rank's group), so each worker's rows are one
+// contiguous range.
+struct PlanBatch {
+  int slot = 0;
+  std::vector<uint64_t> ids;
+  std::vector<size_t> workers;     // per row
+  std::vector<int32_t> tokens;     // first stage: the tokens to embed (prefill: the prompts, packed)
+  std::vector<int64_t> pos;        // per token
+  std::vector<int64_t> starts;     // prefill: first token of each sequence, then the total
+  std::vector<int32_t> sample_rows;  // the rows sampled (decode: all; prefill: each prompt's last token)
+  RowDraws draws;                  // their sampling
+};
+
+struct StepPlan {
+  std::vector<std::pair<size_t, std::vector<uint64_t>>> frees;  // FREE_SEQ per worker, before anything else
+  std::vector<PlanBatch> decode;
+  bool has_prefill = false;
+  PlanBatch prefill;
+  std::vector<std::pair<size_t, std::vector<uint64_t>>> adds;   // ADD_SEQ per worker, for the prefill batch
+};
+
+// What a rank gives back from a step. Tokens and recorded logits come from the last stage (every tensor
+// rank of it picks the same ones; the leader reads tensor rank 0's).
+struct RankStep {
+  std::vector<std::vector<int32_t>> decode_tokens;  // per decode batch
+  std::vector<std::vector<float>> decode_recorded;  // per decode batch: [record.size(), V]
+  std::vector<int32_t> prefill_tokens;
+  std::vector<float> prefill_recorded;
+  std::vector<Span> spans;
+  int64_t s_ns = 0, r_wait_ns = 0, comm_ns = 0;
+  std::vector<int64_t> worker_ns;  // compute per R-worker of this rank's group
+};
+
+struct SRankOptions {
+  int tp_rank = 0, tp_size = 1, pp_rank = 0, pp_size = 1;
+  int64_t layer_begin = 0;              // the global index of this rank's first layer (span names)
+  proto::WireDType wire = proto::WireDType::F32;
+  std::string track_suffix;             // "" (one rank: today's track names) or " t0 p1"
+  std::string worker_prefix = "rworker ";  // span track of worker w: prefix + w ("rworker g3." with ranks)
+};
+
+class SRank {
+ public:
+  // Says HELLO to every worker of `client` with this rank's shape (its layers, its heads).
+  SRank(std::unique_ptr<SPart> spart, std::unique_ptr<RWorkerClient> client, Communicator* pp, SRankOptions o);
+  ~SRank();
+  SRank(const SRank&) = delete;
+  SRank& operator=(const SRank&) = delete;
+
+  // The plan's work for this rank. Throws on a worker error or deadline, or a failed hand-off.
+  RankStep run(const StepPlan& plan);
+  // Waits for the FREE_SEQ replies still pending (the last step's frees).
+  void collect_frees();
+  // Spawned workers: shuts them down; listed ones: frees `live` (ids per worker) and leaves them up.
+  void shutdown(const std::vector<std::pair<size_t, std::vector<uint64_t>>>& live, bool spawned);
+
+  RWorkerClient& client() { return *client_; }
+  const std::string& endpoint(size_t w) const { return client_->endpoint(w); }
+  SPart& spart() { return *spart_; }
+  const std::vector<json>& hello() const { return hello_; }
+  const SRankOptions& options() const { return o_; }
+  const ModelConfig& config() const { return spart_->config(); }
+
+ private:
+  struct Batch;  // a plan batch in flight: its host buffers and per-worker ranges
+  DType host_dtype() const;
+  size_t row_bytes(int64_t width) const;
+  proto::Header header(proto::MsgType t, int layer, size_t n_seq) const;
+  void setup(Batch& b, const PlanBatch& pb, RankStep& out);
+  void launch(Batch& b, int l, RankStep& out);
+  void finish(Batch& b, int l, RankStep& out);
+  void hand_on(int slot);  // not the last stage: the slot's residual to the next stage
+  void decode(const StepPlan& plan, RankStep& out);
+  void prefill(const PlanBatch& pb, RankStep& out);
+  std::string span(int l, int slot, const char* what) const;
+
+  std::unique_ptr<SPart> spart_;
+  std::unique_ptr<RWorkerClient> client_;
+  Communicator* pp_ = nullptr;
+  SRankOptions o_;
+  std::vector<json> hello_;
+  std::vector<std::unique_ptr<Batch>> batches_;  // decode batches' buffers, kept between steps
+  HostBuffer prefill_k_[2], prefill_v_[2];
+  struct PendingFree {
+    size_t worker;
+    uint64_t request;
+    std::vector<uint64_t> ids;  // alive until the reply (zero-copy send)
+  };
+  std::vector<PendingFree> pending_frees_;
+};
+
+}  // namespace fd
