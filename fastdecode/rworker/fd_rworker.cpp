@@ -1,5 +1,8 @@
 // fd-rworker: an R-worker process. Holds KV-caches in host memory and answers ATTEND requests with
 // decode attention over them (docs/RWORKER.md).
+#include <unistd.h>
+
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <sstream>
@@ -40,6 +43,7 @@ int main(int argc, char** argv) {
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
   double memory_gb = 4.0, max_message_mb = 1024;
   bool verbose = false, print_endpoint = false;
+  long parent_pid = 0;
   app.add_option("--listen", listen, "ZeroMQ endpoint to bind: tcp://HOST:PORT (PORT * = any), ipc://PATH")->capture_default_str();
   app.add_option("--threads", threads, "Compute threads")->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--cpus", cpus, "Pin compute threads to these CPUs, e.g. 0-7 or 0,2,4");
@@ -50,6 +54,10 @@ int main(int argc, char** argv) {
   app.add_option("--name", name, "Name in logs and STATS")->capture_default_str();
   app.add_flag("--print-endpoint", print_endpoint, "Print the bound endpoint on stdout once listening");
   app.add_flag("--verbose", verbose, "Log every error reply");
+  app.add_option("--parent-pid", parent_pid,
+                 "Exit when this process is no longer the parent (it died: no orphaned workers); the S-worker passes "
+                 "its pid to the workers it spawns")
+      ->check(CLI::PositiveNumber);
   return fd::guarded_main(app, argc, argv, [&]() {
     fd::RWorkerConfig cfg;
     cfg.kv_dtype = fd::kv_dtype_from_name(kv_dtype);
@@ -66,6 +74,32 @@ int main(int argc, char** argv) {
     fd::pin_openmp_threads(opt.cpus, threads);
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
+    // A spawned worker dies with its parent: when the parent is gone (even by SIGKILL) the worker is re-parented,
+    // getppid() changes, and the watcher stops the server within ~100 ms. Checked once before serving too.
+    std::thread parent_watch;
+    std::atomic<bool> watching{parent_pid > 0};
+    if (parent_pid > 0) {
+      if (long(getppid()) != parent_pid)
+        throw fd::Error("--parent-pid " + std::to_string(parent_pid) + ": not this process's parent (it has exited)");
+      parent_watch = std::thread([&] {
+        while (watching.load() && !g_stop.load()) {
+          if (long(getppid()) != parent_pid) {
+            std::fprintf(stderr, "fd-rworker %s: parent %ld is gone; exiting\n", name.c_str(), parent_pid);
+            g_stop = true;
+            break;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+      });
+    }
+    struct Join {
+      std::thread& t;
+      std::atomic<bool>& w;
+      ~Join() {
+        w = false;
+        if (t.joinable()) t.join();
+      }
+    } join{parent_watch, watching};
     fd::RWorkerService service(cfg);
     fd::run_rworker_server(service, opt, &g_stop, [&](const std::string& ep) {
       std::fprintf(stderr, "fd-rworker %s: listening on %s (kv %s, %d threads, %s, %.2f GB)\n", name.c_str(),

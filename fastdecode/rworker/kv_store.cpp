@@ -55,9 +55,21 @@ void KVStore::release_block(const void* p, size_t bytes) {
   else std::free(const_cast<void*>(p));
 }
 
+size_t KVStore::sequence_bytes(int n_layers) {
+  constexpr size_t kMapNode = 64;  // a std::map node: key, value header, three pointers and the colour
+  return kMapNode + sizeof(Sequence) + size_t(n_layers) * sizeof(LayerCache);
+}
+
 void KVStore::add(uint64_t seq) {
   if (has(seq)) FD_THROW("sequence " << seq << " already exists");
-  seqs_[seq].layers.resize(size_t(n_layers_));
+  const size_t bytes = sequence_bytes();
+  if (bytes_total() + bytes > limit_)
+    FD_THROW("out of KV memory: a sequence's bookkeeping takes " << bytes << " bytes, " << (limit_ - bytes_total())
+                                                                 << " of " << limit_ << " free");
+  Sequence s;
+  s.layers.resize(size_t(n_layers_));  // may throw bad_alloc: nothing is registered yet
+  seqs_.emplace(seq, std::move(s));
+  meta_ += bytes;
 }
 
 void KVStore::free(uint64_t seq) {
@@ -69,6 +81,7 @@ void KVStore::free(uint64_t seq) {
     total_tokens_ -= int64_t(l.full.size()) * kKVBlockTokens + l.n_tail;
   }
   seqs_.erase(it);
+  meta_ -= sequence_bytes();
 }
 
 KVStore::LayerCache& KVStore::cache(uint64_t seq, int layer) {
@@ -104,9 +117,9 @@ template <typename T>
 void KVStore::append(uint64_t seq, int layer, const T* k, const T* v, int64_t n) {
   if (n <= 0) return;
   const size_t extra = extra_bytes(seq, layer, n);
-  if (used_ + extra > limit_)
+  if (bytes_total() + extra > limit_)
     FD_THROW("out of KV memory: appending " << n << " tokens needs " << extra << " more bytes, "
-                                            << (limit_ - used_) << " of " << limit_ << " free");
+                                            << (limit_ - bytes_total()) << " of " << limit_ << " free");
   LayerCache& l = cache(seq, layer);
   const int64_t H = n_kv_heads_, D = head_dim_, row = H * D;
   for (int64_t t = 0; t < n; ++t) {

@@ -24,8 +24,13 @@ class KVStore {
   int head_dim() const { return head_dim_; }
 
   bool has(uint64_t seq) const { return seqs_.count(seq) != 0; }
-  // Registers an empty sequence; throws fd::Error if it exists.
+  // Registers an empty sequence; throws fd::Error if it exists, or if its bookkeeping (sequence_bytes())
+  // would exceed the memory limit; on any throw nothing is registered.
   void add(uint64_t seq);
+  // The bookkeeping one sequence costs before any KV (its per-layer tables and its map entry), counted
+  // against the memory limit like the KV blocks, so that empty sequences cannot exhaust the host.
+  size_t sequence_bytes() const { return sequence_bytes(n_layers_); }
+  static size_t sequence_bytes(int n_layers);
   // Frees every block of the sequence; throws fd::Error if unknown.
   void free(uint64_t seq);
   int64_t length(uint64_t seq, int layer) const;
@@ -35,7 +40,9 @@ class KVStore {
   size_t bytes_at(int64_t tokens) const;
   // Extra bytes appending `n` tokens to `seq` at `layer` would take.
   size_t extra_bytes(uint64_t seq, int layer, int64_t n) const;
-  size_t bytes_used() const { return used_; }
+  size_t bytes_used() const { return used_; }              // KV blocks
+  size_t bookkeeping_bytes() const { return meta_; }       // sequences' tables (sequence_bytes() each)
+  size_t bytes_total() const { return used_ + meta_; }     // what the memory limit bounds
   size_t memory_limit() const { return limit_; }
   int64_t total_tokens() const { return total_tokens_; }
 
@@ -65,7 +72,7 @@ class KVStore {
 
   KVDType dtype_;
   int n_layers_, n_kv_heads_, head_dim_;
-  size_t limit_, used_ = 0;
+  size_t limit_, used_ = 0, meta_ = 0;
   size_t full_bytes_, tail_bytes_;
   int64_t total_tokens_ = 0;
   std::unordered_map<uint64_t, Sequence> seqs_;

@@ -97,6 +97,9 @@ std::vector<zmq::message_t> RWorkerService::on_hello(const Message& m) {
       h.n_heads % h.n_kv_heads != 0)
     throw ProtocolError(ErrorCode::Malformed,
                         "HELLO needs layers > 0, heads divisible by kv_heads, head_dim a multiple of 32");
+  if (h.layer > kMaxHelloLayers)
+    throw ProtocolError(ErrorCode::Malformed, "HELLO with " + std::to_string(h.layer) + " layers: at most " +
+                                                  std::to_string(kMaxHelloLayers));
   const bool same = store_ && h.layer == shape_.layer && h.n_heads == shape_.n_heads &&
                     h.n_kv_heads == shape_.n_kv_heads && h.head_dim == shape_.head_dim && h.dtype == shape_.dtype;
   if (store_ && !same && store_->num_sequences() > 0)
@@ -115,7 +118,9 @@ std::vector<zmq::message_t> RWorkerService::on_hello(const Message& m) {
                {"kv_bytes_per_token_per_layer",
                 double(kv_block_bytes(cfg_.kv_dtype, h.n_kv_heads, h.head_dim)) / kKVBlockTokens},
                // a sequence's newest (partial) block is fp16 until full: at most this much per layer on top
-               {"kv_tail_block_bytes", kv_fp16_block_bytes(h.n_kv_heads, h.head_dim)}};
+               {"kv_tail_block_bytes", kv_fp16_block_bytes(h.n_kv_heads, h.head_dim)},
+               // what one sequence's bookkeeping takes of memory_limit_bytes before any KV
+               {"sequence_bytes", KVStore::sequence_bytes(int(h.layer))}};
   const std::string s = info.dump();
   std::vector<zmq::message_t> f;
   f.emplace_back(s.data(), s.size());
@@ -127,6 +132,13 @@ std::vector<zmq::message_t> RWorkerService::on_add(const Message& m) {
   const auto ids = read_ids(m, false);
   for (uint64_t id : ids)
     if (store_->has(id)) throw ProtocolError(ErrorCode::DuplicateSequence, "sequence " + std::to_string(id) + " exists");
+  // Their bookkeeping counts against --memory-gb like their KV will: all or none of the request.
+  const size_t need = ids.size() * store_->sequence_bytes();
+  if (store_->bytes_total() + need > store_->memory_limit())
+    throw ProtocolError(ErrorCode::OutOfMemory, std::to_string(ids.size()) + " sequences of " +
+                                                    std::to_string(store_->n_layers()) + " layers need " + std::to_string(need) +
+                                                    " bytes of bookkeeping; " +
+                                                    std::to_string(store_->memory_limit() - store_->bytes_total()) + " free");
   for (uint64_t id : ids) store_->add(id);
   return reply(m.h, MsgType::Ok);
 }
@@ -146,9 +158,9 @@ std::vector<zmq::message_t> RWorkerService::on_append(const Message& m) {
   // All checks before any change: memory for every sequence's append.
   size_t extra = 0;
   for (uint32_t i = 0; i < h.n_seq; ++i) extra += store_->extra_bytes(ids[i], int(h.layer), proto::read_u32(m.frames[1].data, i));
-  if (store_->bytes_used() + extra > store_->memory_limit())
+  if (store_->bytes_total() + extra > store_->memory_limit())
     throw ProtocolError(ErrorCode::OutOfMemory, "appending needs " + std::to_string(extra) + " bytes, " +
-                                                    std::to_string(store_->memory_limit() - store_->bytes_used()) + " free");
+                                                    std::to_string(store_->memory_limit() - store_->bytes_total()) + " free");
   const size_t row = size_t(h.n_kv_heads) * h.head_dim;
   const size_t es = proto::wire_dtype_size(WireDType(h.dtype));
   size_t tok = 0;
@@ -181,9 +193,9 @@ std::vector<zmq::message_t> RWorkerService::on_attend(const Message& m) {
   const auto ids = read_ids(m, true);
   size_t extra = 0;
   for (uint64_t id : ids) extra += store_->extra_bytes(id, int(h.layer), 1);
-  if (store_->bytes_used() + extra > store_->memory_limit())
+  if (store_->bytes_total() + extra > store_->memory_limit())
     throw ProtocolError(ErrorCode::OutOfMemory, "appending needs " + std::to_string(extra) + " bytes, " +
-                                                    std::to_string(store_->memory_limit() - store_->bytes_used()) + " free");
+                                                    std::to_string(store_->memory_limit() - store_->bytes_total()) + " free");
   const size_t ns = h.n_seq, qrow = size_t(h.n_heads) * h.head_dim, kvrow = size_t(h.n_kv_heads) * h.head_dim;
   const WireDType wd = WireDType(h.dtype);
   // Append this step's k, v (one token per sequence), then attend over the whole cache.
@@ -249,7 +261,8 @@ json RWorkerService::stats() const {
   s["configured"] = store_ != nullptr;
   s["sequences"] = store_ ? store_->num_sequences() : 0;
   s["tokens"] = store_ ? store_->total_tokens() : 0;
-  s["memory_used_bytes"] = store_ ? store_->bytes_used() : 0;
+  s["memory_used_bytes"] = store_ ? store_->bytes_total() : 0;  // KV blocks and the sequences' bookkeeping
+  s["kv_bytes"] = store_ ? store_->bytes_used() : 0;
   return s;
 }
 

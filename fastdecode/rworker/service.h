@@ -24,6 +24,10 @@ struct RWorkerConfig {
   std::string name = "rworker";  // for logs and STATS
 };
 
+// The most layers a HELLO may declare (a model has at most a few hundred; the bound keeps every layer index
+// and count in int range and one sequence's bookkeeping small).
+constexpr uint32_t kMaxHelloLayers = 65536;
+
 class RWorkerService {
  public:
   explicit RWorkerService(RWorkerConfig cfg);

@@ -34,6 +34,7 @@ SpawnedRWorker::SpawnedRWorker(const std::string& binary, const std::vector<std:
   std::vector<std::string> all = {binary};
   all.insert(all.end(), args.begin(), args.end());
   for (const char* a : {"--listen", "tcp://127.0.0.1:*", "--print-endpoint"}) all.emplace_back(a);
+  all.insert(all.end(), {"--parent-pid", std::to_string(long(getpid()))});  // it exits when we die (no orphans)
   std::vector<char*> argv;
   for (auto& a : all) argv.push_back(a.data());
   argv.push_back(nullptr);

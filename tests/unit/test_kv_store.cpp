@@ -55,7 +55,7 @@ TEST(KVStore, Fp16LayoutAcrossBlocks) {
 
 TEST(KVStore, MemoryLimitChangesNothing) {
   const size_t blk = kv_fp16_block_bytes(kH, kD);
-  KVStore s(KVDType::F16, 1, kH, kD, 2 * blk);
+  KVStore s(KVDType::F16, 1, kH, kD, 2 * blk + 2 * KVStore::sequence_bytes(1));  // 2 blocks beside 2 tables
   s.add(1);
   s.add(2);
   const auto k = coded(40, 0, 1), v = coded(40, 0, 1);
@@ -309,4 +309,22 @@ TEST(KVStore, WholeBlocksMatchAnIndependentQuantizer) {
     if (t != KVDType::F16) EXPECT_EQ(cc.codes, int64_t(8) * 2 * kT * H * D);
     EXPECT_EQ(s.bytes_used(), 8 * kv_block_bytes(t, H, D) + (t == KVDType::F16 ? 3 : 4) * kv_fp16_block_bytes(H, D));
   }
+}
+
+// A sequence whose bookkeeping does not fit is refused and not registered (issue 16: a half-made sequence
+// stayed when its layer table failed to allocate, and a later ATTEND read layer 0 of an empty table).
+TEST(KVStore, ASequenceThatDoesNotFitIsNotRegistered) {
+  const size_t per = KVStore::sequence_bytes(4);
+  KVStore s(KVDType::F16, 4, kH, kD, 2 * per);
+  s.add(1);
+  s.add(2);
+  EXPECT_EQ(s.bookkeeping_bytes(), 2 * per);
+  EXPECT_EQ(s.bytes_total(), 2 * per);
+  EXPECT_THROW(s.add(3), Error);
+  EXPECT_FALSE(s.has(3));
+  EXPECT_EQ(s.num_sequences(), 2u);
+  s.free(1);
+  EXPECT_EQ(s.bookkeeping_bytes(), per);
+  s.add(3);
+  EXPECT_TRUE(s.has(3));
 }

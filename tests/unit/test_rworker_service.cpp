@@ -138,7 +138,7 @@ std::ostream& operator<<(std::ostream& os, const Usage& u) {
 }
 Usage usage(const RWorkerService& svc) {
   const json s = svc.stats();
-  return {s["sequences"].get<int64_t>(), s["tokens"].get<int64_t>(), s["memory_used_bytes"].get<int64_t>()};
+  return {s["sequences"].get<int64_t>(), s["tokens"].get<int64_t>(), s["kv_bytes"].get<int64_t>()};
 }
 
 }  // namespace
@@ -202,7 +202,8 @@ TEST(RWorkerService, AttendMatchesDoubleReference) {
 }
 
 TEST(RWorkerService, ErrorsLeaveStateUnchanged) {
-  Harness w(KVDType::F16, kv_fp16_block_bytes(kKV, kD) * 3);
+  // 3 blocks of KV, and the bookkeeping of the 2 sequences added below (counted against the limit too).
+  Harness w(KVDType::F16, kv_fp16_block_bytes(kKV, kD) * 3 + 2 * KVStore::sequence_bytes(kLayers));
   EXPECT_EQ(w.send_error(w.ids_msg(MsgType::AddSeq, {1})), ErrorCode::NotConfigured);
   w.hello();
   ASSERT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, {1, 2})), MsgType::Ok);
@@ -318,7 +319,7 @@ TEST(RWorkerService, OutOfMemoryDuringAttendChangesNothing) {
   const size_t blk = kv_fp16_block_bytes(kKV, kD);
   {
     SCOPED_TRACE("fp16");
-    Harness w(KVDType::F16, 4 * blk);
+    Harness w(KVDType::F16, 4 * blk + 4 * KVStore::sequence_bytes(kLayers));  // 4 blocks beside 4 sequences' tables
     w.hello();
     Cache cache;
     ASSERT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, {1, 2, 3, 4})), MsgType::Ok);
@@ -353,7 +354,7 @@ TEST(RWorkerService, OutOfMemoryDuringAttendChangesNothing) {
     SCOPED_TRACE("int4");
     const size_t q4 = kv_block_bytes(KVDType::I4, kKV, kD);
     // Two fp16 tails (31 and 5 tokens) and one byte less than a quantized block free.
-    Harness w(KVDType::I4, 2 * blk + q4 - 1);
+    Harness w(KVDType::I4, 2 * blk + q4 - 1 + 2 * KVStore::sequence_bytes(kLayers));
     w.hello();
     Cache cache;
     ASSERT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, {1, 2})), MsgType::Ok);
@@ -403,4 +404,51 @@ TEST(RWorkerService, DuplicateIdsInOneRequestChangeNothing) {
   // Nothing was appended or freed: 5 and 6 hold exactly their 3 and 4 tokens.
   ASSERT_EQ(attend(w, cache, {5, 6}, 0), ErrorCode::None);
   EXPECT_EQ(usage(w.svc), (Usage{5, 9, u.bytes}));
+}
+
+// Issue 16's crash: HELLO with 2^31 - 1 layers, then ADD_SEQ and ATTEND, crashed the worker (the sequence was
+// registered before its layer table failed to allocate). A layer count over kMaxHelloLayers is malformed, and
+// nothing after it finds a half-made sequence.
+TEST(RWorkerService, HugeHelloLayerCountsAreMalformed) {
+  Harness w;
+  for (uint32_t layers : {uint32_t(0x7fffffff), uint32_t(0x80000000), uint32_t(0xffffffff), kMaxHelloLayers + 1}) {
+    Header h = dims(MsgType::Hello);
+    h.layer = layers;
+    EXPECT_EQ(w.send_error(make_message(h, {})), ErrorCode::Malformed) << layers << " layers";
+  }
+  EXPECT_EQ(w.send_error(w.ids_msg(MsgType::AddSeq, {1})), ErrorCode::NotConfigured);
+  const auto q = fd::test::random_f16(kH * kD, w.rng), kv = fd::test::random_f16(kKV * kD, w.rng);
+  EXPECT_EQ(w.send_error(make_message(dims(MsgType::Attend, 1), {bytes_of(std::vector<uint64_t>{1}), bytes_of(q), bytes_of(kv), bytes_of(kv)})),
+            ErrorCode::NotConfigured);
+  Header ok = dims(MsgType::Hello);
+  ok.layer = kMaxHelloLayers;  // the bound itself is accepted
+  EXPECT_EQ(w.send_type(make_message(ok, {})), MsgType::HelloReply);
+}
+
+// Empty sequences cost memory too (their per-layer tables): 2 x 1M ADD_SEQ once took 333 MB with
+// memory_used_bytes = 0. Their bookkeeping counts against --memory-gb, a request that does not fit is refused
+// whole, and FREE gives it back.
+TEST(RWorkerService, SequenceBookkeepingCountsAgainstTheMemoryLimit) {
+  constexpr uint32_t kManyLayers = 1000;
+  const size_t per_seq = KVStore::sequence_bytes(int(kManyLayers));
+  Harness w(KVDType::F16, 20 * per_seq + per_seq / 2);  // room for 20 empty sequences, not 21
+  Header h = dims(MsgType::Hello);
+  h.layer = kManyLayers;
+  const auto r = w.send(make_message(h, {}));
+  ASSERT_EQ(reply_header(r).msg_type(), MsgType::HelloReply);
+  const json info = json::parse(std::string(static_cast<const char*>(r.at(1).data()), r.at(1).size()));
+  EXPECT_EQ(info.at("sequence_bytes").get<size_t>(), per_seq);
+  std::vector<uint64_t> many(21);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = 100 + i;
+  EXPECT_EQ(w.send_error(w.ids_msg(MsgType::AddSeq, many)), ErrorCode::OutOfMemory);
+  EXPECT_EQ(w.svc.stats()["sequences"], 0);  // none of the 21 was added
+  EXPECT_EQ(w.svc.stats()["memory_used_bytes"], 0);
+  many.pop_back();
+  ASSERT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, many)), MsgType::Ok);
+  EXPECT_EQ(w.svc.stats()["memory_used_bytes"].get<size_t>(), 20 * per_seq);
+  EXPECT_EQ(w.svc.stats()["kv_bytes"], 0);
+  EXPECT_EQ(w.send_error(w.ids_msg(MsgType::AddSeq, {7})), ErrorCode::OutOfMemory);
+  ASSERT_EQ(w.send_type(w.ids_msg(MsgType::FreeSeq, many)), MsgType::Ok);
+  EXPECT_EQ(w.svc.stats()["memory_used_bytes"], 0);
+  EXPECT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, {7})), MsgType::Ok);
 }
