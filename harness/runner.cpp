@@ -101,6 +101,23 @@ struct RequestTrack {
   std::vector<int64_t> token_ns;  // time each token was produced (end of its step), from run start
 };
 
+// One line of requests.jsonl (vLLM's metric names): TTFT from arrival to the first token; e2e = arrival to
+// the last token; queueing = arrival to the step that admitted it.
+json request_record(uint64_t id, const RequestTrack& rt, const std::vector<int32_t>& prompt) {
+  const double arrive = double(rt.arrival_ns) / 1e6;
+  const double first = double(rt.token_ns.front()) / 1e6 - arrive, last = double(rt.token_ns.back()) / 1e6 - arrive;
+  return {{"id", id}, {"prompt_len", rt.prompt_len}, {"output_len", rt.tokens.size()}, {"arrival_ms", arrive},
+          {"queue_ms", std::max(0.0, double(rt.admit_ns) / 1e6 - arrive)}, {"ttft_ms", first}, {"e2e_ms", last},
+          {"prompt", prompt}, {"tokens", rt.tokens}};
+}
+
+// What a run has done so far, for the summary of a run that fails (run_experiment).
+struct RunState {
+  bool created_dir = false, loop_started = false;
+  json provenance;
+  int64_t steps = 0, output_tokens = 0, finished = 0, requests = 0;
+};
+
 // What the runner keeps of one request that records its logits (output.logits / workload.score).
 struct LogitsTrack {
   std::vector<int32_t> forced;                               // score runs: the continuation
@@ -140,12 +157,13 @@ void write_npy_f32(const std::string& path, const float* data, int64_t rows, int
   if (!f) FD_THROW(path << ": write failed");
 }
 
-json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
+namespace {
+
+json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
   const fs::path dir = opt.out_dir;
-  if (fs::exists(dir / "summary.json"))
-    throw ConfigError(opt.out_dir + ": already holds a finished run (summary.json); choose another --out");
   fs::create_directories(dir);
   const json prov = collect_provenance(opt.command_line);
+  st.provenance = prov;
 
   std::vector<Request> requests = make_requests(e.workload, e.model, e.sampling);
   // Logits recording (output.logits, workload.score): the runner asks the engine for the rows of these
@@ -202,8 +220,14 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   Scheduler sched(sc);
   for (const auto& r : sched_requests) sched.submit(r);
 
+  // Both files grow as the run goes (flushed each step / each finished request), so a run that fails or is
+  // killed keeps what it did; requests.jsonl is rewritten in id order at the end.
   std::ofstream steps_out(dir / "steps.jsonl", std::ios::trunc);
   if (!steps_out) FD_THROW((dir / "steps.jsonl").string() << ": cannot open for writing");
+  std::ofstream live_requests(dir / "requests.jsonl", std::ios::trunc);
+  if (!live_requests) FD_THROW((dir / "requests.jsonl").string() << ": cannot open for writing");
+  st.loop_started = true;
+  st.requests = int64_t(requests.size());
 
   // Time 0 is the start of the first step; request i arrives at arrivals[i] seconds.
   const int64_t t0 = now_ns();
@@ -278,7 +302,10 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
       }
       if (t.finished) {
         ++finished;
+        ++st.finished;
         sched.on_finished(t.request_id, step);
+        live_requests << request_record(t.request_id, rt, by_id.at(t.request_id)->prompt).dump() << "\n";
+        live_requests.flush();
       }
     }
     out_tokens += int64_t(r.tokens.size());
@@ -314,8 +341,11 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
     trace.event("harness", "step " + std::to_string(engine_steps), s0, s1 - s0,
                 {{"tokens", r.tokens.size()}, {"total_context", r.total_context}});
     steps_out << rec.dump() << "\n";
+    steps_out.flush();
     ++step;
     ++engine_steps;
+    st.steps = engine_steps;
+    st.output_tokens += int64_t(r.tokens.size());
     progress.update(engine_steps, out_tokens, int64_t(r.tokens.size()) - finished);
   }
   const int64_t t_end = now_ns();
@@ -328,21 +358,19 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   // (last - first) / (n - 1); ITL = every gap between consecutive tokens; queueing = arrival to the
   // step that admitted it; e2e = arrival to the last token.
   std::vector<double> ttft, tpot, itl, e2e, queue;
+  live_requests.close();
   std::ofstream req_out(dir / "requests.jsonl", std::ios::trunc);
   for (const auto& [id, rt] : track) {
     FD_CHECK(!rt.tokens.empty(), "request " << id << " produced no token");
-    const double arrive = double(rt.arrival_ns) / 1e6;
-    const double first = double(rt.token_ns.front()) / 1e6 - arrive, last = double(rt.token_ns.back()) / 1e6 - arrive;
+    const json rec = request_record(id, rt, by_id.at(id)->prompt);
+    const double first = rec["ttft_ms"].get<double>(), last = rec["e2e_ms"].get<double>();
     ttft.push_back(first);
     e2e.push_back(last);
-    queue.push_back(std::max(0.0, double(rt.admit_ns) / 1e6 - arrive));
+    queue.push_back(rec["queue_ms"].get<double>());
     const size_t n = rt.tokens.size();
     if (n > 1) tpot.push_back((last - first) / double(n - 1));
     for (size_t i = 1; i < n; ++i) itl.push_back(double(rt.token_ns[i] - rt.token_ns[i - 1]) / 1e6);
-    req_out << json{{"id", id}, {"prompt_len", rt.prompt_len}, {"output_len", n}, {"arrival_ms", arrive},
-                    {"queue_ms", queue.back()}, {"ttft_ms", first}, {"e2e_ms", last},
-                    {"prompt", by_id.at(id)->prompt}, {"tokens", rt.tokens}}.dump()
-            << "\n";
+    req_out << rec.dump() << "\n";
   }
 
   // Logits outputs: logits.jsonl (one line per recorded request) and score.jsonl (scored requests).
@@ -420,14 +448,59 @@ json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   if (!capacity_note.empty()) notes.push_back(capacity_note);
   results["kv_capacity_tokens"] = sc.kv_capacity_tokens;
   for (const std::string& n : engine->notes()) notes.push_back(n);
-  json summary = {{"name", e.name},   {"engine", engine->name()}, {"engine_info", engine_info}, {"config_file", e.file},
-                  {"config", e.resolved()}, {"provenance", prov}, {"model", model},
+  json summary = {{"name", e.name},   {"status", "ok"}, {"engine", engine->name()}, {"engine_info", engine_info},
+                  {"config_file", e.file}, {"config", e.resolved()}, {"provenance", prov}, {"model", model},
                   {"results", results}, {"notes", notes}};
   summary["overrides"] = e.overrides;
   if (!score_summary.is_null()) summary["score"] = score_summary;
   write_json_file((dir / "trace.json").string(), trace.finish(prov, "fd-bench " + e.name), -1);
   write_json_file((dir / "summary.json").string(), summary);
   return summary;
+}
+
+}  // namespace
+
+// A run that fails before its first step leaves no folder it made (the error is in the config, the weights,
+// the binaries or the endpoints: exit 2 or 1 with nothing to read); one that fails later keeps steps.jsonl and
+// requests.jsonl as they were written and gets a summary.json with "status": "failed", the error and what
+// finished. The error is then thrown on.
+json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
+  const fs::path dir = opt.out_dir;
+  if (fs::exists(dir / "summary.json")) {  // a failed run's folder may be run again (sweeps redo it)
+    bool failed = false;
+    try {
+      failed = read_json_file((dir / "summary.json").string()).value("status", "") == "failed";
+    } catch (const Error&) {
+    }
+    if (!failed) throw ConfigError(opt.out_dir + ": already holds a finished run (summary.json); choose another --out");
+    fs::remove(dir / "summary.json");
+  }
+  RunState st;
+  st.created_dir = !fs::exists(dir);
+  try {
+    return run_body(e, opt, st);
+  } catch (const std::exception& ex) {
+    std::error_code ec;
+    if (!st.loop_started) {
+      if (st.created_dir) fs::remove_all(dir, ec);
+    } else {
+      const json summary = {{"name", e.name},
+                            {"status", "failed"},
+                            {"error", ex.what()},
+                            {"config_file", e.file},
+                            {"config", e.resolved()},
+                            {"provenance", st.provenance},
+                            {"results", {{"num_requests", st.requests},
+                                         {"finished_requests", st.finished},
+                                         {"steps", st.steps},
+                                         {"output_tokens", st.output_tokens}}}};
+      try {
+        write_json_file((dir / "summary.json").string(), summary);
+      } catch (...) {  // the run's own error is the one to report
+      }
+    }
+    throw;
+  }
 }
 
 }  // namespace fd

@@ -185,7 +185,8 @@ def test_failing_point_is_recorded_and_the_others_run(fd_bin, models_dir, tmp_pa
     proc = sweep(fd_bin, spec, "--out", tmp_path / "out")
     assert proc.returncode == 1
     assert [what.split(" ")[0] for _, _, what in progress(proc.stderr)] == ["FAILED", "skipped,"]
-    assert sorted(x.name for x in (tmp_path / "out" / first["name"]).iterdir()) == ["rep1"]
+    # an error before the run's first step leaves no run folder (the failure is in index.json)
+    assert sorted(x.name for x in (tmp_path / "out" / first["name"]).iterdir()) == []
     # --fail-fast stops at the failure (the finished second point would be skipped, not run, anyway).
     proc = sweep(fd_bin, spec, "--out", tmp_path / "ff", "--fail-fast")
     assert proc.returncode == 1

@@ -1,0 +1,93 @@
+"""Results survive a failed run (issue 16): steps.jsonl and requests.jsonl grow as the run goes, a run that
+fails mid-way still writes summary.json with "status": "failed", the error and what finished, and an error
+found before the first step leaves no run folder behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def read_jsonl(path: Path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def config(tmp_path: Path, **engine) -> Path:
+    cfg = json.loads((REPO / "experiments" / "quickstart.json").read_text())
+    cfg["model"]["config"] = str(REPO / "experiments" / "models" / "small-llama.json")
+    cfg["workload"]["gen_len"] = {"dist": "uniform", "min": 4, "max": 400}
+    cfg["engine"]["backend"] = "cpu"
+    cfg["engine"]["rworkers"].update(engine)
+    p = tmp_path / "cfg.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def test_a_run_that_loses_a_worker_keeps_what_it_did(fd_bin, tmp_path):
+    out = tmp_path / "run"
+    p = subprocess.Popen([fd_bin("fd-bench"), "run", str(config(tmp_path, timeout_ms=3000)), "--out", str(out), "--quiet"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120  # hang guard
+    while time.monotonic() < deadline and p.poll() is None:
+        reqs = out / "requests.jsonl"
+        if reqs.exists() and reqs.read_text().count("\n") >= 1:
+            break
+        time.sleep(0.02)
+    assert p.poll() is None, "the run ended before a request finished and a worker could be killed"
+    victim = children(p.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1, (p.returncode, err)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "failed"
+    assert "R-worker" in s["error"] and "deadline" in s["error"], s["error"]  # names the dead worker
+    finished = read_jsonl(out / "requests.jsonl")
+    assert len(finished) == s["results"]["finished_requests"] >= 1
+    assert all(r["output_len"] == len(r["tokens"]) >= 1 for r in finished)
+    steps = read_jsonl(out / "steps.jsonl")  # every line whole
+    assert len(steps) == s["results"]["steps"] > 0
+
+
+def test_a_run_that_completes_says_so(fd_bin, tmp_path):
+    out = tmp_path / "ok"
+    subprocess.run([fd_bin("fd-bench"), "run", str(config(tmp_path)), "--out", str(out), "--quiet",
+                    "--set", "workload.requests=2", "--set", "workload.gen_len=8"], check=True, capture_output=True, timeout=300)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "ok"
+    ids = [r["id"] for r in read_jsonl(out / "requests.jsonl")]
+    assert ids == sorted(ids) and len(ids) == 2  # rewritten in id order at the end
+
+
+def test_an_error_before_the_first_step_leaves_no_folder(fd_bin, tmp_path):
+    out = tmp_path / "never"
+    p = subprocess.run([fd_bin("fd-bench"), "run", str(config(tmp_path, binary="/nonexistent/fd-rworker")), "--out", str(out),
+                        "--quiet"], capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    assert "/nonexistent/fd-rworker" in p.stderr, p.stderr
+    assert not out.exists(), list(out.iterdir())
+
+
+def test_a_failed_run_folder_can_be_run_again(fd_bin, tmp_path):
+    out = tmp_path / "again"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"status": "failed", "error": "R-worker 0 missed its deadline"}))
+    subprocess.run([fd_bin("fd-bench"), "run", str(config(tmp_path)), "--out", str(out), "--quiet",
+                    "--set", "workload.requests=1", "--set", "workload.gen_len=4"], check=True, capture_output=True, timeout=300)
+    assert json.loads((out / "summary.json").read_text())["status"] == "ok"
+    (out / "summary.json").write_text(json.dumps({"status": "ok"}))  # a finished one is still refused
+    p = subprocess.run([fd_bin("fd-bench"), "run", str(config(tmp_path)), "--out", str(out), "--quiet"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "already holds a finished run" in p.stderr
