@@ -72,6 +72,9 @@ int transport_echo_main(int argc, char** argv) {
   app.add_option("--max-message-mb", max_message_mb, "largest accepted request (as fd-rworker)")
       ->check(CLI::Range(1.0, 65536.0))
       ->capture_default_str();
+  long parent_pid = 0;  // accepted as fd-rworker takes it (fd::SpawnedRWorker passes it); this server ends with its parent anyway
+  app.add_option("--parent-pid", parent_pid, "as fd-rworker: exit when this process is no longer the parent (always done here)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--fail-after", fail_after,
                  "testing: answer N ATTENDs, then exit with status 3 on the next one (a dying R-worker)")
       ->check(CLI::NonNegativeNumber);

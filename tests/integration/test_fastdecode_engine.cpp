@@ -21,6 +21,7 @@ namespace {
 
 using fd::test::Tokens;
 
+using fd::test::first_divergence;
 using fd::test::run_tokens;
 
 std::vector<Request> requests(const ModelConfig& c) {
@@ -44,17 +45,6 @@ FastDecodeConfig fastdecode_config(int64_t mini_batches) {
   ec.rworkers.timeout_ms = 60000;
   ec.rworkers.binary = std::string(FD_BIN_DIR) + "/fd-rworker";
   return ec;
-}
-
-// First (request, index) where two runs differ, for the failure message.
-std::string first_divergence(const std::map<uint64_t, std::vector<int32_t>>& a, const std::map<uint64_t, std::vector<int32_t>>& b) {
-  for (const auto& [id, toks] : a) {
-    const auto& o = b.at(id);
-    for (size_t i = 0; i < std::min(toks.size(), o.size()); ++i)
-      if (toks[i] != o[i]) return "request " + std::to_string(id) + " token " + std::to_string(i);
-    if (toks.size() != o.size()) return "request " + std::to_string(id) + " length";
-  }
-  return "none";
 }
 
 class FastDecodeVsReference : public ::testing::TestWithParam<const char*> {};

@@ -14,6 +14,7 @@
 #include "tests/unit/token_compare.h"
 
 using namespace fd;
+using fd::test::first_divergence;
 using fd::test::repo_path;
 
 namespace {
@@ -58,16 +59,6 @@ fd::test::EngineRun run(const ModelConfig& c, const FastDecodeConfig& ec) {
   const auto r = fd::test::run_engine(*e, requests(c));
   EXPECT_TRUE(r.errors.empty()) << r.describe_errors();
   return r;
-}
-
-std::string first_divergence(const fd::test::Tokens& a, const fd::test::Tokens& b) {
-  for (const auto& [id, toks] : a) {
-    const auto& o = b.at(id);
-    for (size_t i = 0; i < std::min(toks.size(), o.size()); ++i)
-      if (toks[i] != o[i]) return "request " + std::to_string(id) + " token " + std::to_string(i);
-    if (toks.size() != o.size()) return "request " + std::to_string(id) + " length";
-  }
-  return "none";
 }
 
 bool same_rows(const fd::test::EngineRun& a, const fd::test::EngineRun& b) {

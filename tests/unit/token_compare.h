@@ -34,6 +34,19 @@ namespace fd::test {
 
 using Tokens = std::map<uint64_t, std::vector<int32_t>>;
 
+// The first (request, index) where two runs' tokens differ, for failure messages ("none" when they agree).
+inline std::string first_divergence(const Tokens& a, const Tokens& b) {
+  for (const auto& [id, toks] : a) {
+    const auto it = b.find(id);
+    if (it == b.end()) return "request " + std::to_string(id) + " missing";
+    const auto& o = it->second;
+    for (size_t i = 0; i < std::min(toks.size(), o.size()); ++i)
+      if (toks[i] != o[i]) return "request " + std::to_string(id) + " token " + std::to_string(i);
+    if (toks.size() != o.size()) return "request " + std::to_string(id) + " length";
+  }
+  return "none";
+}
+
 struct EngineRun {
   Tokens tokens;
   std::vector<std::string> errors;  // contract breaches, see above
