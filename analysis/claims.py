@@ -209,7 +209,7 @@ def claims(a):
     except (OSError, KeyError, ValueError):
         notes.append("§4 quantisation: %s not readable" % a.rworker)
     add("Fig. 14: doubling S- and R-workers (model parallel, OPT-175b) gives 1.84×", "1.84×", "—", "—", "—",
-        "cannot be tested here: tensor/pipeline parallelism is issue 14, the two-GPU machine issue 15", None)
+        "cannot be tested here: engine.parallel runs on the cpu backend only so far (its CUDA ranks are the rest of issue 14), and the two-GPU machine is issue 15", None)
     return rows, notes
 
 

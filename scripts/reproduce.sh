@@ -134,7 +134,7 @@ if has fig13; then
   [ $mode = full ] && sweep fig13-scaling-s128
 fi
 if has fig14; then
-  step "fig14: waits for tensor/pipeline parallelism (issue 14); experiments/paper/fig14-parallel.md says what it will run; nothing runs"
+  step "fig14: waits for the CUDA ranks of engine.parallel (issue 14) and two GPUs (issue 15); experiments/paper/fig14-parallel.md says what it will run; nothing runs"
 fi
 has fig15 && sweep fig15-breakdown
 if has balance; then
