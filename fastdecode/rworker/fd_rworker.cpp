@@ -2,7 +2,6 @@
 // decode attention over them (docs/RWORKER.md).
 #include <unistd.h>
 
-#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <sstream>
@@ -74,32 +73,9 @@ int main(int argc, char** argv) {
     fd::pin_openmp_threads(opt.cpus, threads);
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
-    // A spawned worker dies with its parent: when the parent is gone (even by SIGKILL) the worker is re-parented,
-    // getppid() changes, and the watcher stops the server within ~100 ms. Checked once before serving too.
-    std::thread parent_watch;
-    std::atomic<bool> watching{parent_pid > 0};
-    if (parent_pid > 0) {
-      if (long(getppid()) != parent_pid)
-        throw fd::Error("--parent-pid " + std::to_string(parent_pid) + ": not this process's parent (it has exited)");
-      parent_watch = std::thread([&] {
-        while (watching.load() && !g_stop.load()) {
-          if (long(getppid()) != parent_pid) {
-            std::fprintf(stderr, "fd-rworker %s: parent %ld is gone; exiting\n", name.c_str(), parent_pid);
-            g_stop = true;
-            break;
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        }
-      });
-    }
-    struct Join {
-      std::thread& t;
-      std::atomic<bool>& w;
-      ~Join() {
-        w = false;
-        if (t.joinable()) t.join();
-      }
-    } join{parent_watch, watching};
+    if (parent_pid > 0 && long(getppid()) != parent_pid)
+      throw fd::Error("--parent-pid " + std::to_string(parent_pid) + ": not this process's parent (it has exited)");
+    opt.parent_pid = parent_pid;  // the server stops once the parent is gone (even by SIGKILL)
     fd::RWorkerService service(cfg);
     fd::run_rworker_server(service, opt, &g_stop, [&](const std::string& ep) {
       std::fprintf(stderr, "fd-rworker %s: listening on %s (kv %s, %d threads, %s, %.2f GB)\n", name.c_str(),
@@ -109,6 +85,8 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     });
+    if (parent_pid > 0 && long(getppid()) != parent_pid)
+      std::fprintf(stderr, "fd-rworker %s: parent %ld is gone; exiting\n", name.c_str(), parent_pid);
     const fd::json s = service.stats();
     std::fprintf(stderr, "fd-rworker %s: stopped after %llu requests (%llu errors)\n", name.c_str(),
                  (unsigned long long)s["requests"].get<uint64_t>(), (unsigned long long)s["errors"].get<uint64_t>());

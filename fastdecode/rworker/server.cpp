@@ -81,7 +81,10 @@ void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt
   loop.io_threads = opt.io_threads;
   loop.max_message_bytes = service.config().limits.max_message_bytes;
   loop.on_bound = on_bound;
-  loop.done = [&] { return service.shutdown_requested() || (stop && stop->load()); };
+  // Polled every 100 ms: a worker whose parent is gone (re-parented, so getppid() changed) stops by itself.
+  loop.done = [&] {
+    return service.shutdown_requested() || (stop && stop->load()) || (opt.parent_pid > 0 && long(getppid()) != opt.parent_pid);
+  };
   loop.handle = [&](const proto::Frame* frames, size_t n) {
     std::vector<zmq::message_t> reply = service.handle(frames, n);
     if (opt.verbose || reply.size() > 1) {

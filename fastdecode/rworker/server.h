@@ -15,6 +15,7 @@ struct RWorkerServerOptions {
   std::vector<int> cpus;  // pin the compute threads to these CPUs (round robin); empty = no pinning
   int io_threads = 2;
   bool verbose = false;
+  long parent_pid = 0;  // > 0: stop serving once this process is no longer our parent (it died: no orphans)
 };
 
 // The ROUTER loop every R-worker process runs (fd-rworker; the benchmark's echo R-worker): bind, then

@@ -98,7 +98,6 @@ class SPart {
   struct Residual {
     float* data = nullptr;
     size_t bytes = 0;
-    bool on_host = true;
   };
   virtual void prepare(int slot, const int64_t* pos, int64_t T);
   virtual Residual residual(int slot);

@@ -133,7 +133,7 @@ class CpuSPart : public SPart {
 
   Residual residual(int slot) override {
     Slot& s = at(slot);
-    return {s.x.data(), s.x.size() * 4, true};
+    return {s.x.data(), s.x.size() * 4};
   }
 
   void embed(int slot, const int32_t* tokens, const int64_t* pos, int64_t T) override {
