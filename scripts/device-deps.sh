@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
       libzmq5 libzmq3-dev cppzmq-dev libsodium23 libpgm-5.3-0 libnorm1
-      libopenblas0-pthread libopenblas-pthread-dev libgfortran5)
+      libopenblas0-pthread libopenblas-pthread-dev libgfortran5
+      libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200)
 mkdir -p .deps/debs
 (cd .deps/debs && apt-get download "${PKGS[@]}" >/dev/null)
 for deb in .deps/debs/*.deb; do dpkg -x "$deb" .deps/root; done

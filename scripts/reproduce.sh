@@ -134,7 +134,13 @@ if has fig13; then
   [ $mode = full ] && sweep fig13-scaling-s128
 fi
 if has fig14; then
-  step "fig14: waits for the CUDA ranks of engine.parallel (issue 14) and two GPUs (issue 15); experiments/paper/fig14-parallel.md says what it will run; nothing runs"
+  # One GPU per rank: the T = 2 point is refused on one GPU, so the sweep runs only where two answer (issue 15).
+  gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
+  if [ "${gpus:-0}" -ge 2 ]; then
+    sweep fig14-parallel
+  else
+    step "fig14: needs 2 GPUs (${gpus:-0} answer); experiments/paper/fig14-parallel.sweep.json is the spec (scripts/parallel-bench.sh on the two-GPU machine); nothing runs"
+  fi
 fi
 has fig15 && sweep fig15-breakdown
 if has balance; then

@@ -1,5 +1,4 @@
-// The parts of comm.h every backend shares: element types, the busy timer, argument checks, and the NCCL
-// stubs (NCCL is issue 14 step 8; until then this build refuses it plainly).
+// The parts of comm.h every backend shares: element types, the busy timer, argument checks.
 #include "fastdecode/parallel/comm.h"
 
 #include "fastdecode/core/clock.h"
@@ -34,7 +33,7 @@ void Communicator::require_host(void* stream, const char* op) const {
   if (stream != nullptr)
     FD_THROW(describe() << " rank " << rank() << ": " << op
                         << " was given a CUDA stream, but this communicator moves host buffers only "
-                           "(device buffers need the NCCL backend, issue 14 step 8)");
+                           "(device buffers need the nccl backend)");
 }
 
 void Communicator::check_peer(int peer, const char* op) const {
@@ -49,13 +48,5 @@ void check_group_args(const char* backend, int size, int timeout_ms) {
   if (timeout_ms < 1) FD_THROW_BAD_INPUT(backend << " communicator: timeout_ms " << timeout_ms << " must be >= 1");
 }
 }  // namespace detail
-
-// --- NCCL: not in this build (issue 14 step 8). These are refusals, not an implementation. ---
-CommGroup make_nccl_group(const std::vector<int>& devices) {
-  FD_THROW_BAD_INPUT("this build has no NCCL backend yet (issue 14 step 8); " << devices.size()
-                     << " device(s) were asked for");
-}
-bool have_nccl() { return false; }
-std::string nccl_version() { return ""; }
 
 }  // namespace fd

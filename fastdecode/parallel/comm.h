@@ -7,10 +7,14 @@
 //          CMake finds Gloo (FD_ENABLE_GLOO, libgloo-dev); otherwise make_gloo_group refuses.
 //   local  send/recv only, through a bounded in-process mailbox (copy in, copy out): pipeline stages on one
 //          device or without a network library. Its collectives refuse.
-//   nccl   NOT BUILT YET (issue 14 step 8): make_nccl_group refuses and have_nccl() is false.
-// Every call has a deadline (the group's timeout_ms): past it the call throws fd::Error naming the rank, the
-// peer and the operation. After any error the handle is broken: later calls throw again at once.
-// This step moves host buffers only: the `stream` parameters must be nullptr (device buffers come with NCCL).
+//   nccl   all_reduce_sum, all_gather, send/recv of DEVICE buffers, ordered on the caller's CUDA stream (the
+//          `stream` parameter, a cudaStream_t as void*): one GPU per rank, ranks as threads of one process
+//          (ncclCommInitAll). Built when CMake finds CUDA and NCCL (FD_ENABLE_NCCL); otherwise it refuses.
+// gloo and local calls have a deadline (the group's timeout_ms): past it the call throws fd::Error naming the
+// rank, the peer and the operation. After any error the handle is broken: later calls throw again at once.
+// nccl calls are enqueued on the stream and return; they have no deadline of their own (a lost peer shows as
+// the step's R-worker or stream wait never ending — the engine's other deadlines bound the run).
+// gloo and local move host buffers only: their `stream` parameters must be nullptr (device_buffers() false).
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -32,7 +36,9 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string describe() const = 0;  // "gloo 0.5.0 tcp 127.0.0.1" | "local mailbox 8"
+  virtual std::string describe() const = 0;  // "gloo 0.5.0 tcp 127.0.0.1" | "local mailbox 8" | "nccl 2.28.3"
+  // True when the buffers are device memory ordered on `stream` (nccl); false: host memory, stream nullptr.
+  virtual bool device_buffers() const { return false; }
 
   // In place: buf[i] = sum over ranks of buf[i]. Every rank receives the same bytes (ring reduce-scatter, then
   // all-gather of the reduced segments), so replicas of the residual stay bit-identical. F32 and I32 only.
@@ -87,8 +93,10 @@ CommGroup make_gloo_group(int size, int timeout_ms);
 // The in-process mailbox: at most `capacity` undelivered messages per (sender, receiver); a send into a full
 // mailbox waits (up to timeout_ms) for the receiver.
 CommGroup make_local_group(int size, int timeout_ms, int capacity = 8);
-// NCCL is issue 14 step 8 and NOT in this build: always throws fd::ConfigError("this build has no NCCL
-// backend yet (issue 14 step 8)").
+// NCCL over the given CUDA devices, rank i on devices[i] (ncclCommInitAll from the calling thread). A device
+// twice is refused (NCCL allows one rank per device in a communicator), as is a device that does not answer.
+// Throws fd::ConfigError when this build has no NCCL (have_nccl() false). The first call sets
+// NCCL_NVLS_ENABLE=0 when unset (NVLink multicast stays off: .library/device/KINDS.md).
 CommGroup make_nccl_group(const std::vector<int>& devices);
 
 namespace detail {
@@ -98,7 +106,7 @@ void check_group_args(const char* backend, int size, int timeout_ms);
 
 bool have_gloo();            // this build has the Gloo backend
 std::string gloo_version();  // "0.5.0", or "" without Gloo
-bool have_nccl();            // always false in this build (issue 14 step 8)
-std::string nccl_version();  // always "" in this build
+bool have_nccl();            // this build has the NCCL backend
+std::string nccl_version();  // "2.28.3" (the library's, at run time), or "" without NCCL
 
 }  // namespace fd

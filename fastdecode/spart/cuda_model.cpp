@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "fastdecode/core/dtype.h"
+#include "fastdecode/parallel/comm.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cast.h"
@@ -44,9 +45,14 @@ DeviceBuffer<float> upload_f32(std::initializer_list<const std::vector<float>*> 
 
 }  // namespace
 
-CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_target, DType act)
-    : cfg_(w.cfg), stream_(stream), act_(act) {
+CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_target, DType act, Communicator* tp)
+    : cfg_(w.cfg), shard_(w.shard), tp_(tp && tp->size() > 1 ? tp : nullptr), stream_(stream), act_(act) {
   const ModelConfig& c = cfg_;
+  const int64_t T = tp_ ? tp_->size() : 1;
+  FD_CHECK(shard_.tp_size == T, "CUDA S-Part: weights of tensor part " << shard_.tp_rank << " of " << shard_.tp_size
+                                                                       << " with a tensor group of " << T);
+  FD_CHECK(!tp_ || shard_.tp_rank == tp_->rank(),
+           "CUDA S-Part: weights of tensor rank " << shard_.tp_rank << " on group rank " << tp_->rank());
   cuda::check_act_dtype(act, "CUDA S-Part");
   if (c.arch == Arch::OPT && !c.do_layer_norm_before)
     throw ConfigError(c.name + ": do_layer_norm_before: post-LayerNorm OPT is not implemented in the cuda backend "
@@ -103,6 +109,47 @@ CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_ta
 CudaModel::~CudaModel() {
   if (blas_) cublasDestroy(blas_);
   if (staging_) cudaFreeHost(staging_);
+  if (tp_stage_) cudaFreeHost(tp_stage_);
+}
+
+float* CudaModel::host_stage(size_t floats) const {
+  const size_t bytes = std::max<size_t>(floats * 4, 1 << 16);
+  if (tp_stage_bytes_ < bytes) {
+    if (tp_stage_) cudaFreeHost(tp_stage_);
+    tp_stage_ = nullptr;
+    tp_stage_bytes_ = 0;
+    CUDA_CHECK(cudaMallocHost(&tp_stage_, bytes));
+    tp_stage_bytes_ = bytes;
+  }
+  return static_cast<float*>(tp_stage_);
+}
+
+void CudaModel::all_reduce(float* buf, int64_t n) const {
+  if (tp_->device_buffers()) {
+    tp_->all_reduce_sum(buf, size_t(n), CommType::F32, stream_);
+    return;
+  }
+  float* h = host_stage(size_t(n));
+  CUDA_CHECK(cudaMemcpyAsync(h, buf, size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  tp_->all_reduce_sum(h, size_t(n), CommType::F32);
+  CUDA_CHECK(cudaMemcpyAsync(buf, h, size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));  // h is reused by the next call
+}
+
+void CudaModel::all_gather(const float* in, float* out, int64_t n) const {
+  if (tp_->device_buffers()) {
+    tp_->all_gather(in, out, size_t(n), CommType::F32, stream_);
+    return;
+  }
+  const int64_t T = tp_->size();
+  float* h = host_stage(size_t(n * (T + 1)));  // [T][n] gathered, then this rank's n
+  float* mine = h + T * n;
+  CUDA_CHECK(cudaMemcpyAsync(mine, in, size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  tp_->all_gather(mine, h, size_t(n), CommType::F32);
+  CUDA_CHECK(cudaMemcpyAsync(out, h, size_t(n * T) * 4, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaModel::upload(void* dst, const void* src, size_t bytes) const {
@@ -215,8 +262,17 @@ void CudaModel::ensure(DevActs& a, int64_t T, int64_t capacity) const {
 }
 
 void CudaModel::embed(DevActs& a) const {
-  cuda::embed(a.tokens.get(), a.pos.get(), embed_.get(), pos_embed_.size() ? pos_embed_.get() : nullptr, act_, 2, a.T,
-              cfg_.hidden_size, a.x.get(), stream_);
+  if (!tp_) {
+    cuda::embed(a.tokens.get(), a.pos.get(), embed_.get(), pos_embed_.size() ? pos_embed_.get() : nullptr, act_, 2, a.T,
+                cfg_.hidden_size, a.x.get(), stream_);
+    return;
+  }
+  // This rank's vocabulary rows (0 for other tokens), OPT's learned positions on rank 0 only: the sum over
+  // the ranks is the embedding, exactly (one non-zero term besides the position).
+  const bool pos = pos_embed_.size() > 1 && tp_->rank() == 0;
+  cuda::embed(a.tokens.get(), a.pos.get(), embed_.get(), pos ? pos_embed_.get() : nullptr, act_, 2, a.T,
+              cfg_.hidden_size, a.x.get(), stream_, shard_.vocab_begin, shard_.vocab_end);
+  all_reduce(a.x.get(), a.T * cfg_.hidden_size);
 }
 
 void CudaModel::norm(float* x, const float* add_bias, const float* w, const float* b, int64_t T, void* out) const {
@@ -269,9 +325,16 @@ void CudaModel::attention_output_and_mlp(DevActs& a, int layer) const {
   const ModelConfig& c = cfg_;
   const Layer& L = layers_[size_t(layer)];
   const int64_t T = a.T, H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim();
-  gemm(a.a16.get(), T, qd, L.wo.get(), H, a.x.get(), true, 1.0f);  // x += o-proj
+  // Tensor parallel: rank 0 adds its share and the bias to x, the others write their share alone; the sum
+  // over the ranks is then x + o-proj + bias (the bias lives on rank 0 only: shard.cpp).
+  const float beta = tp_ && tp_->rank() != 0 ? 0.0f : 1.0f;
+  gemm(a.a16.get(), T, qd, L.wo.get(), H, a.x.get(), true, beta);  // x += o-proj
+  if (tp_) {
+    if (L.has_o_bias) cuda::add_bias_rows(a.x.get(), L.bo.get(), T, H, stream_);
+    all_reduce(a.x.get(), T * H);
+  }
   // (+ the o-proj bias, stored back into x), then the MLP's norm, in one pass.
-  norm(a.x.get(), L.has_o_bias ? L.bo.get() : nullptr, L.mlp_norm_w.get(), L.mlp_norm_b.get(), T, a.h16.get());
+  norm(a.x.get(), L.has_o_bias && !tp_ ? L.bo.get() : nullptr, L.mlp_norm_w.get(), L.mlp_norm_b.get(), T, a.h16.get());
   if (c.arch == Arch::Llama) {
     gemm(a.h16.get(), T, H, L.wgu.get(), 2 * I, a.gu16.get());
     cuda::silu_mul(a.gu16.get(), act_, T, I, a.i16.get(), stream_);
@@ -279,8 +342,9 @@ void CudaModel::attention_output_and_mlp(DevActs& a, int layer) const {
     gemm(a.h16.get(), T, H, L.wgu.get(), I, a.gu16.get());
     cuda::relu_bias(a.gu16.get(), act_, L.b_up.get(), T, I, a.i16.get(), stream_);
   }
-  gemm(a.i16.get(), T, I, L.wdown.get(), H, a.x.get(), true, 1.0f);  // x += down-proj
+  gemm(a.i16.get(), T, I, L.wdown.get(), H, a.x.get(), true, beta);  // x += down-proj
   if (L.has_down_bias) cuda::add_bias_rows(a.x.get(), L.b_down.get(), T, H, stream_);
+  if (tp_) all_reduce(a.x.get(), T * H);
 }
 
 void CudaModel::layer_gemms_only(DevActs& a, int layer) const {
@@ -298,8 +362,28 @@ void CudaModel::logits(DevActs& a, int64_t n) const {
   a.logits.resize(size_t(std::max<int64_t>(n, 1) * c.vocab_size));
   cuda::gather_rows(a.x.get(), a.rows.get(), n, c.hidden_size, a.sel.get(), stream_);
   norm(a.sel.get(), nullptr, final_norm_w_.get(), final_norm_b_.size() ? final_norm_b_.get() : nullptr, n, a.h16.get());
-  gemm(a.h16.get(), n, c.hidden_size, lm_head_.size() ? lm_head_.get() : embed_.get(), c.vocab_size, a.logits.get(),
-       true);
+  const void* head = lm_head_.size() ? lm_head_.get() : embed_.get();
+  if (!tp_) {
+    gemm(a.h16.get(), n, c.hidden_size, head, c.vocab_size, a.logits.get(), true);
+    return;
+  }
+  // This rank's slice [v0, v1) of the vocabulary, padded to Vp columns, gathered rank-major [T][n][Vp], then
+  // laid out as [n, V] (the last slice may be shorter) for the sampler.
+  const int64_t V = c.vocab_size, vr = shard_.vocab_end - shard_.vocab_begin, T = tp_->size();
+  const int64_t Vp = shard_.vocab_padded > 0 ? shard_.vocab_padded : vr, m = std::max<int64_t>(n, 1);
+  a.lshard.resize(size_t(m * std::max<int64_t>(vr, 1))), a.lpad.resize(size_t(m * Vp)), a.lall.resize(size_t(T * m * Vp));
+  if (vr > 0) gemm(a.h16.get(), n, c.hidden_size, head, vr, a.lshard.get(), true);
+  CUDA_CHECK(cudaMemsetAsync(a.lpad.get(), 0, size_t(n * Vp) * 4, stream_));
+  if (vr > 0 && n > 0)
+    CUDA_CHECK(cudaMemcpy2DAsync(a.lpad.get(), size_t(Vp) * 4, a.lshard.get(), size_t(vr) * 4, size_t(vr) * 4, size_t(n),
+                                 cudaMemcpyDeviceToDevice, stream_));
+  all_gather(a.lpad.get(), a.lall.get(), n * Vp);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t cols = std::min(Vp, V - t * Vp);
+    if (cols > 0 && n > 0)
+      CUDA_CHECK(cudaMemcpy2DAsync(a.logits.get() + t * Vp, size_t(V) * 4, a.lall.get() + t * n * Vp, size_t(Vp) * 4,
+                                   size_t(cols) * 4, size_t(n), cudaMemcpyDeviceToDevice, stream_));
+  }
 }
 
 void CudaModel::prefill_forward(DevActs& a, int64_t n_seq, int64_t max_len,

@@ -6,6 +6,11 @@
 // so no kernel reads and writes the residual just to add; the elementwise work after a GEMM is one
 // kernel (bias + RoPE + split; norm; activation).
 // Everything runs on one stream; nothing is allocated per step once a batch size has been seen.
+// Tensor parallelism (a Communicator tp of size T > 1, weights = one rank's shard): the embedding is masked to
+// the rank's vocabulary and all-reduced; rank 0 adds each residual branch (o, down) and its bias into x while
+// the others write only their share, then x is all-reduced (every rank holds the same x); the LM head's
+// vocabulary slices are all-gathered into the full logits. Device buffers go to the communicator on the
+// stream when it takes them (nccl); otherwise through a pinned host copy (gloo), synchronising the stream.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -25,6 +30,8 @@
 
 
 namespace fd {
+
+class Communicator;  // fastdecode/parallel/comm.h
 
 // A device buffer of T, grown (never shrunk) by resize; freed on destruction.
 template <typename T>
@@ -66,6 +73,7 @@ struct DevActs {
   int64_t capacity = 0;     // rows the buffers hold (ensure grows it)
   uint64_t generation = 0;  // bumped whenever ensure reallocates (graphs captured on older buffers are stale)
   DeviceBuffer<float> x, q, k, v, att, sel, logits;
+  DeviceBuffer<float> lshard, lpad, lall;  // tensor parallel: this rank's logits slice, padded, gathered
   DeviceBuffer<uint16_t> h16, a16, i16, qkv16, gu16;
   DeviceBuffer<__half> q16, k16, v16;
   DeviceBuffer<int32_t> tokens, rows, starts, out_tokens;
@@ -104,7 +112,9 @@ class CudaModel {
  public:
   // Uploads the weights (as `act`: fp16 or bf16) to the current device; all work goes to `stream`.
   // sm_count_target > 0: the stream runs on that many SMs (a green context); cuBLAS sizes its grids for them.
-  CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_target = 0, DType act = DType::F16);
+  // tp: the tensor group (null or size 1: none); w must then be rank tp->rank()'s shard.
+  CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_target = 0, DType act = DType::F16,
+            Communicator* tp = nullptr);
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
@@ -162,8 +172,16 @@ class CudaModel {
   };
   // out (act type) = norm(x), after x += add_bias when given.
   void norm(float* x, const float* add_bias, const float* w, const float* b, int64_t T, void* out) const;
+  // Tensor parallel: buf (device, n floats) = its sum over the group's ranks / out = [rank 0's in | ...].
+  void all_reduce(float* buf, int64_t n) const;
+  void all_gather(const float* in, float* out, int64_t n) const;
+  float* host_stage(size_t floats) const;  // pinned, for communicators that take host buffers
 
   ModelConfig cfg_;
+  WeightShard shard_;
+  Communicator* tp_ = nullptr;  // size > 1 only
+  mutable void* tp_stage_ = nullptr;  // pinned
+  mutable size_t tp_stage_bytes_ = 0;
   cudaStream_t stream_;
   cublasHandle_t blas_ = nullptr;
   DeviceBuffer<uint8_t> blas_workspace_;

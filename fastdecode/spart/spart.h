@@ -54,6 +54,8 @@ struct HostRows {
   int64_t rows = 0;
 };
 
+class Communicator;  // fastdecode/parallel/comm.h
+
 class SPart {
  public:
   virtual ~SPart() = default;
@@ -92,18 +94,20 @@ class SPart {
 
   // Pipeline parallelism: a later stage's slot takes its residual stream from the stage before instead of
   // embedding tokens. prepare() sizes slot `slot` for T tokens at positions pos without embedding (x is
-  // then written through residual()); residual() is the slot's x [T, hidden] in fp32 where the backend keeps
-  // it, for sending to the next stage or receiving into. The default (a backend without pipeline support)
-  // throws fd::Error.
+  // then written by recv_residual()). send_residual() hands the slot's x [T, hidden] (fp32, bytes unchanged)
+  // to rank `peer` of `c`; recv_residual() receives it into the prepared slot. The defaults move residual()'s
+  // host memory; a backend that keeps x elsewhere overrides them (CUDA: device buffers with a communicator
+  // that takes them, else a pinned host copy). residual() is the slot's x where the backend keeps it in host
+  // memory. The defaults of prepare() and residual() (a backend without pipeline support) throw fd::Error.
   struct Residual {
     float* data = nullptr;
     size_t bytes = 0;
   };
   virtual void prepare(int slot, const int64_t* pos, int64_t T);
   virtual Residual residual(int slot);
+  virtual void send_residual(int slot, Communicator& c, int peer);
+  virtual void recv_residual(int slot, Communicator& c, int peer);
 };
-
-class Communicator;  // fastdecode/parallel/comm.h
 
 // The S-Part's peers in a parallel engine. tp: the tensor-parallel group of this rank (null or size 1: none).
 struct SPartComms {
@@ -122,9 +126,15 @@ struct CudaSPartOptions {
   int sm_count = 0;         // > 0: run on that many SMs (a CUDA green context: hardware-balance emulation)
   DType act = DType::F16;   // 16-bit weights and activations: fp16 or bf16
   bool cuda_graphs = false; // decode stages of at most 128 rows replayed from CUDA graphs (batch padded)
+  int device = 0;           // the CUDA device (every call sets it current on the calling thread)
+  SPartComms comms;         // tp of size T > 1: `weights` is tensor rank tp->rank()'s shard, as for the cpu S-Part
 };
-// 16-bit weights on the first CUDA device, cuBLAS GEMMs with fp32 accumulation, activations resident in
-// device memory. Throws fd::Error when no device answers or the build has no CUDA.
+// 16-bit weights on a CUDA device, cuBLAS GEMMs with fp32 accumulation, activations resident in device
+// memory. Throws fd::Error when no device answers or the build has no CUDA. Under tensor parallelism the
+// collectives are those of make_cpu_spart (masked embedding, each residual branch all-reduced with its bias
+// added on rank 0 before the sum, logits all-gathered), on device buffers in the S-Part's stream when the
+// communicator takes them (nccl), else through pinned host copies (gloo: ranks may then share one GPU —
+// correct, but no measure of T GPUs' speed). CUDA graphs are off under T > 1.
 std::unique_ptr<SPart> make_cuda_spart(ModelWeights weights, const CudaSPartOptions& options = {});
 
 }  // namespace fd

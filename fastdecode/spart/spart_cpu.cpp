@@ -33,10 +33,18 @@ void SPart::sample(int slot, const std::vector<int32_t>& rows, const std::vector
 }
 
 void SPart::prepare(int, const int64_t*, int64_t) {
-  FD_THROW("S-Part " << describe() << ": no pipeline-parallel stages on this backend yet (issue 14 step 7)");
+  FD_THROW("S-Part " << describe() << ": has no pipeline-parallel stages");
 }
 SPart::Residual SPart::residual(int) {
-  FD_THROW("S-Part " << describe() << ": no pipeline-parallel stages on this backend yet (issue 14 step 7)");
+  FD_THROW("S-Part " << describe() << ": has no pipeline-parallel stages");
+}
+void SPart::send_residual(int slot, Communicator& c, int peer) {
+  const Residual x = residual(slot);
+  c.send(x.data, x.bytes, peer);
+}
+void SPart::recv_residual(int slot, Communicator& c, int peer) {
+  const Residual x = residual(slot);
+  c.recv(x.data, x.bytes, peer);
 }
 
 #ifdef FD_HAVE_OPENBLAS

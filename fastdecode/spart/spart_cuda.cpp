@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "fastdecode/parallel/comm.h"
 #include "fastdecode/spart/cuda_model.h"
 #include "fastdecode/spart/spart.h"
 #include "kernels/cuda/attention.h"
@@ -22,36 +23,47 @@ namespace {
 
 class CudaSPart : public SPart {
  public:
-  CudaSPart(ModelWeights w, const CudaSPartOptions& o) : cfg_(w.cfg), graphs_on_(o.cuda_graphs) {
+  CudaSPart(ModelWeights w, const CudaSPartOptions& o)
+      : cfg_(w.cfg), device_(o.device), tp_(o.comms.tp && o.comms.tp->size() > 1 ? o.comms.tp : nullptr),
+        graphs_on_(o.cuda_graphs && !tp_) {  // collectives inside captured stages: not under T > 1
     const auto devs = cuda_devices();
     if (devs.empty()) FD_THROW("CUDA S-Part: no CUDA device answers");
-    CUDA_CHECK(cudaSetDevice(0));
-    device_name_ = devs[0].name;
-    streams_ = std::make_unique<cuda::SmLimitedStreams>(o.sm_count, 1);
+    if (device_ < 0 || size_t(device_) >= devs.size())
+      FD_THROW_BAD_INPUT("CUDA S-Part: device " << device_ << " does not answer (" << devs.size() << " CUDA device(s))");
+    CUDA_CHECK(cudaSetDevice(device_));
+    device_name_ = devs[size_t(device_)].name;
+    streams_ = std::make_unique<cuda::SmLimitedStreams>(o.sm_count, 1, device_);
     stream_ = streams_->stream(0);
-    model_ = std::make_unique<CudaModel>(w, stream_, streams_->limited() ? streams_->sm_count() : 0, o.act);
+    model_ = std::make_unique<CudaModel>(w, stream_, streams_->limited() ? streams_->sm_count() : 0, o.act, tp_);
   }
   ~CudaSPart() override {
+    cudaSetDevice(device_);
     graphs_.clear();
     model_.reset();
     slots_.clear();
+    mirrors_.clear();
   }
 
   const ModelConfig& config() const override { return cfg_; }
   std::string describe() const override {
-    return "cuda (" + device_name_ + ", " + std::to_string(streams_->sm_count()) +
-           " SMs): " + std::string(dtype_name(model_->act_dtype())) +
+    std::string tp;
+    if (tp_) tp = ", tensor rank " + std::to_string(tp_->rank()) + " of " + std::to_string(tp_->size()) + " (" +
+                  tp_->describe() + (tp_->device_buffers() ? "" : ", through pinned host copies") + ")";
+    return "cuda (GPU " + std::to_string(device_) + ": " + device_name_ + ", " + std::to_string(streams_->sm_count()) +
+           " SMs" + tp + "): " + std::string(dtype_name(model_->act_dtype())) +
            " weights and GEMM inputs, fp32 accumulation (cuBLAS GemmEx), fused QKV and gate|up GEMMs, residual added "
            "in the GEMM, activations resident on the device" + std::string(graphs_on_ ? ", CUDA graphs" : "");
   }
 
   HostBuffer alloc_host(size_t bytes) override {
+    current();
     void* p = nullptr;
     CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(bytes, 1)));
     return HostBuffer(p, bytes, [](void* q) { cudaFreeHost(q); });
   }
 
   void embed(int slot, const int32_t* tokens, const int64_t* pos, int64_t T) override {
+    current();
     DevActs& a = at(slot);
     const uint64_t gen = a.generation;
     model_->ensure(a, T, graphed(T) ? GraphCache::bucket(T) : 0);  // padding rows for the graphs
@@ -62,6 +74,7 @@ class CudaSPart : public SPart {
   }
 
   void attention_input(int slot, int layer, DType dt, void* q, void* k, void* v) override {
+    current();
     DevActs& a = at(slot);
     const ModelConfig& c = cfg_;
     const size_t T = size_t(a.T), qd = size_t(c.q_dim()), kvd = size_t(c.kv_dim());
@@ -81,6 +94,7 @@ class CudaSPart : public SPart {
   }
 
   void set_attention(int slot, DType dt, const std::vector<HostRows>& parts) override {
+    current();
     DevActs& a = at(slot);
     const size_t qd = size_t(cfg_.q_dim()), es = dt == DType::F16 ? 2 : 4;
     const bool direct = dt == DType::F16 && model_->act_dtype() == DType::F16;
@@ -103,6 +117,7 @@ class CudaSPart : public SPart {
   }
 
   void prefill_attention(int slot, const std::vector<int64_t>& starts) override {
+    current();
     DevActs& a = at(slot);
     const ModelConfig& c = cfg_;
     std::vector<int32_t> s32(starts.begin(), starts.end());
@@ -124,11 +139,13 @@ class CudaSPart : public SPart {
   }
 
   void attention_output_and_mlp(int slot, int layer) override {
+    current();
     DevActs& a = at(slot);
     run(slot, a, 1, layer, 0, [&] { model_->attention_output_and_mlp(a, layer); });
   }
 
   void logits(int slot, const std::vector<int32_t>& rows, float* out) override {
+    current();
     DevActs& a = at(slot);
     upload(a.rows.get(), rows.data(), rows.size() * 4);
     model_->logits(a, int64_t(rows.size()));
@@ -137,10 +154,49 @@ class CudaSPart : public SPart {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
+  void prepare(int slot, const int64_t* pos, int64_t T) override {
+    current();
+    DevActs& a = at(slot);
+    const uint64_t gen = a.generation;
+    model_->ensure(a, T, graphed(T) ? GraphCache::bucket(T) : 0);
+    if (a.generation != gen) graphs_for(slot).clear();
+    upload(a.pos.get(), pos, size_t(T) * 8);
+  }
+
+  // The residual x [T, hidden] fp32 stays on the device: a communicator that takes device buffers gets it on
+  // the stream; any other gets a pinned host copy (one per slot: it must stay unchanged until flush_sends).
+  void send_residual(int slot, Communicator& c, int peer) override {
+    current();
+    DevActs& a = at(slot);
+    const size_t bytes = size_t(a.T * cfg_.hidden_size) * 4;
+    if (c.device_buffers()) {
+      c.send(a.x.get(), bytes, peer, stream_);
+      return;
+    }
+    HostBuffer& h = mirror(slot, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(h.data(), a.x.get(), bytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    c.send(h.data(), bytes, peer);
+  }
+  void recv_residual(int slot, Communicator& c, int peer) override {
+    current();
+    DevActs& a = at(slot);
+    const size_t bytes = size_t(a.T * cfg_.hidden_size) * 4;
+    if (c.device_buffers()) {
+      c.recv(a.x.get(), bytes, peer, stream_);
+      return;
+    }
+    HostBuffer& h = mirror(slot, bytes);
+    c.recv(h.data(), bytes, peer);
+    CUDA_CHECK(cudaMemcpyAsync(a.x.get(), h.data(), bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
   using SPart::sample;
   void sample(int slot, const std::vector<int32_t>& rows, const std::vector<SamplingParams>& params,
               const std::vector<uint64_t>& request_ids, const std::vector<uint64_t>& steps, int32_t* out,
               const std::vector<int32_t>& record, float* recorded) override {
+    current();
     DevActs& a = at(slot);
     upload(a.rows.get(), rows.data(), rows.size() * 4);
     model_->sample(a, int64_t(rows.size()), params, request_ids, steps, out, record, recorded);
@@ -153,6 +209,13 @@ class CudaSPart : public SPart {
     return *slots_[size_t(slot)];
   }
   void upload(void* dst, const void* src, size_t bytes) { model_->upload(dst, src, bytes); }
+  // Rank threads change from step to step: every call makes this S-Part's device current first.
+  void current() const { CUDA_CHECK(cudaSetDevice(device_)); }
+  HostBuffer& mirror(int slot, size_t bytes) {
+    HostBuffer& h = mirrors_[slot];
+    if (h.size() < bytes) h = alloc_host(bytes);
+    return h;
+  }
   bool graphed(int64_t T) const { return graphs_on_ && T <= GraphCache::kMaxRows; }
   GraphCache& graphs_for(int slot) {
     auto& g = graphs_[slot];
@@ -178,6 +241,8 @@ class CudaSPart : public SPart {
   }
 
   ModelConfig cfg_;
+  int device_ = 0;
+  Communicator* tp_ = nullptr;
   std::string device_name_;
   std::unique_ptr<cuda::SmLimitedStreams> streams_;
   cudaStream_t stream_ = nullptr;
@@ -185,6 +250,7 @@ class CudaSPart : public SPart {
   std::vector<std::unique_ptr<DevActs>> slots_;
   bool graphs_on_ = false;
   std::map<int, std::unique_ptr<GraphCache>> graphs_;  // per slot
+  std::map<int, HostBuffer> mirrors_;                  // per slot: pipeline hand-offs through host memory
 };
 
 }  // namespace

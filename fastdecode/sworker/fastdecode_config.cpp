@@ -29,10 +29,19 @@ FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
       }
     }
     pc.timeout_ms = p.get_int("timeout_ms", 100, 3600000, 60000);
+    pc.comm = p.get_enum("comm", {"auto", "gloo", "nccl"}, std::string("auto"));
+    const json& ds = p.get_raw("devices");
+    if (!ds.is_null()) {
+      if (c.backend == "cpu") p.fail("devices", "applies to the cuda backend (the GPU of each rank)");
+      if (!ds.is_array() || int64_t(ds.size()) != pc.ranks())
+        p.fail("devices", "expected a list of " + std::to_string(pc.ranks()) + " GPU indices, one per rank (rank p*T + t)");
+      for (const auto& d : ds) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 0) p.fail("devices", "every entry must be a GPU index >= 0");
+        pc.devices.push_back(d.get<int64_t>());
+      }
+    }
+    if (pc.comm == "nccl" && c.backend == "cpu") p.fail("comm", "nccl moves GPU buffers; the cpu backend uses gloo");
     p.finish();
-    if (pc.ranks() > 1 && c.backend != "cpu")
-      o.fail("parallel", "tensor/pipeline parallelism runs on the cpu backend so far (the CUDA S-Part's ranks are issue 14 "
-                         "steps 7-8); set engine.backend to cpu");
   } else {
     o.get_raw("parallel");
   }
@@ -73,7 +82,7 @@ json FastDecodeConfig::to_json() const {
   if (backend != "cpu") j["dtype"] = dtype, j["cuda_graphs"] = cuda_graphs;
   if (parallel.ranks() > 1)
     j["parallel"] = {{"tensor", parallel.tensor}, {"pipeline", parallel.pipeline}, {"layers", parallel.layers},
-                     {"timeout_ms", parallel.timeout_ms}};
+                     {"timeout_ms", parallel.timeout_ms}, {"comm", parallel.comm}, {"devices", parallel.devices}};
   const RWorkersConfig& r = rworkers;
   j["rworkers"] = r.endpoints.empty()
                       ? json{{"spawn", r.spawn}, {"threads", r.threads}, {"kv_dtype", r.kv_dtype}, {"memory_gb", r.memory_gb},

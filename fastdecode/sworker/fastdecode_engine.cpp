@@ -49,6 +49,64 @@ FastDecodeConfig resolve(FastDecodeConfig c, const HardwareBalance& hw) {
   return c;
 }
 
+// The GPU of each S-rank (rank g = p*T + t) on the cuda backend: engine.parallel.devices, else g; with T = 1
+// and fewer GPUs than stages every stage shares GPU 0 (pipeline stages need no collective). T > 1 with fewer
+// GPUs than ranks is refused unless the devices are listed (ranks then share GPUs: a correctness run).
+std::vector<int> rank_devices(const FastDecodeConfig& ec, int64_t T, int64_t P) {
+  const int64_t G = T * P;
+  std::vector<int> d(size_t(G), 0);
+  if (ec.backend != "cuda" || G == 1) return d;
+  const int64_t n = int64_t(cuda_devices().size());
+  if (!ec.parallel.devices.empty()) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t v = ec.parallel.devices[size_t(g)];
+      if (v >= n)
+        throw ConfigError("engine.parallel.devices: rank " + std::to_string(g) + " on GPU " + std::to_string(v) + ", but " +
+                          std::to_string(n) + " GPU(s) answer");
+      d[size_t(g)] = int(v);
+    }
+    return d;
+  }
+  if (n >= G) {
+    for (int64_t g = 0; g < G; ++g) d[size_t(g)] = int(g);
+    return d;
+  }
+  if (T == 1) return d;  // every stage on GPU 0 (noted in the engine's notes)
+  std::string zeros;
+  for (int64_t g = 0; g < G; ++g) zeros += g ? ", 0" : "0";
+  throw ConfigError("engine.parallel: tensor " + std::to_string(T) + " x pipeline " + std::to_string(P) + " on the cuda backend "
+                    "needs " + std::to_string(G) + " GPUs, one per rank, and " + std::to_string(n) + " answer(s). To run the "
+                    "ranks on fewer GPUs anyway (a correctness run: ranks sharing a GPU measure nothing about T GPUs), list "
+                    "engine.parallel.devices (e.g. [" + zeros + "]) with comm gloo");
+}
+
+// The tensor group's communicator: nccl for GPU ranks on distinct devices when built (auto), gloo otherwise.
+std::string tensor_comm(const FastDecodeConfig& ec, const std::vector<int>& devices) {
+  bool distinct = true;
+  for (size_t i = 0; i < devices.size(); ++i)
+    for (size_t j = 0; j < i; ++j) distinct = distinct && devices[i] != devices[j];
+  const std::string& want = ec.parallel.comm;
+  if (ec.backend != "cuda" || want == "gloo") {
+    if (!have_gloo())
+      throw ConfigError("engine.parallel.tensor > 1 with comm gloo needs the Gloo communicator, and this build has none "
+                        "(scripts/setup.sh installs libgloo-dev; docs/PARALLEL.md)");
+    return "gloo";
+  }
+  if (want == "nccl" || (distinct && have_nccl())) {
+    if (!have_nccl())
+      throw ConfigError("engine.parallel.comm nccl: this build has no NCCL communicator (CMake found no nccl.h / "
+                        "libnccl.so.2; set FD_NCCL_ROOT, docs/PARALLEL.md)");
+    if (!distinct)
+      throw ConfigError("engine.parallel.comm nccl: a tensor group's ranks share a GPU, and NCCL holds one rank per GPU "
+                        "(use comm gloo to run them on one GPU)");
+    return "nccl";
+  }
+  if (!have_gloo())
+    throw ConfigError("engine.parallel.tensor > 1 on the cuda backend needs NCCL (distinct GPUs) or Gloo, and this build "
+                      "has neither (docs/PARALLEL.md)");
+  return "gloo";
+}
+
 class FastDecodeEngine : public Engine {
  public:
   FastDecodeEngine(const FastDecodeConfig& config, const EngineContext& ctx)
@@ -99,16 +157,35 @@ class FastDecodeEngine : public Engine {
     if (G == 1) weights.push_back(load_model_weights(ctx.model, ctx.weights));
     else weights = load_model_shards(ctx.model, ctx.weights, T, stages);
     const int timeout = int(ec.parallel.timeout_ms);
+    const std::vector<int> devices = rank_devices(ec, T, P);
     if (T > 1)
-      for (int64_t p = 0; p < P; ++p) tp_.push_back(make_gloo_group(int(T), timeout));
+      for (int64_t p = 0; p < P; ++p) {
+        const std::vector<int> group(devices.begin() + p * T, devices.begin() + (p + 1) * T);
+        tp_.push_back(tensor_comm(ec, group) == "nccl" ? make_nccl_group(group) : make_gloo_group(int(T), timeout));
+      }
     if (P > 1)  // the stage hand-off: ranks are threads of this process, so an in-process mailbox
       for (int64_t t = 0; t < T; ++t) pp_.push_back(make_local_group(int(P), timeout));
+    devices_ = devices;
+    if (ec.backend == "cuda" && G > 1) {
+      bool shared = false;
+      for (int64_t g = 1; g < G; ++g) shared = shared || devices[size_t(g)] == devices[0];
+      if (shared)
+        notes_.push_back("engine.parallel: S-ranks share a GPU (devices " + json(devices).dump() + "): a correctness run; "
+                         "its times say nothing about one GPU per rank");
+      if (P > 1)
+        notes_.push_back("engine.parallel: pipeline hand-offs go through pinned host memory (an in-process mailbox), "
+                         "not GPU to GPU");
+      if (T > 1 && !tp_[0][0]->device_buffers())
+        notes_.push_back("engine.parallel: tensor collectives go through pinned host copies (" + tp_[0][0]->describe() + ")");
+    }
     for (int64_t g = 0; g < G; ++g) {
       const int64_t p = g / T, t = g % T;
+      const SPartComms comms{T > 1 ? tp_[size_t(p)][size_t(t)].get() : nullptr};
       std::unique_ptr<SPart> sp =
-          ec.backend == "cuda" ? make_cuda_spart(std::move(weights[size_t(g)]), {int(ctx.hardware.gpu_sm_count),
-                                                                                dtype_from_name(ec.dtype), ec.cuda_graphs})
-                               : make_cpu_spart(std::move(weights[size_t(g)]), {T > 1 ? tp_[size_t(p)][size_t(t)].get() : nullptr});
+          ec.backend == "cuda"
+              ? make_cuda_spart(std::move(weights[size_t(g)]), {int(ctx.hardware.gpu_sm_count), dtype_from_name(ec.dtype),
+                                                                ec.cuda_graphs, devices[size_t(g)], comms})
+              : make_cpu_spart(std::move(weights[size_t(g)]), comms);
       auto client = std::make_unique<RWorkerClient>(endpoints[size_t(g)], int(ec.rworkers.timeout_ms),
                                                     int(endpoints[size_t(g)].size()) + 1);
       SRankOptions o;
@@ -147,6 +224,7 @@ class FastDecodeEngine : public Engine {
         const SRankOptions& o = rk->options();
         const ModelConfig& c = rk->config();
         r.push_back({{"t", o.tp_rank}, {"p", o.pp_rank}, {"layers", {o.layer_begin, o.layer_begin + c.num_layers}},
+                     {"device", ec_.backend == "cuda" ? json(devices_[size_t(&rk - &ranks_[0])]) : json(nullptr)},
                      {"heads", c.num_heads}, {"kv_heads", c.num_kv_heads}, {"s_part", rk->spart().describe()},
                      {"rworkers", workers(*rk)}});
       }
@@ -418,6 +496,7 @@ class FastDecodeEngine : public Engine {
   std::vector<CommGroup> tp_;  // per stage p: its T tensor ranks' group
   std::vector<CommGroup> pp_;  // per tensor index t: its P stages' hand-off group
   std::vector<std::unique_ptr<SRank>> ranks_;  // rank g = p * T + t
+  std::vector<int> devices_;  // cuda: the GPU of rank g
   std::vector<int64_t> load_;  // projected tokens per worker index (prompt + max new of its sequences)
   std::deque<Request> queued_;
   std::map<uint64_t, Sequence> running_;

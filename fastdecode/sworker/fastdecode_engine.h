@@ -25,12 +25,15 @@ struct RWorkersConfig {
 // Tensor and pipeline parallelism (docs/PARALLEL.md): T x P S-ranks, threads of the engine's process; rank
 // (t, p) holds tensor part t of stage p's layers (fastdecode/model/shard.h) and has its own group of
 // R-workers (rworkers.spawn of them, each with rworkers.threads; pinned groups take consecutive cores),
-// which hold the KV of that rank's heads and layers only. cpu backend only so far.
+// which hold the KV of that rank's heads and layers only. On the cuda backend rank g = p*T + t runs on GPU
+// devices[g] (default g; with T = 1 and fewer GPUs, every stage on GPU 0).
 struct ParallelConfig {
-  int64_t tensor = 1;                // T: heads and MLP columns split over T ranks (Gloo all-reduce)
+  int64_t tensor = 1;                // T: heads and MLP columns split over T ranks (all-reduce per branch)
   int64_t pipeline = 1;              // P: contiguous layer runs over P stages (residual handed stage to stage)
   std::vector<int64_t> layers;       // layers per stage (P entries summing to model.layers); empty: even split
-  int64_t timeout_ms = 60000;        // deadline of every collective and stage hand-off
+  int64_t timeout_ms = 60000;        // deadline of every collective and stage hand-off (gloo, local)
+  std::string comm = "auto";         // tensor collectives: auto | gloo | nccl (auto: nccl on distinct GPUs, else gloo)
+  std::vector<int64_t> devices;      // cuda: GPU of each rank (T*P entries); empty: the default above
   int64_t ranks() const { return tensor * pipeline; }
 };
 

@@ -113,9 +113,8 @@ void SRank::setup(Batch& b, const PlanBatch& pb, RankStep& out) {
     spart_->embed(b.slot, pb.tokens.data(), pb.pos.data(), int64_t(pb.tokens.size()));
   } else {
     spart_->prepare(b.slot, pb.pos.data(), int64_t(pb.pos.size()));
-    const SPart::Residual x = spart_->residual(b.slot);
     const int64_t tr = now_ns();
-    pp_->recv(x.data, x.bytes, o_.pp_rank - 1);
+    spart_->recv_residual(b.slot, *pp_, o_.pp_rank - 1);
     out.spans.push_back({"comm" + o_.track_suffix, span(0, b.slot, "residual in"), tr, now_ns() - tr});
   }
   out.s_ns += now_ns() - t0;
@@ -128,10 +127,7 @@ void SRank::setup(Batch& b, const PlanBatch& pb, RankStep& out) {
   }
 }
 
-void SRank::hand_on(int slot) {
-  const SPart::Residual x = spart_->residual(slot);
-  pp_->send(x.data, x.bytes, o_.pp_rank + 1);
-}
+void SRank::hand_on(int slot) { spart_->send_residual(slot, *pp_, o_.pp_rank + 1); }
 
 // S-Part of layer l for a batch, then ATTEND to every worker owning some of its sequences.
 void SRank::launch(Batch& b, int l, RankStep& out) {
@@ -230,9 +226,8 @@ void SRank::prefill(const PlanBatch& pb, RankStep& out) {
     spart_->embed(slot, pb.tokens.data(), pb.pos.data(), T);
   } else {
     spart_->prepare(slot, pb.pos.data(), T);
-    const SPart::Residual x = spart_->residual(slot);
     const int64_t tr = now_ns();
-    pp_->recv(x.data, x.bytes, o_.pp_rank - 1);
+    spart_->recv_residual(slot, *pp_, o_.pp_rank - 1);
     out.spans.push_back({"comm" + o_.track_suffix, "prefill residual in", tr, now_ns() - tr});
   }
   // APPEND_KV per (layer, worker) from two alternating K/V buffers: before a buffer is refilled, the sends of

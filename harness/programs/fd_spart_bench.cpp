@@ -5,12 +5,20 @@
 // the q/k/v split into the fp16 tensors FastDecode sends), without the host transfers of the engine (fd-bench profile --backend cuda measures
 // those). Writes JSON rows: B, spart_ms, gemm_ms, ratio, the GEMMs' TFLOP/s and weight-read GB/s, and
 // each elementwise kernel of the layer timed alone (elementwise_ms, elementwise_sum_ms).
+// --tensor T: the layer of one tensor rank of T (heads, KV heads and MLP columns / T: fastdecode/model/shard.h),
+// measured on one GPU: PREDICTED per-rank compute at T GPUs, without the two all-reduces of B x hidden fp32
+// per layer that T ranks add. Those are measured (NCCL, one thread per GPU, CUDA events) only where T GPUs
+// answer and the build has NCCL; otherwise allreduce_ms is null and the output says why.
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <functional>
 
+#include <thread>
+
 #include "fastdecode/core/cli_main.h"
+#include "fastdecode/model/shard.h"
+#include "fastdecode/parallel/comm.h"
 #include "fastdecode/spart/cuda_model.h"
 #include "harness/bench/cuda_timing.h"
 #include "harness/provenance.h"
@@ -25,20 +33,60 @@ int main(int argc, char** argv) {
   app.name("fd-spart-bench");
   std::string model_path, out;
   std::vector<int64_t> batches = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
-  int64_t reps = 20, sm_count = 0;
+  int64_t reps = 20, sm_count = 0, tensor = 1;
   std::string dtype = "fp16";
   app.add_option("--model", model_path, "Model config (HF config.json)")->required();
   app.add_option("--batches", batches, "Decode batch sizes B")->capture_default_str();
   app.add_option("--reps", reps, "Timed repetitions per B (after one warm-up)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--sm-count", sm_count, "Run on this many SMs (green context); 0 = all")->capture_default_str();
   app.add_option("--dtype", dtype, "16-bit weight and activation type")->check(CLI::IsMember({"fp16", "bf16"}))->capture_default_str();
+  app.add_option("--tensor", tensor, "Time one tensor rank's layer of T (per-rank shapes, one GPU); T GPUs and NCCL: "
+                 "also the all-reduces")->capture_default_str()->check(CLI::Range(1, 64));
   app.add_option("--out", out, "JSON file to write");
   return fd::guarded_main(app, argc, argv, [&]() {
     const auto devs = fd::cuda_devices();
     if (devs.empty()) FD_THROW("no CUDA device answers");
-    const fd::ModelConfig c = fd::with_layers(fd::load_model_config(model_path), 1);
+    const fd::ModelConfig full = fd::with_layers(fd::load_model_config(model_path), 1);
+    const fd::ModelConfig c = tensor > 1 ? fd::shard_config(full, tensor, 1) : full;  // checks T divides the heads
+    // The all-reduce of B x hidden fp32 over T GPUs (in place, the engine's call), per B: null where it cannot be
+    // measured here.
+    std::string allreduce_why;
+    fd::CommGroup nccl;
+    if (tensor > 1) {
+      if (!fd::have_nccl()) allreduce_why = "this build has no NCCL communicator";
+      else if (int64_t(devs.size()) < tensor)
+        allreduce_why = "needs " + std::to_string(tensor) + " GPUs, " + std::to_string(devs.size()) + " answer(s)";
+      else {
+        std::vector<int> d;
+        for (int i = 0; i < int(tensor); ++i) d.push_back(i);
+        nccl = fd::make_nccl_group(d);
+      }
+    }
+    const auto allreduce_ms = [&](int64_t B) -> double {
+      std::vector<double> ms(size_t(tensor), 0.0);
+      std::vector<std::thread> th;
+      for (int r = 0; r < int(tensor); ++r)
+        th.emplace_back([&, r] {
+          CUDA_CHECK(cudaSetDevice(r));
+          fd::DeviceBuffer<float> buf(size_t(B * full.hidden_size));
+          cudaStream_t rs = nullptr;
+          CUDA_CHECK(cudaStreamCreateWithFlags(&rs, cudaStreamNonBlocking));
+          ms[size_t(r)] = fd::cuda_ms_per_call(rs, reps, [&] {
+            nccl[size_t(r)]->all_reduce_sum(buf.get(), buf.size(), fd::CommType::F32, rs);
+          });
+          CUDA_CHECK(cudaStreamDestroy(rs));
+        });
+      for (auto& t : th) t.join();
+      double worst = 0;
+      for (double m : ms) worst = std::max(worst, m);
+      return worst;
+    };
     const fd::DType act = fd::dtype_from_name(dtype);
     auto src = fd::make_random_source(1, act);
+    if (tensor > 1)
+      std::printf("tensor rank 0 of %lld: %lld heads, %lld KV heads, %lld MLP columns (PREDICTED per-rank compute; "
+                  "allreduce: %s)\n", (long long)tensor, (long long)c.num_heads, (long long)c.num_kv_heads,
+                  (long long)c.intermediate_size, allreduce_why.empty() ? "measured, NCCL" : allreduce_why.c_str());
     fd::cuda::SmLimitedStreams streams(int(sm_count), 1);
     cudaStream_t s = streams.stream(0);
     fd::CudaModel m(fd::load_model_weights(c, *src), s, streams.limited() ? streams.sm_count() : 0, act);
@@ -122,13 +170,25 @@ int main(int argc, char** argv) {
       const double wgbs = layer_params * 2 / (gemm * 1e-3) / 1e9;
       std::printf("%6lld %10.4f %10.4f %7.3f %9.1f %9.0f %12.4f %10.4f\n", (long long)B, spart, gemm, spart / gemm,
                   tflops, wgbs, stage_sum, graph);
+      fd::json ar = nullptr;
+      if (!nccl.empty()) ar = 2 * allreduce_ms(B);  // two per layer (after o and after down)
       rows.push_back({{"B", B}, {"spart_ms", spart}, {"gemm_ms", gemm}, {"ratio", spart / gemm},
+                      {"allreduce_ms", ar},
                       {"spart_graph_ms", graph > 0 ? fd::json(graph) : fd::json(nullptr)},
                       {"graph_ratio", graph > 0 ? fd::json(graph / gemm) : fd::json(nullptr)},
                       {"gemm_tflops", tflops}, {"gemm_weight_gbs", wgbs}, {"elementwise_ms", stages},
                       {"elementwise_sum_ms", stage_sum}});
     }
+    fd::json tp = nullptr;
+    if (tensor > 1)
+      tp = {{"tensor", tensor},
+            {"rank_shapes", {{"heads", c.num_heads}, {"kv_heads", c.num_kv_heads}, {"intermediate", c.intermediate_size}}},
+            {"spart_ms_is", "PREDICTED per-rank compute at T GPUs: one GPU's measurement of one rank's shapes"},
+            {"allreduce_ms_is", allreduce_why.empty() ? "MEASURED: 2 NCCL all-reduces of B x hidden fp32 per layer, the "
+                                                        "slowest rank, CUDA events"
+                                                      : "not measured: " + allreduce_why}};
     const fd::json result = {{"model", c.name},
+                             {"tensor_parallel", tp},
                              {"device", devs[0].name},
                              {"sm_count", streams.sm_count()},
                              {"reps", reps},

@@ -142,18 +142,20 @@ std::string driver_version() {
 
 }  // namespace
 
-SmLimitedStreams::SmLimitedStreams(int sm_count, int n_streams) : requested_(sm_count), n_streams_(n_streams) {
+SmLimitedStreams::SmLimitedStreams(int sm_count, int n_streams, int device)
+    : requested_(sm_count), n_streams_(n_streams) {
   if (n_streams < 1) FD_THROW("SM-limited streams: n_streams must be >= 1, got " << n_streams);
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     cudaGetLastError();
     FD_THROW("SM-limited streams: no CUDA device answers");
   }
-  CUDA_CHECK(cudaSetDevice(0));
+  if (device < 0 || device >= ndev) FD_THROW("SM-limited streams: device " << device << " of " << ndev << " does not answer");
+  CUDA_CHECK(cudaSetDevice(device));
   // Make the primary context active first: cuGreenCtxCreate retains it, and the driver documentation
   // advises it be active to avoid initialising and tearing it down around the green context.
   CUDA_CHECK(cudaFree(nullptr));
-  CUDA_CHECK(cudaDeviceGetAttribute(&device_sm_count_, cudaDevAttrMultiProcessorCount, 0));
+  CUDA_CHECK(cudaDeviceGetAttribute(&device_sm_count_, cudaDevAttrMultiProcessorCount, device));
   streams_.reserve(size_t(n_streams));
   try {
     if (sm_count <= 0) {
@@ -170,20 +172,20 @@ SmLimitedStreams::SmLimitedStreams(int sm_count, int n_streams) : requested_(sm_
       FD_THROW("SM-limited streams: this CUDA driver (" << driver_version() << ") lacks green contexts (needs a driver "
                "for CUDA 12.5 or later); missing entry points: " << d.missing);
     CUdevice dev = 0;
-    FD_DRV_CHECK(d, d.cuDeviceGet(&dev, 0));
+    FD_DRV_CHECK(d, d.cuDeviceGet(&dev, device));
     CUdevResource all{};
     FD_DRV_CHECK(d, d.cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM));
     granularity_ = int(all.sm.smCoscheduledAlignment);
     min_partition_ = int(all.sm.minSmPartitionSize);
     if (sm_count > int(all.sm.smCount))
-      FD_THROW("SM-limited streams: " << sm_count << " SMs requested but device 0 has " << all.sm.smCount
+      FD_THROW("SM-limited streams: " << sm_count << " SMs requested but device " << device << " has " << all.sm.smCount
                                       << " (use 0 for no limit)");
     CUdevResource group{};
     unsigned n_groups = 1;
     const CUresult split = d.cuDevSmResourceSplitByCount(&group, &n_groups, &all, nullptr, 0, unsigned(sm_count));
     if (split != CUDA_SUCCESS || n_groups != 1)
       FD_THROW("SM-limited streams: the driver cannot make a group of at least "
-               << sm_count << " SMs on device 0 (" << all.sm.smCount << " SMs; groups of at least " << min_partition_
+               << sm_count << " SMs on device " << device << " (" << all.sm.smCount << " SMs; groups of at least " << min_partition_
                << ", in multiples of " << granularity_ << "; use 0 for no limit)"
                << (split != CUDA_SUCCESS ? ": " + d.describe(split) : std::string()));
     CUdevResourceDesc desc = nullptr;

@@ -36,7 +36,7 @@ namespace fd::cuda {
 // destructor synchronises and destroys the streams, then the green context.
 class SmLimitedStreams {
  public:
-  SmLimitedStreams(int sm_count, int n_streams);
+  SmLimitedStreams(int sm_count, int n_streams, int device = 0);
   ~SmLimitedStreams();
   SmLimitedStreams(const SmLimitedStreams&) = delete;
   SmLimitedStreams& operator=(const SmLimitedStreams&) = delete;

@@ -4,7 +4,7 @@
 
 namespace fd::cuda {
 
-SmLimitedStreams::SmLimitedStreams(int sm_count, int n_streams) : requested_(sm_count), n_streams_(n_streams) {
+SmLimitedStreams::SmLimitedStreams(int sm_count, int n_streams, int) : requested_(sm_count), n_streams_(n_streams) {
   FD_THROW("SM-limited streams: this build has no CUDA support (built without CUDA)");
 }
 SmLimitedStreams::~SmLimitedStreams() = default;

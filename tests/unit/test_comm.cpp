@@ -396,9 +396,15 @@ TEST(Comm, LocalDeadlinesAbortAndRefusals) {
   }
 }
 
-TEST(Comm, NcclIsNotInThisBuild) {
-  EXPECT_FALSE(have_nccl());
-  EXPECT_EQ(nccl_version(), "");
-  EXPECT_THAT(test::error_message<ConfigError>([] { make_nccl_group({0, 1}); }),
-              HasSubstr("this build has no NCCL backend yet (issue 14 step 8)"));
+// Without NCCL (every CPU build) the factory refuses plainly; with it, a GPU named twice is refused before
+// NCCL is asked (tests/gpu/test_parallel_gpu.cpp runs the communicator itself).
+TEST(Comm, NcclRefusesWhatItCannotServe) {
+  if (!have_nccl()) {
+    EXPECT_EQ(nccl_version(), "");
+    EXPECT_THAT(test::error_message<ConfigError>([] { make_nccl_group({0, 1}); }),
+                HasSubstr("this build has no NCCL communicator"));
+  } else {
+    EXPECT_NE(nccl_version(), "");
+    EXPECT_THROW(make_nccl_group({0, 0}), ConfigError);
+  }
 }
