@@ -209,7 +209,7 @@ def claims(a):
     except (OSError, KeyError, ValueError):
         notes.append("§4 quantisation: %s not readable" % a.rworker)
     add("Fig. 14: doubling S- and R-workers (model parallel, OPT-175b) gives 1.84×", "1.84×", "—", "—", "—",
-        "cannot be tested here: engine.parallel runs on the cpu backend only so far (its CUDA ranks are the rest of issue 14), and the two-GPU machine is issue 15", None)
+        "cannot be tested here: needs two GPUs (issue 15; experiments/paper/fig14-parallel.sweep.json is ready). On one H200 a T = 2 rank's S-Part layer is 0.50-0.55 of the whole layer's (PREDICTED per-rank compute, all-reduces not measured: artifacts/parallel/)", None)
     return rows, notes
 
 

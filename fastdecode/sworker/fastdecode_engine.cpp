@@ -57,6 +57,7 @@ std::vector<int> rank_devices(const FastDecodeConfig& ec, int64_t T, int64_t P) 
   std::vector<int> d(size_t(G), 0);
   if (ec.backend != "cuda" || G == 1) return d;
   const int64_t n = int64_t(cuda_devices().size());
+  if (n == 0) throw ConfigError("engine.parallel on the cuda backend: no CUDA device answers (use backend cpu)");
   if (!ec.parallel.devices.empty()) {
     for (int64_t g = 0; g < G; ++g) {
       const int64_t v = ec.parallel.devices[size_t(g)];

@@ -68,7 +68,8 @@ def test_tp2_pp2_run_folder(fd_bin, tmp_path):
     (["engine.parallel.pipeline=3"], "engine.parallel.pipeline"),        # 2 layers
     (["engine.parallel.layers=[2,1]"], "engine.parallel.layers"),        # 3 layers for a 2-layer model
     (["engine.parallel.sideways=1"], "engine.parallel.sideways"),        # unknown key
-    (["engine.backend=cuda"], "engine.parallel"),                         # cpu backend only so far
+    (["engine.parallel.devices=[0,0,0,0]"], "engine.parallel.devices"),  # GPUs of the ranks: cuda only
+    (["engine.parallel.comm=nccl"], "engine.parallel.comm"),             # NCCL moves GPU buffers
 ])
 def test_bad_parallel_settings_exit_2(fd_bin, tmp_path, sets, key):
     args = []
