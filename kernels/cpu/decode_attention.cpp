@@ -31,6 +31,7 @@ std::string_view isa_name(Isa isa) {
     case Isa::Scalar: return "scalar";
     case Isa::AVX2: return "avx2";
     case Isa::AVX512: return "avx512";
+    case Isa::AVX512VNNI: return "avx512vnni";
   }
   FD_THROW("unknown ISA " << int(isa));
 }
@@ -39,7 +40,8 @@ Isa isa_from_name(std::string_view name) {
   if (name == "scalar") return Isa::Scalar;
   if (name == "avx2") return Isa::AVX2;
   if (name == "avx512") return Isa::AVX512;
-  FD_THROW("unknown ISA '" << name << "' (expected scalar, avx2 or avx512)");
+  if (name == "avx512vnni") return Isa::AVX512VNNI;
+  FD_THROW("unknown ISA '" << name << "' (expected scalar, avx2, avx512 or avx512vnni)");
 }
 
 namespace {
@@ -52,7 +54,7 @@ uint64_t xgetbv0() {
 }
 
 struct CpuFeatures {
-  bool avx2 = false, avx512 = false;
+  bool avx2 = false, avx512 = false, avx512vnni = false;
   CpuFeatures() {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return;
@@ -64,6 +66,7 @@ struct CpuFeatures {
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
     avx2 = ymm_os && fma && f16c && (b & bit_AVX2);
     avx512 = avx2 && zmm_os && (b & bit_AVX512F) && (b & bit_AVX512BW) && (b & bit_AVX512VL) && (b & bit_AVX512DQ);
+    avx512vnni = avx512 && (c & bit_AVX512VNNI);  // CPUID.(7,0):ECX[11]
   }
 };
 const CpuFeatures& cpu() {
@@ -99,6 +102,8 @@ void validate(const DecodeAttentionParams& p, int n_threads) {
   FD_CHECK(p.head_dim >= 32 && p.head_dim <= 256 && p.head_dim % 32 == 0,
            "decode_attention: head_dim must be a multiple of 32 in [32, 256], got " << p.head_dim);
   FD_CHECK(std::isfinite(p.scale), "decode_attention: scale must be finite, got " << p.scale);
+  FD_CHECK(p.query == QueryQuant::Auto || p.query == QueryQuant::F32 || p.query == QueryQuant::I8,
+           "decode_attention: unknown query quantization " << int(p.query));
   if (p.n_seq == 0) return;  // documented no-op: pointers may be null
   FD_CHECK(p.seqs && p.q && p.o, "decode_attention: seqs, q and o must not be null when n_seq > 0");
   for (int i = 0; i < p.n_seq; ++i) {
@@ -180,6 +185,7 @@ attn::ChunkFn chunk_fn(Isa isa) {
     case Isa::Scalar: return attn::run_chunk_scalar;
     case Isa::AVX2: return attn::run_chunk_avx2;
     case Isa::AVX512: return attn::run_chunk_avx512;
+    case Isa::AVX512VNNI: return attn::run_chunk_avx512vnni;
   }
   FD_THROW("decode_attention: unknown ISA " << int(isa));
 }
@@ -195,14 +201,21 @@ bool isa_supported(Isa isa) {
     case Isa::Scalar: return true;
     case Isa::AVX2: return cpu().avx2;
     case Isa::AVX512: return cpu().avx512;
+    case Isa::AVX512VNNI: return cpu().avx512vnni;
   }
   return false;
 }
 
 Isa best_isa() {
+  if (isa_supported(Isa::AVX512VNNI)) return Isa::AVX512VNNI;
   if (isa_supported(Isa::AVX512)) return Isa::AVX512;
   if (isa_supported(Isa::AVX2)) return Isa::AVX2;
   return Isa::Scalar;
+}
+
+bool query_is_q8(QueryQuant qq, KVDType dtype, Isa isa) {
+  if (dtype == KVDType::F16) return false;
+  return qq == QueryQuant::I8 || (qq == QueryQuant::Auto && isa == Isa::AVX512VNNI);
 }
 
 int64_t decode_attention_kv_bytes(const DecodeAttentionParams& p) {
@@ -222,7 +235,8 @@ DecodeAttentionPlan decode_attention_plan(const DecodeAttentionParams& p, int n_
 
 void decode_attention(const DecodeAttentionParams& p, Isa isa, int n_threads, DecodeAttentionWorkspace& ws) {
   validate(p, n_threads);
-  FD_CHECK(isa == Isa::Scalar || isa == Isa::AVX2 || isa == Isa::AVX512, "decode_attention: unknown ISA " << int(isa));
+  FD_CHECK(isa == Isa::Scalar || isa == Isa::AVX2 || isa == Isa::AVX512 || isa == Isa::AVX512VNNI,
+           "decode_attention: unknown ISA " << int(isa));
   if (!isa_supported(isa)) FD_THROW("decode_attention: ISA " << isa_name(isa) << " is not supported by this CPU/OS");
   if (p.n_seq == 0) return;
   const attn::ChunkFn fn = chunk_fn(isa);
@@ -240,7 +254,7 @@ void decode_attention(const DecodeAttentionParams& p, Isa isa, int n_threads, De
   if (ws.partial.size() < need) ws.partial.resize(need);
   float* const slots = align64(ws.partial.data());
   float* const thread_areas = slots + size_t(n_slots) * slot_f;
-  const attn::CallCtx ctx{p.dtype, H, D, G, p.scale};
+  const attn::CallCtx ctx{p.dtype, H, D, G, p.scale, query_is_q8(p.query, p.dtype, isa)};
   const int64_t n_tasks = plan.n_tasks, n_split = plan.n_split_pairs;
 
 #pragma omp parallel num_threads(n_threads)

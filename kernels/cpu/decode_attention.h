@@ -46,11 +46,24 @@ struct SeqKVView {
   int64_t n_tokens() const { return int64_t(n_full) * kKVBlockTokens + n_tail; }
 };
 
-enum class Isa { Scalar = 0, AVX2 = 1, AVX512 = 2 };
-std::string_view isa_name(Isa isa);          // "scalar", "avx2", "avx512"
+// AVX512VNNI: AVX-512 plus the VNNI integer dot product (VPDPBUSD); at this level int8/int4 KV use the
+// integer-dot kernel on an int8-quantized query by default (QueryQuant below), fp16 KV is the AVX-512 path.
+enum class Isa { Scalar = 0, AVX2 = 1, AVX512 = 2, AVX512VNNI = 3 };
+std::string_view isa_name(Isa isa);          // "scalar", "avx2", "avx512", "avx512vnni"
 Isa isa_from_name(std::string_view name);    // throws fd::Error
 bool isa_supported(Isa isa);                 // CPUID (and OS support for the registers)
 Isa best_isa();                              // the fastest supported
+
+// How int8/int4 blocks take the query (fp16 blocks and the fp16 tail always use the fp32 query):
+//   F32   fp32 query, keys dequantized in registers (exact math on the stored codes)
+//   I8    q * scale quantized per query head to int8 (amax / 127, round to nearest even; for int4 keys
+//         with the block's per-channel key scale folded in, per block), q . K as integer dot products,
+//         rescaled in fp32. Adds the query's rounding error (docs/RWORKER.md states it, measured by
+//         test_decode_attention's QuantizedQueryAddedError). Every ISA has it: scalar (the twin), AVX2
+//         and AVX-512 (VPMADDUBSW), AVX512VNNI (VPDPBUSD).
+//   Auto  I8 at Isa::AVX512VNNI, F32 below it.
+enum class QueryQuant : uint8_t { Auto = 0, F32 = 1, I8 = 2 };
+bool query_is_q8(QueryQuant qq, KVDType dtype, Isa isa);  // what Auto resolves to for this call
 
 struct DecodeAttentionParams {
   KVDType dtype = KVDType::F16;
@@ -62,6 +75,7 @@ struct DecodeAttentionParams {
   const SeqKVView* seqs = nullptr;  // [n_seq]; every sequence has >= 1 token
   const float* q = nullptr;         // [n_seq, n_heads, head_dim]
   float* o = nullptr;               // [n_seq, n_heads, head_dim]
+  QueryQuant query = QueryQuant::Auto;
 };
 
 // Reusable scratch (partial softmax states of context splits); owned by the caller, one per worker.

@@ -6,6 +6,7 @@
 
 #define FD_ATTN_SIMD_TEMPLATE
 #include "kernels/cpu/decode_attention_impl.h"
+#include "kernels/cpu/decode_attention_qdot.h"
 
 namespace fd::attn {
 namespace {
@@ -84,10 +85,58 @@ struct V256 {
   }
 };
 
+// Integer traits for the integer-dot kernel (decode_attention_qdot.h): no VNNI at this level, so the
+// AVX2 pair VPMADDUBSW (unsigned x signed bytes -> int16 pair sums) + VPMADDWD (-> int32). int8 keys are
+// signed: |x| against q with x's sign (VPSIGNB), pair sums <= 2*127*127 < 2^15 (no saturation); int4
+// codes (0..15) are unsigned already.
+struct I256 {
+  using B = __m256i;
+  static constexpr int VB = 32;
+  static constexpr int kBias = 0;
+  static B zero() { return _mm256_setzero_si256(); }
+  static B load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+  static B load_part(const void* p, int) {  // only 16 bytes occur (rows are multiples of 16 bytes)
+    return _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_loadu_si128(static_cast<const __m128i*>(p)), 0);
+  }
+  static B prep_s8(B x) { return _mm256_abs_epi8(x); }
+  static B dot_s8(B a, B xp, B x, B q) {
+    return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(xp, _mm256_sign_epi8(q, x)), _mm256_set1_epi16(1)));
+  }
+  static B dot_u8(B a, B x, B q) {
+    return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(x, q), _mm256_set1_epi16(1)));
+  }
+  static void unpack_u4(B x, B& lo, B& hi) {
+    const B m = _mm256_set1_epi8(15);
+    lo = _mm256_and_si256(x, m);
+    hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m);
+  }
+  static __m256 to_f32(B a) { return _mm256_cvtepi32_ps(a); }
+  static float amax(const float* x, int n) {
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), abs));
+    return V256::hmax(m);
+  }
+  // code = clamp(nearbyint(x / sq), -127, 127), 32 at a time: the int32 -> int8 packs work per 128-bit
+  // lane, so the dwords come out as (0,4,1,5,2,6,3,7) and one permute puts them in order.
+  static void quant(const float* x, int n, float sq, int8_t* out) {
+    const __m256 s = _mm256_set1_ps(sq);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127), idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int i = 0; i < n; i += 32) {
+      __m256i c[4];
+      for (int k = 0; k < 4; ++k)
+        c[k] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * k), s)), lo), hi);
+      const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permutevar8x32_epi32(b, idx));
+    }
+  }
+};
+
 }  // namespace
 
 void run_chunk_avx2(const CallCtx& c, const Chunk& ch, const float* q, float* m, float* l, float* acc,
                     float* scratch) {
+  if (c.q8 && c.dtype != KVDType::F16) return simd::run_qchunk<V256, I256>(c, ch, q, m, l, acc, scratch);
   simd::run_chunk<V256>(c, ch, q, m, l, acc, scratch);
 }
 

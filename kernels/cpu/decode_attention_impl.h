@@ -54,6 +54,7 @@ struct CallCtx {
   KVDType dtype;
   int H, D, G;
   float scale;
+  bool q8 = false;  // int8/int4 blocks: q . K as integer dot products on an int8-quantized query
 };
 struct Chunk {
   const SeqKVView* seq;
@@ -66,9 +67,12 @@ struct Chunk {
 // vt [D/32][2][kBT] (int4: the block's value params in fp32, 16*scale and min - 16*scale).
 // red [G][kBT][16] (SIMD: per-token partial dot-product vectors before their transposed reduction),
 // wv [G][D/32][kBT] (SIMD: the block's value weights p * per-token (group) scale, broadcast from memory).
+// The integer-dot path (CallCtx::q8, decode_attention_qdot.h) adds, after those, kQ8Bytes bytes of int8
+// query codes per head and 4 floats per head (query scale, int8 bias, int4 q . z).
+constexpr int kQ8Bytes = 512;
 inline size_t chunk_scratch_floats(int G, int D) {
-  return (size_t(G) * (2 * size_t(D) + kBT + 1 + kBT * 16 + size_t(D / 32) * kBT) + size_t(D / 32) * 2 * kBT + 15) / 16 *
-         16;
+  return (size_t(G) * (2 * size_t(D) + kBT + 1 + kBT * 16 + size_t(D / 32) * kBT + kQ8Bytes / 4 + 4) +
+          size_t(D / 32) * 2 * kBT + 15) / 16 * 16;
 }
 // Runs one chunk for the G query heads of a kv head. q: the group's rows [G][D]. State in/out,
 // initialised by the caller: m [G] (-inf), l [G] (0), acc [G][D] (0). scratch: 64-byte aligned.
@@ -77,6 +81,13 @@ using ChunkFn = void (*)(const CallCtx&, const Chunk&, const float* q, float* m,
 void run_chunk_scalar(const CallCtx&, const Chunk&, const float*, float*, float*, float*, float*);
 void run_chunk_avx2(const CallCtx&, const Chunk&, const float*, float*, float*, float*, float*);
 void run_chunk_avx512(const CallCtx&, const Chunk&, const float*, float*, float*, float*, float*);
+void run_chunk_avx512vnni(const CallCtx&, const Chunk&, const float*, float*, float*, float*, float*);
+
+// The query quantization every q8 path shares (scalar code, one definition in decode_attention_scalar.cpp;
+// the SIMD paths do the same element-wise IEEE operations, so their codes are identical): over the n
+// values x, amax = max |x|, *sq = amax / 127, code = clamp(nearbyint(x / sq), -127, 127); all zero
+// (and *sq = 0) when amax is 0. Returns the sum of the codes.
+int32_t quantize_q8(const float* x, int n, int8_t* code, float* sq);
 
 // Read-only reduction over [p, p+bytes) with the ISA's widest loads (the STREAM-like read ceiling of
 // fd-attn-bench). bytes: multiple of 64. Returns a checksum so the reads cannot be optimised away.
@@ -290,7 +301,17 @@ struct Kernel {
   template <class KR, class VR, class Fix>
   static void block(const KR& kr, const VR& vr, int n, int G, const float* q, float* m, float* l, float* acc,
                     float* sc, float* red, float* wv, Fix&& fix) {
-    for_heads<V::HB>(G, [&]<int HB>(int h0) { scores<V, D, HB>(kr, q + h0 * D, sc + h0 * kBT, red + h0 * kBT * V::W, n); });
+    block_scored(
+        [&] {
+          for_heads<V::HB>(G, [&]<int HB>(int h0) { scores<V, D, HB>(kr, q + h0 * D, sc + h0 * kBT, red + h0 * kBT * V::W, n); });
+        },
+        vr, n, G, m, l, acc, sc, wv, fix);
+  }
+  // The same with the raw dot products made by score() into sc [G][kBT] (the integer-dot path's entry).
+  template <class Score, class VR, class Fix>
+  static void block_scored(Score&& score, const VR& vr, int n, int G, float* m, float* l, float* acc, float* sc,
+                           float* wv, Fix&& fix) {
+    score();
     for (int h = 0; h < G; ++h) {
       fix(h, sc + h * kBT, n);
       const float corr = softmax_block<V>(sc + h * kBT, n, m[h], l[h]);
@@ -311,6 +332,16 @@ struct Kernel {
           for (int d = g * 32; d < g * 32 + 32; d += V::W) V::store(acc + h * D + d, V::add(V::load(acc + h * D + d), ov));
         }
     }
+  }
+
+  // The block's int4 value params in fp32, per 32-channel group: 16 * scale [kBT], then min - 16 * scale [kBT].
+  static void i4_value_params(const I4Head& hd, float* vt) {
+    for (int g = 0; g < D / 32; ++g)
+      for (int j = 0; j < kBT; j += V::W) {
+        const auto s16 = V::mul(V::load_f16(hd.vp + 2 * g * kBT + j), V::set1(16.f));
+        V::store(vt + 2 * g * kBT + j, s16);
+        V::store(vt + (2 * g + 1) * kBT + j, V::sub(V::load_f16(hd.vp + (2 * g + 1) * kBT + j), s16));
+      }
   }
 
   static void run(const CallCtx& c, const Chunk& ch, const float* q, float* m, float* l, float* acc, float* scratch) {
@@ -346,12 +377,7 @@ struct Kernel {
           const I4Head hd = i4_head(blk, H, D, kvh);
           const I4Head nh = nxt ? i4_head(nxt, H, D, kvh) : I4Head{nullptr, nullptr, nullptr, nullptr};
           if (nxt) prefetch_row(nh.kp, 4 * D), prefetch_row(nh.vp, 4 * D);
-          for (int g = 0; g < D / 32; ++g)  // per group: 16 * scale [kBT], then min - 16 * scale [kBT]
-            for (int j = 0; j < kBT; j += V::W) {
-              const auto s16 = V::mul(V::load_f16(hd.vp + 2 * g * kBT + j), V::set1(16.f));
-              V::store(vt + 2 * g * kBT + j, s16);
-              V::store(vt + (2 * g + 1) * kBT + j, V::sub(V::load_f16(hd.vp + (2 * g + 1) * kBT + j), s16));
-            }
+          i4_value_params(hd, vt);
           // Fold the per-channel key scale into the query: qq = qs*16s, c0 = qs.(z-16s) (once per block).
           for (int h = 0; h < G; ++h) {
             auto cz = V::zero();

@@ -118,7 +118,77 @@ void block_i4(Ctx& c, const I4Head& hd, const float* qs, float* qq) {
     }
 }
 
+// The integer-dot twins (CallCtx::q8; the SIMD kernel is decode_attention_qdot.h): the same codes and
+// the same integer sums, here in int32, then the same fp32 rescale; softmax and p . V as above.
+// int8 keys: score = float(sum qc * code) * (sq * ks[t]), qc = head h's codes of qs (once per chunk).
+void block_i8_q8(Ctx& c, const I8Head& hd, const int8_t* qc, const float* sq) {
+  const int D = c.D;
+  for (int t = 0; t < kBT; ++t) {
+    const int8_t* k = hd.k + size_t(t) * D;
+    for (int h = 0; h < c.G; ++h) {
+      int32_t dot = 0;
+      for (int d = 0; d < D; ++d) dot += int32_t(qc[h * D + d]) * k[d];
+      c.s[h * kBT + t] = float(dot) * (sq[h] * hd.ks[t]);
+    }
+  }
+  for (int h = 0; h < c.G; ++h) softmax_update(c, h, kBT);
+  for (int t = 0; t < kBT; ++t) {
+    const int8_t* v = hd.v + size_t(t) * D;
+    for (int h = 0; h < c.G; ++h) {
+      const float w = c.s[h * kBT + t] * hd.vs[t];
+      for (int d = 0; d < D; ++d) c.acc[h * D + d] += w * float(v[d]);
+    }
+  }
+}
+
+// int4 keys: qf = qs * s (the block's per-channel key scale), its codes qc and scale sqf per block;
+// score = float(sum qc * code) * sqf + qs . z. Values as in block_i4.
+void block_i4_q8(Ctx& c, const I4Head& hd, const float* qs, float* qf, int8_t* qc) {
+  const int D = c.D, NG = D / 32;
+  for (int h = 0; h < c.G; ++h) {
+    float c0 = 0;
+    for (int d = 0; d < D; ++d) {
+      qf[d] = qs[h * D + d] * fp16_to_fp32(hd.kp[d]);
+      c0 += qs[h * D + d] * fp16_to_fp32(hd.kp[D + d]);
+    }
+    float sqf = 0;
+    quantize_q8(qf, D, qc, &sqf);
+    for (int t = 0; t < kBT; ++t) {
+      const uint8_t* k = hd.k + size_t(t) * D / 2;
+      int32_t dot = 0;
+      for (int d = 0; d < D; ++d) dot += int32_t(qc[d]) * u4(k, d);
+      c.s[h * kBT + t] = float(dot) * sqf + c0;
+    }
+  }
+  for (int h = 0; h < c.G; ++h) softmax_update(c, h, kBT);
+  for (int h = 0; h < c.G; ++h)
+    for (int g = 0; g < NG; ++g) {
+      float off = 0;
+      for (int t = 0; t < kBT; ++t) {
+        const uint8_t* v = hd.v + size_t(t) * D / 2;
+        const float p = c.s[h * kBT + t];
+        const float w = p * fp16_to_fp32(hd.vp[(2 * g) * kBT + t]);
+        off += p * fp16_to_fp32(hd.vp[(2 * g + 1) * kBT + t]);
+        for (int d = g * 32; d < g * 32 + 32; ++d) c.acc[h * D + d] += w * float(u4(v, d));
+      }
+      for (int d = g * 32; d < g * 32 + 32; ++d) c.acc[h * D + d] += off;
+    }
+}
+
 }  // namespace
+
+int32_t quantize_q8(const float* x, int n, int8_t* code, float* sq) {
+  float amax = 0;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float s = amax / 127.f;
+  *sq = s;
+  int32_t sum = 0;
+  for (int i = 0; i < n; ++i) {
+    code[i] = s > 0 ? int8_t(std::clamp(std::nearbyint(x[i] / s), -127.f, 127.f)) : int8_t(0);
+    sum += code[i];
+  }
+  return sum;
+}
 
 void run_chunk_scalar(const CallCtx& cc, const Chunk& ch, const float* q, float* m, float* l, float* acc,
                       float* scratch) {
@@ -126,13 +196,26 @@ void run_chunk_scalar(const CallCtx& cc, const Chunk& ch, const float* q, float*
   float* qs = scratch;     // [G][D] q * scale
   float* qq = qs + G * D;  // [G][D] int4 folded query
   Ctx c{G, D, m, l, acc, qq + G * D};
+  // q8 (int8/int4 blocks): query codes [G][D] and scales [G] after the scores (chunk_scratch_floats
+  // leaves G * (kQ8Bytes / 4 + 4) floats at the end, far more than this needs).
+  auto* qc = reinterpret_cast<int8_t*>(c.s + G * kBT);
+  float* sq = c.s + G * kBT + G * D / 4;
   for (int i = 0; i < G * D; ++i) qs[i] = q[i] * cc.scale;
+  const bool q8 = cc.q8 && cc.dtype != KVDType::F16;
+  if (q8 && cc.dtype == KVDType::I8)
+    for (int h = 0; h < G; ++h) quantize_q8(qs + h * D, D, qc + h * D, &sq[h]);
   for (int32_t b = ch.b0; b < ch.b1; ++b) {
     const void* blk = ch.seq->blocks[b];
     switch (cc.dtype) {
       case KVDType::F16: block_f16(c, f16_head(blk, H, D, ch.kv_head), kBT, qs); break;
-      case KVDType::I8: block_i8(c, i8_head(blk, H, D, ch.kv_head), qs); break;
-      case KVDType::I4: block_i4(c, i4_head(blk, H, D, ch.kv_head), qs, qq); break;
+      case KVDType::I8:
+        if (q8) block_i8_q8(c, i8_head(blk, H, D, ch.kv_head), qc, sq);
+        else block_i8(c, i8_head(blk, H, D, ch.kv_head), qs);
+        break;
+      case KVDType::I4:
+        if (q8) block_i4_q8(c, i4_head(blk, H, D, ch.kv_head), qs, qq, qc);
+        else block_i4(c, i4_head(blk, H, D, ch.kv_head), qs, qq);
+        break;
       default: FD_THROW("decode_attention: unknown KV dtype " << int(cc.dtype));
     }
   }

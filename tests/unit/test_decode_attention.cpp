@@ -4,7 +4,9 @@
 // shapes, head dims, mixed context lengths and thread counts; the context split; bad parameters.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ostream>
@@ -39,8 +41,10 @@ struct Batch {
   std::vector<std::vector<float>> k, v;  // per sequence: [ctx][H][D] exact values
   float scale = 0;
 
-  fd::DecodeAttentionParams params(float* o) const {
+  // query: F32 by default (the exact-math grid); the q8 tests pass I8.
+  fd::DecodeAttentionParams params(float* o, fd::QueryQuant query = fd::QueryQuant::F32) const {
     fd::DecodeAttentionParams p;
+    p.query = query;
     p.dtype = dtype;
     p.n_seq = int(seqs.size());
     p.n_heads = Hq;
@@ -141,6 +145,8 @@ std::vector<double> reference(const Batch& b) {
 // |o - r| <= atol + rtol*|r| everywhere; reports the first bad index as (seq, head, channel).
 // Values are O(1) (V ~ N(0,1)); fp32 accumulation over up to 8192 tokens stays well inside 2e-5.
 constexpr double kAtol = 2e-5, kRtol = 2e-5;
+// Bounds of the quantized query's added error (QuantizedQueryAddedError); set from its printed numbers.
+constexpr double kQ8MaxErrI8 = 0.06, kQ8MaxErrI4 = 0.11;  // measured 0.0403, 0.0728 (dev machine)
 ::testing::AssertionResult close(const std::vector<float>& o, const std::vector<double>& r, int Hq, int D) {
   double worst = 0;
   for (size_t i = 0; i < r.size(); ++i) {
@@ -154,7 +160,7 @@ constexpr double kAtol = 2e-5, kRtol = 2e-5;
   return ::testing::AssertionSuccess() << "max |err| " << worst;
 }
 
-const Isa kIsas[] = {Isa::Scalar, Isa::AVX2, Isa::AVX512};
+const Isa kIsas[] = {Isa::Scalar, Isa::AVX2, Isa::AVX512, Isa::AVX512VNNI};
 const KVDType kDtypes[] = {KVDType::F16, KVDType::I8, KVDType::I4};
 
 std::vector<int> contexts_for(int n_seq) {
@@ -227,6 +233,150 @@ INSTANTIATE_TEST_SUITE_P(DecodeAttention, DecodeAttentionGrid,
                                   std::to_string(c.H) + "_d" + std::to_string(c.D) + "_" +
                                   isa_param_name(std::get<1>(info.param));
                          });
+
+// ---- The quantized query (QueryQuant::I8: integer dot products for int8/int4 blocks) ----
+
+// The query codes as the kernels make them (decode_attention.h, QueryQuant::I8): sq = amax / 127,
+// code = clamp(nearbyint(x / sq), -127, 127), in float.
+std::vector<int> q8_codes(const float* x, int D, float* sq) {
+  float amax = 0;
+  for (int d = 0; d < D; ++d) amax = std::max(amax, std::fabs(x[d]));
+  *sq = amax / 127.f;
+  std::vector<int> c(D, 0);
+  if (*sq > 0)
+    for (int d = 0; d < D; ++d) c[d] = int(std::clamp(std::nearbyint(x[d] / *sq), -127.f, 127.f));
+  return c;
+}
+
+// The independent double reference of the q8 math: full int8 blocks score sq * sum(code_q * k) (k the
+// exact values), full int4 blocks sqf * sum(code_qf * c) + qs . z with qf = qs * s read from the block's
+// layout (kv_quant.cpp: K params fp16 [H][2][D] after the K and V codes), the fp16 tail q . k exactly;
+// then softmax and V in double as reference() does.
+std::vector<double> reference_q8(const Batch& b) {
+  const int H = b.H, D = b.D, G = b.Hq / b.H;
+  std::vector<double> o(b.seqs.size() * b.Hq * D, 0.0);
+  for (size_t s = 0; s < b.seqs.size(); ++s) {
+    const fd::SeqKVView& sv = b.seqs[s];
+    const int64_t ctx = sv.n_tokens();
+    std::vector<double> sc(ctx);
+    for (int h = 0; h < b.Hq; ++h) {
+      const int j = h / G;
+      std::vector<float> qs(D);
+      for (int d = 0; d < D; ++d) qs[d] = b.q[(s * b.Hq + h) * D + d] * b.scale;
+      float sq = 0;
+      const std::vector<int> qc = q8_codes(qs.data(), D, &sq);
+      double mx = -INFINITY;
+      for (int64_t t = 0; t < ctx; ++t) {
+        const float* k = &b.k[s][(t * H + j) * D];
+        double dot = 0;
+        if (t >= int64_t(sv.n_full) * kT) {
+          for (int d = 0; d < D; ++d) dot += double(qs[d]) * k[d];
+        } else if (b.dtype == KVDType::I8) {
+          for (int d = 0; d < D; ++d) dot += double(sq) * qc[d] * k[d];
+        } else {
+          const auto* blk = static_cast<const uint8_t*>(sv.blocks[t / kT]);
+          const auto* kp = reinterpret_cast<const uint16_t*>(blk + size_t(2) * H * kT * D / 2) + size_t(j) * 2 * D;
+          const uint8_t* row = blk + (size_t(j) * kT + t % kT) * D / 2;
+          std::vector<float> qf(D);
+          for (int d = 0; d < D; ++d) qf[d] = qs[d] * fd::fp16_to_fp32(kp[d]);
+          float sqf = 0;
+          const std::vector<int> fc = q8_codes(qf.data(), D, &sqf);
+          for (int d = 0; d < D; ++d) {
+            const uint8_t byte = row[(d / 32) * 16 + d % 16];
+            const int code = d % 32 < 16 ? byte & 15 : byte >> 4;
+            dot += double(sqf) * fc[d] * code + double(qs[d]) * fd::fp16_to_fp32(kp[D + d]);
+          }
+        }
+        sc[t] = dot;
+        mx = std::max(mx, sc[t]);
+      }
+      double l = 0;
+      for (auto& x : sc) l += (x = std::exp(x - mx));
+      double* out = &o[(s * b.Hq + h) * D];
+      for (int64_t t = 0; t < ctx; ++t)
+        for (int d = 0; d < D; ++d) out[d] += sc[t] / l * b.v[s][(t * H + j) * D + d];
+    }
+  }
+  return o;
+}
+
+// Every ISA's q8 path (the scalar one is the twin) against the double q8 reference and against the
+// scalar twin, int8 and int4 blocks, the whole grid, 1 and 5 threads; fp16 blocks ignore the mode
+// (the same bits as with the fp32 query).
+class DecodeAttentionQ8Grid : public ::testing::TestWithParam<std::tuple<GridCase, Isa>> {};
+
+TEST_P(DecodeAttentionQ8Grid, QuantizedQueryMatchesQ8ReferenceAndScalarTwin) {
+  const auto [gc, isa] = GetParam();
+  FD_SKIP_UNLESS_ISA(isa);
+  for (KVDType dt : kDtypes) {
+    const Batch b = make_batch(dt, contexts_for(gc.n_seq), gc.Hq, gc.H, gc.D, 4321u + gc.n_seq * 7 + gc.D);
+    std::vector<float> twin(size_t(gc.n_seq) * gc.Hq * gc.D, NAN), o(twin.size(), NAN), of(twin.size(), NAN);
+    fd::DecodeAttentionWorkspace ws;
+    fd::decode_attention(b.params(twin.data(), fd::QueryQuant::I8), Isa::Scalar, 1, ws);
+    if (dt == KVDType::F16) {
+      fd::decode_attention(b.params(o.data(), fd::QueryQuant::I8), isa, 5, ws);
+      fd::decode_attention(b.params(of.data(), fd::QueryQuant::F32), isa, 5, ws);
+      EXPECT_EQ(0, std::memcmp(o.data(), of.data(), o.size() * sizeof(float))) << "fp16 blocks must ignore the query mode";
+      continue;
+    }
+    const std::vector<double> ref = reference_q8(b);
+    std::vector<double> twin_d(twin.begin(), twin.end());
+    if (isa == Isa::Scalar) EXPECT_TRUE(close(twin, ref, gc.Hq, gc.D)) << "scalar twin, dtype " << fd::kv_dtype_name(dt);
+    for (int threads : {1, 5}) {
+      std::fill(o.begin(), o.end(), NAN);
+      fd::decode_attention(b.params(o.data(), fd::QueryQuant::I8), isa, threads, ws);
+      EXPECT_TRUE(close(o, ref, gc.Hq, gc.D)) << "vs q8 reference, dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
+      EXPECT_TRUE(close(o, twin_d, gc.Hq, gc.D)) << "vs scalar twin, dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DecodeAttention, DecodeAttentionQ8Grid,
+                         ::testing::Combine(::testing::ValuesIn(grid()), ::testing::ValuesIn(kIsas)),
+                         [](const auto& info) {
+                           const GridCase& c = std::get<0>(info.param);
+                           return "b" + std::to_string(c.n_seq) + "_h" + std::to_string(c.Hq) + "_kv" +
+                                  std::to_string(c.H) + "_d" + std::to_string(c.D) + "_" +
+                                  isa_param_name(std::get<1>(info.param));
+                         });
+
+// The error the quantized query adds: max |o(I8 query) - o(fp32 query)| over the grid's batches (same
+// KV, the scalar twin: every ISA's q8 path matches it to 2e-5, DecodeAttentionQ8Grid), per KV dtype.
+// Grid data: q ~ 2 N(0,1) (a sharp softmax), K, V ~ N(0,1), contexts 1..8192. docs/RWORKER.md quotes
+// the printed numbers; the bound is ~1.5x them (seeded data: a change means the math changed).
+TEST(DecodeAttention, QuantizedQueryAddedError) {
+  for (KVDType dt : {KVDType::I8, KVDType::I4}) {
+    double worst = 0, sum_sq = 0, ref_sq = 0;
+    for (const GridCase& gc : grid()) {
+      const Batch b = make_batch(dt, contexts_for(gc.n_seq), gc.Hq, gc.H, gc.D, 4321u + gc.n_seq * 7 + gc.D);
+      std::vector<float> oq(size_t(gc.n_seq) * gc.Hq * gc.D), of(oq.size());
+      fd::DecodeAttentionWorkspace ws;
+      fd::decode_attention(b.params(oq.data(), fd::QueryQuant::I8), Isa::Scalar, 1, ws);
+      fd::decode_attention(b.params(of.data(), fd::QueryQuant::F32), Isa::Scalar, 1, ws);
+      for (size_t i = 0; i < oq.size(); ++i) {
+        const double e = std::fabs(double(oq[i]) - of[i]);
+        worst = std::max(worst, e);
+        sum_sq += e * e, ref_sq += double(of[i]) * of[i];
+      }
+    }
+    std::printf("quantized query, %s KV: max |o_q8 - o_fp32q| = %.4f over the grid, rel. L2 %.3f%%\n",
+                fd::kv_dtype_name(dt).data(), worst, 100 * std::sqrt(sum_sq / ref_sq));
+    EXPECT_GT(worst, 0.0) << "the I8 query made no difference: is the quantized path running?";
+    EXPECT_LT(worst, dt == KVDType::I8 ? kQ8MaxErrI8 : kQ8MaxErrI4) << fd::kv_dtype_name(dt);
+  }
+}
+
+// What Auto resolves to: I8 at the VNNI level only, fp16 blocks never.
+TEST(DecodeAttention, QueryQuantAuto) {
+  using fd::QueryQuant;
+  for (Isa isa : kIsas) {
+    EXPECT_FALSE(fd::query_is_q8(QueryQuant::Auto, KVDType::F16, isa));
+    EXPECT_FALSE(fd::query_is_q8(QueryQuant::I8, KVDType::F16, isa));
+    EXPECT_FALSE(fd::query_is_q8(QueryQuant::F32, KVDType::I8, isa));
+    EXPECT_TRUE(fd::query_is_q8(QueryQuant::I8, KVDType::I4, isa));
+    EXPECT_EQ(fd::query_is_q8(QueryQuant::Auto, KVDType::I8, isa), isa == Isa::AVX512VNNI);
+  }
+}
 
 TEST(DecodeAttention, IsaSupport) {
   EXPECT_TRUE(fd::isa_supported(Isa::Scalar));
@@ -313,6 +463,7 @@ TEST(DecodeAttention, BadParamsThrow) {
   EXPECT_NE(msg([](auto& p) { p.scale = NAN; }).find("scale"), std::string::npos);
   EXPECT_NE(msg([](auto& p) { p.n_seq = -1; }).find("n_seq"), std::string::npos);
   EXPECT_NE(msg([](auto& p) { p.dtype = KVDType(7); }).find("dtype"), std::string::npos);
+  EXPECT_NE(msg([](auto& p) { p.query = fd::QueryQuant(5); }).find("query quantization"), std::string::npos);
   fd::SeqKVView bad = b.seqs[0];
   bad.n_tail = 32;
   EXPECT_NE(msg([&](auto& p) { p.seqs = &bad; }).find("n_tail"), std::string::npos);
