@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "fastdecode/sched/perf_model.h"
+#include "fastdecode/sched/hybrid.h"
 #include "fastdecode/core/cli_main.h"
 #include "harness/experiment.h"
 #include "harness/provenance.h"
@@ -79,6 +80,14 @@ int main(int argc, char** argv) {
   CLI::Option* socket_name_opt = plan->add_option("--socket-name", socket_name, "What a socket is, for the report "
                                                   "(needs --socket-cores)")->capture_default_str();
   plan->add_option("--json", plan_json, "Also write the plan as JSON here");
+  // The hybrid line (fastdecode/sched/hybrid.h): needs the GPU's decode-attention KV read rate.
+  double hy_gpu_gbps = 0, hy_gpu_mem_gb = 0, hy_cpu_mem_gb = 0, hy_context = 0;
+  plan->add_option("--gpu-attn-gbps", hy_gpu_gbps, "Hybrid line: the GPU's decode attention, GB/s of fp16 KV read")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--gpu-mem-gb", hy_gpu_mem_gb, "Hybrid line: GPU memory (default: no cap)")->check(CLI::PositiveNumber);
+  plan->add_option("--cpu-mem-gb", hy_cpu_mem_gb, "Hybrid line: R-worker KV memory in all (default: no cap)")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--context", hy_context, "Hybrid line: mean context per sequence (default S/2)")->check(CLI::PositiveNumber);
   // profile: T(B) of the S-Part backend and R of the R-worker kernel on this machine.
   std::string prof_model, prof_out;
   fd::ProfileOptions po;
@@ -152,6 +161,7 @@ int main(int argc, char** argv) {
       in.socket_cores = socket_cores;
       in.socket_name = socket_name;
       const fd::Plan p = fd::make_plan(in);
+      fd::json hybrid_plan = nullptr;
       std::printf("MODELLED from %s (model %s, N = %lld layers, S = %lld, R[%s] = %.3g s/token/layer):\n",
                   profile_path.c_str(), m.name.c_str(), (long long)in.layers, (long long)seq, kv_dtype.c_str(), in.r_s_per_token_layer);
       if (p.batch == 0) {
@@ -163,6 +173,26 @@ int main(int argc, char** argv) {
         std::printf("  %s\n", fd::format_cpus_line(p).c_str());
         std::printf("  tokens/s: S-bound %.0f, R-bound %.0f -> %.0f (%s binds)\n", p.tokens_per_s_s_bound,
                     p.tokens_per_s_r_bound, p.tokens_per_s, p.binds.c_str());
+        if (hy_gpu_gbps > 0) {  // B sequences of mean context c, each reserving S tokens; fixed per-step terms not counted
+          const double kv_layer = double(m.kv_bytes_per_token(2, true)) / double(m.full_num_layers);
+          fd::HybridModelInput hi;
+          hi.t = prof.t;
+          hi.layers = in.layers;
+          hi.batch = p.batch;
+          hi.context = hy_context > 0 ? hy_context : double(seq) / 2;
+          hi.reserve_tokens = std::max(double(seq), hi.context);
+          hi.gpu_s_per_token = kv_layer / (hy_gpu_gbps * 1e9);
+          hi.cpu_s_per_token = in.r_s_per_token_layer / p.cpus_used;
+          const double kv_token = kv_layer * double(in.layers);
+          if (hy_gpu_mem_gb > 0)
+            hi.gpu_capacity_tokens = std::max(0.0, hy_gpu_mem_gb * 1e9 - double(fd::with_layers(m, m.full_num_layers).num_params()) * 2 -
+                                                       double(1ull << 30)) / kv_token;
+          if (hy_cpu_mem_gb > 0) hi.cpu_capacity_tokens = hy_cpu_mem_gb * 1e9 / kv_token;
+          hybrid_plan = fd::to_json(fd::model_hybrid(hi));
+          std::printf("  %s\n", fd::format_hybrid_line(fd::model_hybrid(hi)).c_str());
+        } else {
+          std::printf("  hybrid: not modelled (give --gpu-attn-gbps, the GPU's decode-attention KV read rate)\n");
+        }
       }
       if (!plan_json.empty()) {
         fd::json j = fd::to_json(p);
@@ -170,6 +200,7 @@ int main(int argc, char** argv) {
         j["inputs"] = {{"profile", profile_path}, {"model", m.name}, {"layers", in.layers}, {"seq", seq},
                        {"kv_dtype", kv_dtype}, {"r_s_per_token_layer", in.r_s_per_token_layer},
                        {"latency_ms", latency_ms}, {"cpus_available", cpus_available}};
+        j["hybrid"] = hybrid_plan;
         fd::write_json_file(plan_json, j);
       }
       return 0;
