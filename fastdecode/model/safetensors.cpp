@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -260,7 +261,31 @@ std::vector<float> SafetensorsFile::read_f32(std::string_view name, const std::v
                                                    << shape_to_string(t.shape));
   // numel is bounded by the file size: open() checked numel * dtype_size == nbytes.
   std::vector<float> out(static_cast<size_t>(t.numel()));
-  if (!out.empty()) convert_to_f32(t.dtype, data(t), out.data(), out.size());
+  // Converted and scanned chunk by chunk (the chunk is still in cache for the scan): a NaN or Inf weight
+  // is refused at load, naming the tensor, instead of running to garbage tokens (issue 16). The scan is
+  // a branch-free OR over the exponent bits, which the compiler vectorises.
+  constexpr size_t kChunk = 16384;
+  const char* src = static_cast<const char*>(out.empty() ? nullptr : data(t));
+  for (size_t c0 = 0; c0 < out.size(); c0 += kChunk) {
+    const size_t m = std::min(kChunk, out.size() - c0);
+    convert_to_f32(t.dtype, src + c0 * dtype_size(t.dtype), out.data() + c0, m);
+    uint32_t bad = 0;
+    for (size_t j = 0; j < m; ++j) {
+      uint32_t bits;
+      std::memcpy(&bits, &out[c0 + j], 4);
+      bad |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);  // exponent all ones: Inf or NaN
+    }
+    if (bad) {
+      if (c0 + m < out.size())  // the rest too, so the count is the tensor's
+        convert_to_f32(t.dtype, src + (c0 + m) * dtype_size(t.dtype), out.data() + c0 + m, out.size() - c0 - m);
+      size_t first = c0, count = 0;
+      while (std::isfinite(out[first])) ++first;
+      for (size_t j = first; j < out.size(); ++j) count += !std::isfinite(out[j]);
+      FD_TENSOR_ERROR(path_, name, count << " non-finite value(s) (" << (std::isnan(out[first]) ? "NaN" : "Inf")
+                                         << " first at element " << first << " of " << out.size()
+                                         << "): a checkpoint with NaN or Inf weights gives garbage tokens");
+    }
+  }
   return out;
 }
 

@@ -52,7 +52,13 @@ int main(int argc, char** argv) {
   app.add_option("--max-message-mb", max_message_mb, "Largest accepted request")->check(CLI::Range(1.0, 65536.0))->capture_default_str();
   app.add_option("--name", name, "Name in logs and STATS")->capture_default_str();
   app.add_flag("--print-endpoint", print_endpoint, "Print the bound endpoint on stdout once listening");
-  app.add_flag("--verbose", verbose, "Log every error reply");
+  int log_errors_per_s = 10;
+  app.add_flag("--verbose", verbose, "Log every error reply (else --log-errors-per-s)");
+  app.add_option("--log-errors-per-s", log_errors_per_s,
+                 "At most this many error lines per second, then one 'suppressed K' line (a client decides how many "
+                 "bad requests it sends)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   app.add_option("--parent-pid", parent_pid,
                  "Exit when this process is no longer the parent (it died: no orphaned workers); the S-worker passes "
                  "its pid to the workers it spawns")
@@ -70,6 +76,7 @@ int main(int argc, char** argv) {
     opt.listen = listen;
     opt.cpus = parse_cpus(cpus);
     opt.verbose = verbose;
+    opt.log_errors_per_s = log_errors_per_s;
     fd::pin_openmp_threads(opt.cpus, threads);
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);

@@ -14,14 +14,44 @@ struct RWorkerServerOptions {
   std::string listen = "tcp://127.0.0.1:5555";
   std::vector<int> cpus;  // pin the compute threads to these CPUs (round robin); empty = no pinning
   int io_threads = 2;
-  bool verbose = false;
+  bool verbose = false;     // log every error reply (no rate limit)
+  int log_errors_per_s = 10; // otherwise at most this many error lines per second, then a "suppressed K" line
   long parent_pid = 0;  // > 0: stop serving once this process is no longer our parent (it died: no orphans)
+};
+
+// What the loop counts about the messages it received (for tests and logs).
+struct RouterCounters {
+  size_t max_bytes_held = 0;      // the most bytes of one message's frames the loop held at once
+  uint64_t refused_too_large = 0; // messages refused for their total size (or frame count) as they arrived
+};
+
+// Rate-limited logging: at most `per_second` lines in each one-second window; the lines over that are counted,
+// and the first line allowed after such a window is preceded by one "suppressed K" summary. A peer that sends
+// bad requests by the million thus writes a bounded log. per_second <= 0: no limit.
+class LogLimiter {
+ public:
+  explicit LogLimiter(int per_second) : per_second_(per_second) {}
+  // Whether a line may be printed at `now_ns`; when it may and lines were suppressed before, `*summary` is set
+  // to the line to print first (else cleared).
+  bool allow(int64_t now_ns, std::string* summary);
+  uint64_t suppressed_total() const { return suppressed_total_; }
+
+ private:
+  int per_second_;
+  int64_t window_start_ = 0;
+  int in_window_ = 0;
+  uint64_t suppressed_ = 0, suppressed_total_ = 0;
 };
 
 // The ROUTER loop every R-worker process runs (fd-rworker; the benchmark's echo R-worker): bind, then
 // one request at a time — its frames (routing id stripped) to `handle`, the frames it returns back to
 // the sender (a vanished peer just loses its reply) — until `done()` says so (checked after every
-// request and every 100 ms of quiet). `on_bound` receives the endpoint actually bound (tcp://...:*
+// request and every 100 ms of quiet). Frames are taken one at a time and the message's running total is checked
+// against max_message_bytes (and kMaxRequestFrames) as each arrives: past the limit the loop stops holding the
+// message (it keeps its header frame only), receives and drops each remaining frame at once, and answers an
+// ERROR too-large (malformed for too many frames) without calling `handle`. Note: libzmq itself delivers a
+// multipart message only once all of its frames are in (docs/SECURITY.md), so this bounds what the loop holds,
+// not libzmq's own receive buffer; ZMQ_MAXMSGSIZE bounds each frame there. `on_bound` receives the endpoint actually bound (tcp://...:*
 // resolves to a port). Throws fd::Error if it cannot bind.
 struct RouterLoop {
   std::string listen;
@@ -30,7 +60,14 @@ struct RouterLoop {
   std::function<std::vector<zmq::message_t>(const proto::Frame* frames, size_t n)> handle;
   std::function<bool()> done;
   std::function<void(const std::string&)> on_bound;
+  // Optional: the loop adds to these (the rworker's counters; a test's).
+  RouterCounters* counters = nullptr;
+  // Optional: sees the ERROR reply of each message refused as it arrived (fd-rworker logs it, rate-limited).
+  std::function<void(const std::vector<zmq::message_t>& reply)> on_refused;
 };
+
+// The most frames one message may have (a valid request has at most 5); more is refused as it arrives.
+constexpr size_t kMaxRequestFrames = 64;
 void run_router_loop(const RouterLoop& loop);
 
 // Runs until SHUTDOWN or *stop becomes true (checked every 100 ms). `on_bound` receives the endpoint

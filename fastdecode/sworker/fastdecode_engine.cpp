@@ -257,7 +257,7 @@ class FastDecodeEngine : public Engine {
       }
     const size_t n = load_.size();
     cap.kv_tokens = int64_t(double(n) * (std::floor(min_c) - double(max_len)));
-    char buf[360];
+    char buf[512];
     std::snprintf(buf, sizeof buf,
                   "schedule.kv_capacity_tokens = %lld, derived from the R-workers' memory (%zu workers%s, at most %.0f "
                   "tokens each after partial-block slack; minus one longest sequence each for placement imbalance)",
@@ -265,9 +265,11 @@ class FastDecodeEngine : public Engine {
     cap.note = buf;
     if (cap.kv_tokens < max_len) {
       std::snprintf(buf, sizeof buf,
-                    "the R-workers' KV memory holds %lld tokens in the worst case, less than one request of %lld "
-                    "tokens: raise engine.rworkers.memory_gb (or set schedule.kv_capacity_tokens)",
-                    (long long)cap.kv_tokens, (long long)max_len);
+                    "the R-workers' KV memory is too small for one request of %lld tokens: each of the %zu workers holds "
+                    "at most %.0f tokens after partial-block slack, and placement keeps room for one longest request on "
+                    "each, which leaves %lld tokens in all: raise engine.rworkers.memory_gb (or set "
+                    "schedule.kv_capacity_tokens)",
+                    (long long)max_len, n, std::floor(min_c), (long long)std::max<int64_t>(cap.kv_tokens, 0));
       cap.error = buf;
     }
     return cap;

@@ -2,6 +2,7 @@
 // the HF sharding rule and layout, and one test per kind of bad checkpoint, each an fd::ConfigError
 // naming the file and the tensor.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -332,4 +333,40 @@ TEST(CheckpointBad, AmbiguousOrEmptyFolderAndBadIndex) {
   expect_parts(config_error([&] { Checkpoint::open(d.path.string()); }), {kIndexFileName, "weight_map"});
   std::ofstream(d.file(kIndexFileName)) << "{not json";
   expect_parts(config_error([&] { Checkpoint::open(d.path.string()); }), {kIndexFileName, "not valid JSON"});
+}
+
+// Issue 16: a NaN or Inf weight is refused at load, naming the file and the tensor, in every stored dtype
+// (NaN weights used to run to exit 0 with every token 0). Values are planted in the bytes on disk.
+TEST(CheckpointBad, NonFiniteWeightsRefusedAtLoad) {
+  TempDir d("ckpt_nonfinite");
+  const ModelConfig c = tiny();
+  const auto specs = model_tensor_specs(c);
+  for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    for (const char* what : {"nan", "inf"}) {
+      const std::string dir = d.file(std::string(dtype_name(dt)) + "_" + what);
+      write_layout(dir, {{kSingleFileName, specs}}, false, dt);
+      const char* victim = std::string(what) == "nan" ? "model.layers.1.mlp.up_proj.weight" : "model.norm.weight";
+      {  // plant the value at element 5 of the tensor (our writer leaves no bytes after the last tensor)
+        const SafetensorsFile f = SafetensorsFile::open(dir + "/" + kSingleFileName);
+        size_t data_bytes = 0;
+        for (const auto& x : f.tensors()) data_bytes = std::max(data_bytes, x.offset + x.nbytes);
+        const size_t pos = f.file_size() - data_bytes + f.get(victim).offset + 5 * dtype_size(dt);
+        const float v = std::string(what) == "nan" ? std::nanf("") : INFINITY;
+        char b[4];
+        convert_from_f32(dt, &v, b, 1);
+        std::fstream io(dir + "/" + kSingleFileName, std::ios::in | std::ios::out | std::ios::binary);
+        io.seekp(std::streamoff(pos));
+        io.write(b, std::streamsize(dtype_size(dt)));
+      }
+      auto src = open_safetensors_source(dir);
+      check_tensor_source(c, *src);  // the tensor set is fine: the values are not
+      const std::string msg = config_error([&] { load_model_weights(c, *src); });
+      expect_parts(msg, {dir + "/" + kSingleFileName, victim, "1 non-finite value",
+                         std::string(what) == "nan" ? "NaN first at element 5" : "Inf first at element 5"});
+    }
+  }
+  // The unplanted checkpoint loads.
+  write_layout(d.file("ok"), {{kSingleFileName, specs}}, false);
+  auto ok = open_safetensors_source(d.file("ok"));
+  EXPECT_NO_THROW(load_model_weights(c, *ok));
 }
