@@ -380,7 +380,7 @@ int main(int argc, char** argv) {
                "fd-attn-bench"};
   Options o;
   o.memory_gb = 0.6 * mem_total_gb();
-  app.add_option("--isa", o.isas, "ISAs to run (scalar avx2 avx512 avx512vnni: int8/int4 with an int8 query); default: the best supported")
+  app.add_option("--isa", o.isas, "ISAs to run (scalar avx2 avx512 avx512vnni); default: the best supported")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512", "avx512vnni"}));
   app.add_option("--kv-dtype", o.dtypes, "KV dtypes (fp16 int8 int4); fp16 first gives int8/int4 their speedup_vs_fp16")
       ->capture_default_str()

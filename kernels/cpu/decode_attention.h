@@ -61,7 +61,7 @@ Isa best_isa();                              // the fastest supported
 //         rescaled in fp32. Adds the query's rounding error (docs/RWORKER.md states it, measured by
 //         test_decode_attention's QuantizedQueryAddedError). Every ISA has it: scalar (the twin), AVX2
 //         and AVX-512 (VPMADDUBSW), AVX512VNNI (VPDPBUSD).
-//   Auto  I8 at Isa::AVX512VNNI, F32 below it.
+//   Auto  F32 for now (I8 was not a clear win on the GPU machine: decode_attention.cpp); I8 on request.
 enum class QueryQuant : uint8_t { Auto = 0, F32 = 1, I8 = 2 };
 bool query_is_q8(QueryQuant qq, KVDType dtype, Isa isa);  // what Auto resolves to for this call
 

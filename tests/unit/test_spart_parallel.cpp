@@ -123,8 +123,11 @@ TEST_P(SPartTensorParallel, RanksAgreeBitwiseAndMatchTheWholeModel) {
     if (T == 1) {
       EXPECT_EQ(worst, 0.0) << GetParam() << ": T = 1 through a size-1 group must not change a bit (index " << at << ")";
     } else {
-      // Only the two reduced sums per layer change order: fp32 rounding, far below the logits' scale.
-      EXPECT_LE(worst, 1e-5 * std::fabs(scale) + 1e-6) << GetParam() << ": T = 2 logit " << at << " is " << got[0][at]
+      // Only the two reduced sums per layer change order: fp32 rounding, far below the logits' scale; K/V rounded
+      // to fp16 after the reduce may then land one fp16 step apart. Seen: up to 1.8e-5 absolute on the Zen 5 CI
+      // machines, 9.9e-5 (tiny-llama, 2.9e-5 of max |logit|) and 1.9e-4 (tiny-opt, 1.6e-5) on the GPU machine's
+      // Xeon, whose OpenBLAS kernels differ.
+      EXPECT_LE(worst, 1e-4 * std::fabs(scale) + 1e-6) << GetParam() << ": T = 2 logit " << at << " is " << got[0][at]
                                                         << ", the whole model's " << ref[at];
       std::printf("%s T = 2: largest logit difference %.3g (max |logit| %.3g)\n", GetParam(), worst, std::fabs(scale));
     }
