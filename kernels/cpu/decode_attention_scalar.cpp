@@ -58,6 +58,19 @@ void block_f16(Ctx& c, const F16Head& hd, int n, const float* qs) {
   }
 }
 
+// The block's scores c.s are in: softmax them, then acc += (p * vs[t]) * code over the int8 values.
+void softmax_and_i8_values(Ctx& c, const I8Head& hd) {
+  const int D = c.D;
+  for (int h = 0; h < c.G; ++h) softmax_update(c, h, kBT);
+  for (int t = 0; t < kBT; ++t) {
+    const int8_t* v = hd.v + size_t(t) * D;
+    for (int h = 0; h < c.G; ++h) {
+      const float w = c.s[h * kBT + t] * hd.vs[t];
+      for (int d = 0; d < D; ++d) c.acc[h * D + d] += w * float(v[d]);
+    }
+  }
+}
+
 // int8: x = scale[t] * code. score = ks[t] * (qs . code); acc += (p * vs[t]) * code.
 void block_i8(Ctx& c, const I8Head& hd, const float* qs) {
   const int D = c.D;
@@ -69,14 +82,7 @@ void block_i8(Ctx& c, const I8Head& hd, const float* qs) {
       c.s[h * kBT + t] = dot * hd.ks[t];
     }
   }
-  for (int h = 0; h < c.G; ++h) softmax_update(c, h, kBT);
-  for (int t = 0; t < kBT; ++t) {
-    const int8_t* v = hd.v + size_t(t) * D;
-    for (int h = 0; h < c.G; ++h) {
-      const float w = c.s[h * kBT + t] * hd.vs[t];
-      for (int d = 0; d < D; ++d) c.acc[h * D + d] += w * float(v[d]);
-    }
-  }
+  softmax_and_i8_values(c, hd);
 }
 
 // Code of channel d in a packed int4 row: group of 32 channels = 16 bytes, byte j holds channel j
@@ -86,23 +92,10 @@ inline int u4(const uint8_t* row, int d) {
   return (d % 32) < 16 ? (b & 15) : (b >> 4);
 }
 
-// int4 keys x = s[d]*c + z[d] (per channel): score = (qs*s) . c + qs . z.
-// int4 values x = s[t,g]*c + z[t,g] (per token and 32-channel group): acc += p*s*c, plus sum_t p*z.
-void block_i4(Ctx& c, const I4Head& hd, const float* qs, float* qq) {
+// The block's scores c.s are in: softmax them, then the int4 values x = s[t,g]*c + z[t,g] (per token and
+// 32-channel group): acc += p*s*c, plus sum_t p*z.
+void softmax_and_i4_values(Ctx& c, const I4Head& hd) {
   const int D = c.D, NG = D / 32;
-  for (int h = 0; h < c.G; ++h) {
-    float c0 = 0;
-    for (int d = 0; d < D; ++d) {
-      qq[h * D + d] = qs[h * D + d] * fp16_to_fp32(hd.kp[d]);
-      c0 += qs[h * D + d] * fp16_to_fp32(hd.kp[D + d]);
-    }
-    for (int t = 0; t < kBT; ++t) {
-      const uint8_t* k = hd.k + size_t(t) * D / 2;
-      float dot = 0;
-      for (int d = 0; d < D; ++d) dot += qq[h * D + d] * float(u4(k, d));
-      c.s[h * kBT + t] = dot + c0;
-    }
-  }
   for (int h = 0; h < c.G; ++h) softmax_update(c, h, kBT);
   for (int h = 0; h < c.G; ++h)
     for (int g = 0; g < NG; ++g) {
@@ -116,6 +109,25 @@ void block_i4(Ctx& c, const I4Head& hd, const float* qs, float* qq) {
       }
       for (int d = g * 32; d < g * 32 + 32; ++d) c.acc[h * D + d] += off;
     }
+}
+
+// int4 keys x = s[d]*c + z[d] (per channel): score = (qs*s) . c + qs . z.
+void block_i4(Ctx& c, const I4Head& hd, const float* qs, float* qq) {
+  const int D = c.D;
+  for (int h = 0; h < c.G; ++h) {
+    float c0 = 0;
+    for (int d = 0; d < D; ++d) {
+      qq[h * D + d] = qs[h * D + d] * fp16_to_fp32(hd.kp[d]);
+      c0 += qs[h * D + d] * fp16_to_fp32(hd.kp[D + d]);
+    }
+    for (int t = 0; t < kBT; ++t) {
+      const uint8_t* k = hd.k + size_t(t) * D / 2;
+      float dot = 0;
+      for (int d = 0; d < D; ++d) dot += qq[h * D + d] * float(u4(k, d));
+      c.s[h * kBT + t] = dot + c0;
+    }
+  }
+  softmax_and_i4_values(c, hd);
 }
 
 // The integer-dot twins (CallCtx::q8; the SIMD kernel is decode_attention_qdot.h): the same codes and
@@ -131,20 +143,13 @@ void block_i8_q8(Ctx& c, const I8Head& hd, const int8_t* qc, const float* sq) {
       c.s[h * kBT + t] = float(dot) * (sq[h] * hd.ks[t]);
     }
   }
-  for (int h = 0; h < c.G; ++h) softmax_update(c, h, kBT);
-  for (int t = 0; t < kBT; ++t) {
-    const int8_t* v = hd.v + size_t(t) * D;
-    for (int h = 0; h < c.G; ++h) {
-      const float w = c.s[h * kBT + t] * hd.vs[t];
-      for (int d = 0; d < D; ++d) c.acc[h * D + d] += w * float(v[d]);
-    }
-  }
+  softmax_and_i8_values(c, hd);
 }
 
 // int4 keys: qf = qs * s (the block's per-channel key scale), its codes qc and scale sqf per block;
 // score = float(sum qc * code) * sqf + qs . z. Values as in block_i4.
 void block_i4_q8(Ctx& c, const I4Head& hd, const float* qs, float* qf, int8_t* qc) {
-  const int D = c.D, NG = D / 32;
+  const int D = c.D;
   for (int h = 0; h < c.G; ++h) {
     float c0 = 0;
     for (int d = 0; d < D; ++d) {
@@ -160,19 +165,7 @@ void block_i4_q8(Ctx& c, const I4Head& hd, const float* qs, float* qf, int8_t* q
       c.s[h * kBT + t] = float(dot) * sqf + c0;
     }
   }
-  for (int h = 0; h < c.G; ++h) softmax_update(c, h, kBT);
-  for (int h = 0; h < c.G; ++h)
-    for (int g = 0; g < NG; ++g) {
-      float off = 0;
-      for (int t = 0; t < kBT; ++t) {
-        const uint8_t* v = hd.v + size_t(t) * D / 2;
-        const float p = c.s[h * kBT + t];
-        const float w = p * fp16_to_fp32(hd.vp[(2 * g) * kBT + t]);
-        off += p * fp16_to_fp32(hd.vp[(2 * g + 1) * kBT + t]);
-        for (int d = g * 32; d < g * 32 + 32; ++d) c.acc[h * D + d] += w * float(u4(v, d));
-      }
-      for (int d = g * 32; d < g * 32 + 32; ++d) c.acc[h * D + d] += off;
-    }
+  softmax_and_i4_values(c, hd);
 }
 
 }  // namespace

@@ -11,11 +11,15 @@
 #include "fastdecode/sworker/fastdecode_engine.h"
 #include "fastdecode/parallel/comm.h"
 #include "tests/unit/test_helpers.h"
+#include "tests/integration/parallel_test_util.h"
 #include "tests/unit/token_compare.h"
 
 using namespace fd;
 using fd::test::first_divergence;
 using fd::test::repo_path;
+using fd::test::parallel::requests;
+using fd::test::parallel::run;
+using fd::test::parallel::same_rows;
 
 namespace {
 
@@ -23,20 +27,6 @@ constexpr double kNearTie = 1e-5;  // fp32 on the CPU: CORRECTNESS.md's bound fo
 
 ModelConfig model(const char* name) {
   return load_model_config(repo_path(std::string("experiments/models/") + name + ".json"));
-}
-
-// Five requests of unequal prompts and lengths (they finish at different steps); request 11 records logits.
-std::vector<Request> requests(const ModelConfig& c) {
-  std::vector<Request> r;
-  for (uint64_t i = 0; i < 5; ++i) {
-    Request q;
-    q.id = 10 + i;
-    for (uint64_t t = 0; t < 3 + 4 * i; ++t) q.prompt.push_back(int32_t(3 + (i * 37 + t * 11) % uint64_t(c.vocab_size - 3)));
-    q.max_new_tokens = 24 + int64_t(i) * 3;
-    q.record_logits = i == 1;
-    r.push_back(q);
-  }
-  return r;
 }
 
 FastDecodeConfig config(int64_t T, int64_t P) {
@@ -51,25 +41,6 @@ FastDecodeConfig config(int64_t T, int64_t P) {
   ec.rworkers.timeout_ms = 60000;
   ec.rworkers.binary = std::string(FD_BIN_DIR) + "/fd-rworker";
   return ec;
-}
-
-fd::test::EngineRun run(const ModelConfig& c, const FastDecodeConfig& ec) {
-  auto w = make_random_source(3, DType::F16);
-  auto e = make_fastdecode_engine(ec, {c, *w, SamplingParams{}});
-  const auto r = fd::test::run_engine(*e, requests(c));
-  EXPECT_TRUE(r.errors.empty()) << r.describe_errors();
-  return r;
-}
-
-bool same_rows(const fd::test::EngineRun& a, const fd::test::EngineRun& b) {
-  if (a.logits.size() != b.logits.size()) return false;
-  for (const auto& [id, rows] : a.logits) {
-    const auto& o = b.logits.at(id);
-    if (rows.size() != o.size()) return false;
-    for (size_t i = 0; i < rows.size(); ++i)
-      if (rows[i].size() != o[i].size() || std::memcmp(rows[i].data(), o[i].data(), rows[i].size() * 4) != 0) return false;
-  }
-  return !a.logits.empty();
 }
 
 class Parallel : public ::testing::TestWithParam<const char*> {};
