@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   app.add_option("--cpus", cpus, "Pin compute threads to these CPUs, e.g. 0-7 or 0,2,4");
   app.add_option("--memory-gb", memory_gb, "KV-cache memory limit (GB = 1e9 bytes)")->check(CLI::Range(0.0, 1e6))->capture_default_str();
   app.add_option("--kv-dtype", kv_dtype, "KV storage")->check(CLI::IsMember({"fp16", "int8", "int4"}))->capture_default_str();
-  app.add_option("--isa", isa, "Kernel ISA: scalar, avx2, avx512 (default: the best supported)");
+  app.add_option("--isa", isa, "Kernel ISA: scalar, avx2, avx512, avx512vnni (default: the best supported)");
   app.add_option("--max-message-mb", max_message_mb, "Largest accepted request")->check(CLI::Range(1.0, 65536.0))->capture_default_str();
   app.add_option("--name", name, "Name in logs and STATS")->capture_default_str();
   app.add_flag("--print-endpoint", print_endpoint, "Print the bound endpoint on stdout once listening");
