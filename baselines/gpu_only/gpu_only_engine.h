@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "fastdecode/engine/engine.h"
+#include "fastdecode/parallel/ranks.h"
 
 namespace fd {
 
@@ -15,6 +16,22 @@ namespace fd {
 int64_t gpu_only_slots(const ModelConfig& model, double memory_bytes, int64_t max_context);
 // Device memory one decode row (one running sequence) takes besides its KV-cache: activations and logits.
 double gpu_only_row_bytes(const ModelConfig& model);
+
+// What one S-rank of a parallel run holds at full depth (tensor part t of T of pipeline stage p of P, the stage
+// running `stage_layers` of the run's model.num_layers): its weights (1/T of its stage's share of the full
+// model's layers; 1/T of the embedding on the first stage and of the LM head on the last; with one stage 1/T of
+// all of it), and per sequence its KV-cache (its KV heads, its stage's full-depth layers, max_context tokens)
+// plus one decode row's activations at its widths. T = P = 1 gives gpu_only_slots' terms.
+struct GpuOnlyRankMemory {
+  double weights = 0, per_seq = 0;
+};
+GpuOnlyRankMemory gpu_only_rank_memory(const ModelConfig& model, int64_t T, int64_t P, int64_t p, int64_t stage_layers,
+                                       int64_t max_context);
+// The slots of T x P ranks (rank g = p*T + t on GPU devices[g], stage p running stages[p] of the run's layers)
+// with memory_bytes per GPU: on each GPU, what its ranks' weights and 1 GiB of workspaces per rank leave, over
+// the sum of its ranks' per-sequence bytes; the least over the GPUs. 0 when the weights alone do not fit.
+int64_t gpu_only_parallel_slots(const ModelConfig& model, int64_t T, const std::vector<std::pair<int64_t, int64_t>>& stages,
+                                const std::vector<int>& devices, double memory_bytes, int64_t max_context);
 
 // The "engine" section with type "gpu-only". GPU memory and SMs come from the run's HardwareBalance.
 struct GpuOnlyConfig {
@@ -25,6 +42,9 @@ struct GpuOnlyConfig {
   // power of two).
   bool cuda_graphs = true;
   std::string dtype = "fp16";  // 16-bit weights and activations: fp16 | bf16 (fp32 accumulation)
+  // Tensor and pipeline parallelism (docs/PARALLEL.md): T x P S-ranks, threads of the engine's process, rank
+  // (t, p) on its own GPU with the KV-cache of its heads and layers. CUDA graphs only without it.
+  ParallelConfig parallel;
   static GpuOnlyConfig parse(StrictObject& o);  // the section's own keys (not type / threads)
   json to_json() const;
 };

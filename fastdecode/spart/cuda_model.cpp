@@ -386,9 +386,9 @@ void CudaModel::logits(DevActs& a, int64_t n) const {
   }
 }
 
-void CudaModel::prefill_forward(DevActs& a, int64_t n_seq, int64_t max_len,
-                                const std::function<void(int)>& store_kv) const {
-  embed(a);
+void CudaModel::prefill_forward(DevActs& a, int64_t n_seq, int64_t max_len, const std::function<void(int)>& store_kv,
+                                bool embed_first) const {
+  if (embed_first) embed(a);
   for (int l = 0; l < int(cfg_.num_layers); ++l) {
     attention_input(a, l, kF32 | kF16);
     store_kv(l);

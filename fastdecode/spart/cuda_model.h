@@ -152,10 +152,12 @@ class CudaModel {
   // a.a16 = the fp32 attention output a.att (T rows) in the act type.
   void attention_from_f32(DevActs& a) const;
   // The whole prefill over packed prompts (a.tokens, a.pos, a.starts: n_seq + 1 row offsets, on the device;
-  // max_len the longest prompt): embed, then per layer the projections (fp32 and fp16), store_kv(layer) —
-  // the engine files the prompt's K/V (a.k, a.v fp32) where its cache is —, causal attention over the
-  // packed fp16 K/V, o-projection and MLP. The GPU engines differ only in store_kv.
-  void prefill_forward(DevActs& a, int64_t n_seq, int64_t max_len, const std::function<void(int)>& store_kv) const;
+  // max_len the longest prompt): embed (unless `embed_first` is false: a later pipeline stage, whose a.x came
+  // from the stage before), then per layer the projections (fp32 and fp16), store_kv(layer) — the engine files
+  // the prompt's K/V (a.k, a.v fp32) where its cache is —, causal attention over the packed fp16 K/V,
+  // o-projection and MLP. The GPU engines differ only in store_kv.
+  void prefill_forward(DevActs& a, int64_t n_seq, int64_t max_len, const std::function<void(int)>& store_kv,
+                       bool embed_first = true) const;
   // The GEMMs of one layer alone ([q|k|v], o, [gate|up], down on a's buffers, all with 16-bit outputs):
   // the ceiling the S-Part layer is benchmarked against (fd-spart-bench).
   void layer_gemms_only(DevActs& a, int layer) const;

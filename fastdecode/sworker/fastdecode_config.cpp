@@ -16,32 +16,8 @@ FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
   c.prefill_tokens = o.get_int("prefill_tokens", 1, 1 << 24, 16384);
   if (o.has("parallel")) {
     StrictObject p = o.get_object("parallel");
-    ParallelConfig& pc = c.parallel;
-    pc.tensor = p.get_int("tensor", 1, 64, 1);
-    pc.pipeline = p.get_int("pipeline", 1, 64, 1);
-    const json& ls = p.get_raw("layers");
-    if (!ls.is_null()) {
-      if (!ls.is_array() || int64_t(ls.size()) != pc.pipeline)
-        p.fail("layers", "expected a list of " + std::to_string(pc.pipeline) + " layer counts, one per pipeline stage");
-      for (const auto& n : ls) {
-        if (!n.is_number_integer() || n.get<int64_t>() < 1) p.fail("layers", "every stage needs at least 1 layer");
-        pc.layers.push_back(n.get<int64_t>());
-      }
-    }
-    pc.timeout_ms = p.get_int("timeout_ms", 100, 3600000, 60000);
-    pc.comm = p.get_enum("comm", {"auto", "gloo", "nccl"}, std::string("auto"));
-    const json& ds = p.get_raw("devices");
-    if (!ds.is_null()) {
-      if (c.backend == "cpu") p.fail("devices", "applies to the cuda backend (the GPU of each rank)");
-      if (!ds.is_array() || int64_t(ds.size()) != pc.ranks())
-        p.fail("devices", "expected a list of " + std::to_string(pc.ranks()) + " GPU indices, one per rank (rank p*T + t)");
-      for (const auto& d : ds) {
-        if (!d.is_number_integer() || d.get<int64_t>() < 0) p.fail("devices", "every entry must be a GPU index >= 0");
-        pc.devices.push_back(d.get<int64_t>());
-      }
-    }
-    if (pc.comm == "nccl" && c.backend == "cpu") p.fail("comm", "nccl moves GPU buffers; the cpu backend uses gloo");
-    p.finish();
+    // Slots: 16 per S-Part, the prefill one after the decode mini-batches (waves x mini_batches of them).
+    c.parallel = ParallelConfig::parse(p, c.backend != "cpu", 15 / c.mini_batches);
   } else {
     o.get_raw("parallel");
   }
@@ -65,13 +41,50 @@ FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
     rw.timeout_ms = r.get_int("timeout_ms", 10, 3600000, 60000);
     rw.binary = r.get_string("binary", "");
     rw.pin = r.get_bool("pin", false);
+    const json& gs = r.get_raw("groups");
+    if (!gs.is_null()) {
+      if (!gs.is_array() || int64_t(gs.size()) != c.parallel.ranks() || c.parallel.ranks() < 2)
+        r.fail("groups", "expected a list of " + std::to_string(c.parallel.ranks()) +
+                             " objects, one per S-rank's R-worker group (rank p*T + t), with engine.parallel of 2 or more ranks");
+      for (size_t g = 0; g < gs.size(); ++g) {
+        if (!gs[g].is_object()) r.fail("groups", "entry " + std::to_string(g) + " is not an object");
+        StrictObject go(gs[g], r.file(), "engine.rworkers.groups[" + std::to_string(g) + "]");
+        RWorkersConfig::Group grp;
+        const json& ge = go.get_raw("endpoints");
+        if (!ge.is_null()) {
+          if (!ge.is_array() || ge.empty()) go.fail("endpoints", "expected a non-empty list of endpoints");
+          for (const auto& e : ge) {
+            if (!e.is_string() || e.get<std::string>().empty()) go.fail("endpoints", "every endpoint must be a string");
+            grp.endpoints.push_back(e.get<std::string>());
+          }
+          for (const char* k : {"threads", "kv_dtype", "memory_gb", "pin", "first_cpu"})
+            if (go.has(k)) go.fail(k, "applies to a spawned group; not allowed with endpoints");
+        }
+        grp.threads = go.get_int("threads", 1, 4096, -1);
+        grp.kv_dtype = go.get_enum("kv_dtype", {"fp16", "int8", "int4"}, std::string());
+        grp.memory_gb = go.get_number("memory_gb", 0.001, 1e6, -1);
+        if (go.has("pin")) grp.pin = go.get_bool("pin") ? 1 : 0;
+        grp.first_cpu = go.get_int("first_cpu", 0, 1 << 20, -1);
+        go.finish();
+        rw.groups.push_back(std::move(grp));
+      }
+      size_t n = 0;  // every group's worker count must be the same
+      for (const auto& grp : rw.groups) {
+        const size_t k = grp.endpoints.empty() ? size_t(rw.spawn) : grp.endpoints.size();
+        if (n && k != n)
+          r.fail("groups", "every group needs the same number of R-workers (a sequence sits at the same worker index in "
+                           "every group): " + std::to_string(n) + " and " + std::to_string(k) +
+                           " (spawned groups have engine.rworkers.spawn)");
+        n = k;
+      }
+    }
     r.finish();
   } else {
     o.get_raw("rworkers");
   }
   if (c.parallel.ranks() > 1 && !c.rworkers.endpoints.empty())
-    o.fail("parallel", "tensor/pipeline parallelism spawns one R-worker group per rank (engine.rworkers.spawn each); "
-                       "engine.rworkers.endpoints is not allowed with it");
+    o.fail("parallel", "tensor/pipeline parallelism has one R-worker group per rank: list each group's endpoints in "
+                       "engine.rworkers.groups[g].endpoints (engine.rworkers.endpoints is not allowed with it)");
   return c;
 }
 
@@ -80,14 +93,26 @@ json FastDecodeConfig::to_json() const {
             {"wire_dtype", wire_dtype.empty() ? (backend == "cpu" ? "fp32" : backend == "cuda" ? "fp16" : "auto") : wire_dtype},
             {"prefill_tokens", prefill_tokens}};
   if (backend != "cpu") j["dtype"] = dtype, j["cuda_graphs"] = cuda_graphs;
-  if (parallel.ranks() > 1)
-    j["parallel"] = {{"tensor", parallel.tensor}, {"pipeline", parallel.pipeline}, {"layers", parallel.layers},
-                     {"timeout_ms", parallel.timeout_ms}, {"comm", parallel.comm}, {"devices", parallel.devices}};
+  if (parallel.ranks() > 1 || parallel.waves > 0) j["parallel"] = parallel.to_json();
   const RWorkersConfig& r = rworkers;
   j["rworkers"] = r.endpoints.empty()
                       ? json{{"spawn", r.spawn}, {"threads", r.threads}, {"kv_dtype", r.kv_dtype}, {"memory_gb", r.memory_gb},
                              {"timeout_ms", r.timeout_ms}, {"binary", r.binary}, {"pin", r.pin}}
                       : json{{"endpoints", r.endpoints}, {"timeout_ms", r.timeout_ms}};
+  if (!r.groups.empty()) {
+    json gs = json::array();
+    for (const auto& g : r.groups) {
+      json e = json::object();
+      if (!g.endpoints.empty()) e["endpoints"] = g.endpoints;
+      if (g.threads > 0) e["threads"] = g.threads;
+      if (!g.kv_dtype.empty()) e["kv_dtype"] = g.kv_dtype;
+      if (g.memory_gb > 0) e["memory_gb"] = g.memory_gb;
+      if (g.pin >= 0) e["pin"] = g.pin == 1;
+      if (g.first_cpu >= 0) e["first_cpu"] = g.first_cpu;
+      gs.push_back(e);
+    }
+    j["rworkers"]["groups"] = gs;
+  }
   return j;
 }
 

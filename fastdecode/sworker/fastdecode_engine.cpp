@@ -49,63 +49,18 @@ FastDecodeConfig resolve(FastDecodeConfig c, const HardwareBalance& hw) {
   return c;
 }
 
-// The GPU of each S-rank (rank g = p*T + t) on the cuda backend: engine.parallel.devices, else g; with T = 1
-// and fewer GPUs than stages every stage shares GPU 0 (pipeline stages need no collective). T > 1 with fewer
-// GPUs than ranks is refused unless the devices are listed (ranks then share GPUs: a correctness run).
-std::vector<int> rank_devices(const FastDecodeConfig& ec, int64_t T, int64_t P) {
-  const int64_t G = T * P;
-  std::vector<int> d(size_t(G), 0);
-  if (ec.backend != "cuda" || G == 1) return d;
-  const int64_t n = int64_t(cuda_devices().size());
-  if (n == 0) throw ConfigError("engine.parallel on the cuda backend: no CUDA device answers (use backend cpu)");
-  if (!ec.parallel.devices.empty()) {
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t v = ec.parallel.devices[size_t(g)];
-      if (v >= n)
-        throw ConfigError("engine.parallel.devices: rank " + std::to_string(g) + " on GPU " + std::to_string(v) + ", but " +
-                          std::to_string(n) + " GPU(s) answer");
-      d[size_t(g)] = int(v);
-    }
-    return d;
-  }
-  if (n >= G) {
-    for (int64_t g = 0; g < G; ++g) d[size_t(g)] = int(g);
-    return d;
-  }
-  if (T == 1) return d;  // every stage on GPU 0 (noted in the engine's notes)
-  std::string zeros;
-  for (int64_t g = 0; g < G; ++g) zeros += g ? ", 0" : "0";
-  throw ConfigError("engine.parallel: tensor " + std::to_string(T) + " x pipeline " + std::to_string(P) + " on the cuda backend "
-                    "needs " + std::to_string(G) + " GPUs, one per rank, and " + std::to_string(n) + " answer(s). To run the "
-                    "ranks on fewer GPUs anyway (a correctness run: ranks sharing a GPU measure nothing about T GPUs), list "
-                    "engine.parallel.devices (e.g. [" + zeros + "]) with comm gloo");
-}
-
-// The tensor group's communicator: nccl for GPU ranks on distinct devices when built (auto), gloo otherwise.
-std::string tensor_comm(const FastDecodeConfig& ec, const std::vector<int>& devices) {
-  bool distinct = true;
-  for (size_t i = 0; i < devices.size(); ++i)
-    for (size_t j = 0; j < i; ++j) distinct = distinct && devices[i] != devices[j];
-  const std::string& want = ec.parallel.comm;
-  if (ec.backend != "cuda" || want == "gloo") {
-    if (!have_gloo())
-      throw ConfigError("engine.parallel.tensor > 1 with comm gloo needs the Gloo communicator, and this build has none "
-                        "(scripts/setup.sh installs libgloo-dev; docs/PARALLEL.md)");
-    return "gloo";
-  }
-  if (want == "nccl" || (distinct && have_nccl())) {
-    if (!have_nccl())
-      throw ConfigError("engine.parallel.comm nccl: this build has no NCCL communicator (CMake found no nccl.h / "
-                        "libnccl.so.2; set FD_NCCL_ROOT, docs/PARALLEL.md)");
-    if (!distinct)
-      throw ConfigError("engine.parallel.comm nccl: a tensor group's ranks share a GPU, and NCCL holds one rank per GPU "
-                        "(use comm gloo to run them on one GPU)");
-    return "nccl";
-  }
-  if (!have_gloo())
-    throw ConfigError("engine.parallel.tensor > 1 on the cuda backend needs NCCL (distinct GPUs) or Gloo, and this build "
-                      "has neither (docs/PARALLEL.md)");
-  return "gloo";
+// Each R-worker group's settings: rworkers, overridden by rworkers.groups[g].
+RWorkersConfig group_config(const RWorkersConfig& r, size_t g) {
+  RWorkersConfig c = r;
+  c.groups.clear();
+  if (r.groups.empty()) return c;
+  const RWorkersConfig::Group& o = r.groups[g];
+  c.endpoints = o.endpoints;
+  if (o.threads > 0) c.threads = o.threads;
+  if (!o.kv_dtype.empty()) c.kv_dtype = o.kv_dtype;
+  if (o.memory_gb > 0) c.memory_gb = o.memory_gb;
+  if (o.pin >= 0) c.pin = o.pin == 1;
+  return c;
 }
 
 class FastDecodeEngine : public Engine {
@@ -129,43 +84,58 @@ class FastDecodeEngine : public Engine {
       check_tensor_parallel(cfg_, T);
       stages = stage_layers(cfg_.num_layers, P, ec.parallel.layers);
       if (!ec.rworkers.endpoints.empty())
-        FD_THROW("fastdecode engine: engine.parallel needs spawned R-worker groups (engine.rworkers.spawn), not endpoints");
+        throw ConfigError("fastdecode engine: engine.parallel has one R-worker group per rank: list each group's endpoints "
+                          "in engine.rworkers.groups[g].endpoints, not engine.rworkers.endpoints");
+      if (!ec.rworkers.groups.empty() && int64_t(ec.rworkers.groups.size()) != G)
+        throw ConfigError("fastdecode engine: engine.rworkers.groups has " + std::to_string(ec.rworkers.groups.size()) +
+                          " entries for " + std::to_string(G) + " S-ranks");
+      for (int64_t g = 1; g < G; ++g) {
+        const RWorkersConfig a = group_config(ec.rworkers, 0), b = group_config(ec.rworkers, size_t(g));
+        const size_t na = a.endpoints.empty() ? size_t(a.spawn) : a.endpoints.size();
+        const size_t nb = b.endpoints.empty() ? size_t(b.spawn) : b.endpoints.size();
+        if (na != nb)
+          throw ConfigError("fastdecode engine: R-worker group 0 has " + std::to_string(na) + " workers and group " +
+                            std::to_string(g) + " has " + std::to_string(nb) + ": every group needs the same number (a "
+                            "sequence sits at the same worker index in every group)");
+      }
     }
-    // Every group's workers first, before any thread or communicator: group g belongs to rank g, and worker i
-    // of group g is pinned to the cores after those of the groups before it.
+    // The GPU of each rank: refused here, before any worker is spawned, when too few answer.
+    const std::vector<int> devices =
+        ec.backend == "cuda" && G > 1 ? rank_devices(ec.parallel, int64_t(cuda_devices().size()), "fastdecode engine")
+                                      : std::vector<int>(size_t(G), 0);
+    // Every group's workers first, before any thread or communicator: group g belongs to rank g; a pinned worker
+    // i of group g takes the cores after those of the pinned groups before it (or from the group's first_cpu).
     std::vector<std::vector<std::string>> endpoints(static_cast<size_t>(G));
-    if (!ec.rworkers.endpoints.empty()) {
-      endpoints[0] = ec.rworkers.endpoints;
-    } else {
-      const std::string bin = ec.rworkers.binary.empty() ? default_rworker_binary() : ec.rworkers.binary;
-      const int64_t N = ec.rworkers.spawn, th = ec.rworkers.threads;
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t i = 0; i < N; ++i) {
-          const std::string name = G == 1 ? "rworker" + std::to_string(i) : "g" + std::to_string(g) + "w" + std::to_string(i);
-          std::vector<std::string> args = {"--threads", std::to_string(th), "--kv-dtype", ec.rworkers.kv_dtype,
-                                            "--memory-gb", std::to_string(ec.rworkers.memory_gb), "--name", name};
-          if (ec.rworkers.pin) {  // disjoint cores per worker: the emulated CPU count is exact
-            const int64_t first = (g * N + i) * th, last = first + th - 1;
-            char cpus[48];
-            std::snprintf(cpus, sizeof cpus, "%lld-%lld", (long long)first, (long long)last);
-            args.insert(args.end(), {"--cpus", cpus});
-          }
-          spawned_.push_back(std::make_unique<SpawnedRWorker>(bin, args));
-          endpoints[size_t(g)].push_back(spawned_.back()->endpoint());
+    const std::string bin = ec.rworkers.binary.empty() ? default_rworker_binary() : ec.rworkers.binary;
+    int64_t next_cpu = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      const RWorkersConfig r = group_config(ec.rworkers, size_t(g));
+      group_spawned_.push_back(r.endpoints.empty());
+      if (!r.endpoints.empty()) {
+        endpoints[size_t(g)] = r.endpoints;
+        continue;
+      }
+      const int64_t own_first = ec.rworkers.groups.empty() ? -1 : ec.rworkers.groups[size_t(g)].first_cpu;
+      const int64_t first_cpu = own_first >= 0 ? own_first : next_cpu;
+      for (int64_t i = 0; i < r.spawn; ++i) {
+        const std::string name = G == 1 ? "rworker" + std::to_string(i) : "g" + std::to_string(g) + "w" + std::to_string(i);
+        std::vector<std::string> args = {"--threads", std::to_string(r.threads), "--kv-dtype", r.kv_dtype,
+                                          "--memory-gb", std::to_string(r.memory_gb), "--name", name};
+        if (r.pin) {  // disjoint cores per worker: the emulated CPU count is exact
+          const int64_t first = first_cpu + i * r.threads, last = first + r.threads - 1;
+          char cpus[48];
+          std::snprintf(cpus, sizeof cpus, "%lld-%lld", (long long)first, (long long)last);
+          args.insert(args.end(), {"--cpus", cpus});
         }
+        spawned_.push_back(std::make_unique<SpawnedRWorker>(bin, args));
+        endpoints[size_t(g)].push_back(spawned_.back()->endpoint());
+      }
+      if (r.pin) next_cpu = std::max(next_cpu, first_cpu + r.spawn * r.threads);
     }
     std::vector<ModelWeights> weights;
     if (G == 1) weights.push_back(load_model_weights(ctx.model, ctx.weights));
     else weights = load_model_shards(ctx.model, ctx.weights, T, stages);
-    const int timeout = int(ec.parallel.timeout_ms);
-    const std::vector<int> devices = rank_devices(ec, T, P);
-    if (T > 1)
-      for (int64_t p = 0; p < P; ++p) {
-        const std::vector<int> group(devices.begin() + p * T, devices.begin() + (p + 1) * T);
-        tp_.push_back(tensor_comm(ec, group) == "nccl" ? make_nccl_group(group) : make_gloo_group(int(T), timeout));
-      }
-    if (P > 1)  // the stage hand-off: ranks are threads of this process, so an in-process mailbox
-      for (int64_t t = 0; t < T; ++t) pp_.push_back(make_local_group(int(P), timeout));
+    comms_ = RankComms(ec.parallel, ec.backend == "cuda" ? devices : std::vector<int>{});
     devices_ = devices;
     if (ec.backend == "cuda" && G > 1) {
       bool shared = false;
@@ -176,12 +146,12 @@ class FastDecodeEngine : public Engine {
       if (P > 1)
         notes_.push_back("engine.parallel: pipeline hand-offs go through pinned host memory (an in-process mailbox), "
                          "not GPU to GPU");
-      if (T > 1 && !tp_[0][0]->device_buffers())
-        notes_.push_back("engine.parallel: tensor collectives go through pinned host copies (" + tp_[0][0]->describe() + ")");
+      if (T > 1 && !comms_.tensor_device_buffers())
+        notes_.push_back("engine.parallel: tensor collectives go through pinned host copies (" + comms_.tensor_describe() + ")");
     }
     for (int64_t g = 0; g < G; ++g) {
       const int64_t p = g / T, t = g % T;
-      const SPartComms comms{T > 1 ? tp_[size_t(p)][size_t(t)].get() : nullptr};
+      const SPartComms comms{comms_.tp(size_t(g))};
       std::unique_ptr<SPart> sp =
           ec.backend == "cuda"
               ? make_cuda_spart(std::move(weights[size_t(g)]), {int(ctx.hardware.gpu_sm_count), dtype_from_name(ec.dtype),
@@ -197,7 +167,7 @@ class FastDecodeEngine : public Engine {
         o.track_suffix = " t" + std::to_string(t) + " p" + std::to_string(p);
         o.worker_prefix = "rworker g" + std::to_string(g) + ".";
       }
-      ranks_.push_back(std::make_unique<SRank>(std::move(sp), std::move(client), P > 1 ? pp_[size_t(t)][size_t(p)].get() : nullptr, o));
+      ranks_.push_back(std::make_unique<SRank>(std::move(sp), std::move(client), comms_.pp(size_t(g)), o));
     }
     load_.assign(ranks_[0]->client().size(), 0);
   }
@@ -218,7 +188,7 @@ class FastDecodeEngine : public Engine {
     };
     json j = {{"backend", ec_.backend},       {"s_part", ranks_.empty() ? "" : ranks_[0]->spart().describe()},
               {"mini_batches", ec_.mini_batches}, {"wire_dtype", ec_.wire_dtype},
-              {"rworkers_spawned", !spawned_.empty()}, {"rworkers", ranks_.empty() ? json::array() : workers(*ranks_[0])}};
+              {"rworkers_spawned", !spawned_.empty()}, {"waves", ec_.parallel.wave_count()}, {"rworkers", ranks_.empty() ? json::array() : workers(*ranks_[0])}};
     if (ranks_.size() > 1) {
       json r = json::array();
       for (const auto& rk : ranks_) {
@@ -229,9 +199,8 @@ class FastDecodeEngine : public Engine {
                      {"heads", c.num_heads}, {"kv_heads", c.num_kv_heads}, {"s_part", rk->spart().describe()},
                      {"rworkers", workers(*rk)}});
       }
-      j["parallel"] = {{"tensor", ec_.parallel.tensor}, {"pipeline", ec_.parallel.pipeline},
-                       {"comm", {{"tensor", ec_.parallel.tensor > 1 ? tp_[0][0]->describe() : "none"},
-                                 {"pipeline", ec_.parallel.pipeline > 1 ? pp_[0][0]->describe() : "none"}}}};
+      j["parallel"] = {{"tensor", ec_.parallel.tensor}, {"pipeline", ec_.parallel.pipeline}, {"waves", ec_.parallel.wave_count()},
+                       {"comm", {{"tensor", comms_.tensor_describe()}, {"pipeline", comms_.pipeline_describe()}}}};
       j["ranks"] = r;
     }
     return j;
@@ -342,9 +311,9 @@ class FastDecodeEngine : public Engine {
     running_.clear();
     queued_.clear();
     const std::vector<std::pair<size_t, std::vector<uint64_t>>> live(by_worker.begin(), by_worker.end());
-    for (auto& rk : ranks_) {
+    for (size_t g = 0; g < ranks_.size(); ++g) {
       try {
-        rk->shutdown(live, !spawned_.empty());
+        ranks_[g]->shutdown(live, group_spawned_[g]);
       } catch (...) {
         if (!failed) failed = std::current_exception();
       }
@@ -352,16 +321,17 @@ class FastDecodeEngine : public Engine {
     for (auto& p : spawned_) p->wait_exit();
     spawned_.clear();
     ranks_.clear();
-    tp_.clear();
-    pp_.clear();
+    comms_.clear();
     if (failed) std::rethrow_exception(failed);
   }
 
  private:
-  // The running sequences in mini-batches: each worker's sequences alternate between them, so every worker
-  // has work in both (it attends for one while the S-Part runs the other); each is ordered by owning worker.
+  // The running sequences in waves x mini_batches mini-batches: each worker's sequences alternate between them,
+  // so every worker has work in each (it attends for one while the S-Part runs another); each is ordered by
+  // owning worker. Wave w is mini-batches [w * mini_batches, (w + 1) * mini_batches).
   void plan_decode(StepPlan& plan, std::vector<std::vector<Sequence*>>& mbs) {
-    const size_t n_mb = size_t(std::min<int64_t>(ec_.mini_batches, int64_t(running_.size())));
+    const int64_t per_wave = ec_.mini_batches, M = per_wave * ec_.parallel.wave_count();
+    const size_t n_mb = size_t(std::min<int64_t>(M, int64_t(running_.size())));
     mbs.assign(n_mb, {});
     std::vector<size_t> turn(load_.size(), 0);
     for (auto& [id, s] : running_) mbs[turn[s.worker]++ % n_mb].push_back(&s);
@@ -376,6 +346,8 @@ class FastDecodeEngine : public Engine {
       }
       plan.decode.push_back(std::move(pb));
     }
+    for (size_t m = 0; m < n_mb; m += size_t(per_wave)) plan.waves.push_back(m);
+    plan.waves.push_back(n_mb);
   }
 
   // New requests: placed on the least-loaded worker index (the same in every group); at most prefill_tokens
@@ -400,7 +372,7 @@ class FastDecodeEngine : public Engine {
     std::stable_sort(fresh.begin(), fresh.end(), [](const Sequence* a, const Sequence* b) { return a->worker < b->worker; });
     PlanBatch& pb = plan.prefill;
     plan.has_prefill = true;
-    pb.slot = int(std::max<int64_t>(ec_.mini_batches, 1));  // after the decode mini-batches' slots
+    pb.slot = int(ec_.mini_batches * ec_.parallel.wave_count());  // after the decode mini-batches' slots
     for (Sequence* s : fresh) {
       pb.starts.push_back(int64_t(pb.tokens.size()));
       pb.ids.push_back(s->req.id), pb.workers.push_back(s->worker);
@@ -414,39 +386,11 @@ class FastDecodeEngine : public Engine {
   // One rank: inline. Several: one thread each; a rank that fails aborts its communicators, which wakes its
   // peers blocked in a collective or a hand-off, and the first failure is what the step throws.
   std::vector<RankStep> run_ranks(const StepPlan& plan) {
-    if (ranks_.size() == 1) return {ranks_[0]->run(plan)};
-    const size_t G = ranks_.size();
-    std::vector<RankStep> res(G);
-    std::vector<std::string> err(G);
-    std::atomic<int> order{0};
-    std::vector<int> when(G, -1);
-    std::vector<std::thread> th;
-    for (size_t g = 0; g < G; ++g)
-      th.emplace_back([&, g] {
-        try {
-          res[g] = ranks_[g]->run(plan);
-        } catch (const std::exception& e) {
-          when[g] = order++;
-          err[g] = e.what();
-          abort_comms(g);
-        }
-      });
-    for (auto& t : th) t.join();
-    int first = -1;
-    for (size_t g = 0; g < G; ++g)
-      if (when[g] >= 0 && (first < 0 || when[g] < when[size_t(first)])) first = int(g);
-    if (first >= 0) {
-      const SRankOptions& o = ranks_[size_t(first)]->options();
-      FD_THROW("fastdecode engine: rank t" << o.tp_rank << " p" << o.pp_rank << " (R-worker group " << first
-                                           << "): " << err[size_t(first)]);
-    }
+    std::vector<RankStep> res(ranks_.size());
+    run_on_ranks(
+        ranks_.size(), size_t(ec_.parallel.tensor), "fastdecode engine", [&](size_t g) { res[g] = ranks_[g]->run(plan); },
+        [&](size_t g) { comms_.abort(g); }, [](size_t g) { return "R-worker group " + std::to_string(g); });
     return res;
-  }
-
-  void abort_comms(size_t g) {
-    const size_t T = size_t(ec_.parallel.tensor), p = g / T, t = g % T;
-    if (!tp_.empty()) tp_[p][t]->abort();
-    if (!pp_.empty()) pp_[t][p]->abort();
   }
 
   // Emits each sequence's picked token (a forced sequence continues with its forced token, not the pick) and
@@ -496,8 +440,8 @@ class FastDecodeEngine : public Engine {
   SamplingParams sampling_;
   WireDType wire_;
   std::vector<std::unique_ptr<SpawnedRWorker>> spawned_;
-  std::vector<CommGroup> tp_;  // per stage p: its T tensor ranks' group
-  std::vector<CommGroup> pp_;  // per tensor index t: its P stages' hand-off group
+  RankComms comms_;  // the ranks' tensor groups and stage hand-offs
+  std::vector<bool> group_spawned_;  // per group: spawned here (shut down at the end), or listed by the user
   std::vector<std::unique_ptr<SRank>> ranks_;  // rank g = p * T + t
   std::vector<int> devices_;  // cuda: the GPU of rank g
   std::vector<int64_t> load_;  // projected tokens per worker index (prompt + max new of its sequences)

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fastdecode/engine/engine.h"
+#include "fastdecode/parallel/ranks.h"
 
 namespace fd {
 
@@ -20,21 +21,18 @@ struct RWorkersConfig {
   bool pin = false;                    // pin spawned worker i to CPUs [i*threads, (i+1)*threads)
   int64_t timeout_ms = 60000;          // per-step deadline of every R-worker reply
   std::string binary;                  // fd-rworker to spawn; default: next to the running program
-};
-
-// Tensor and pipeline parallelism (docs/PARALLEL.md): T x P S-ranks, threads of the engine's process; rank
-// (t, p) holds tensor part t of stage p's layers (fastdecode/model/shard.h) and has its own group of
-// R-workers (rworkers.spawn of them, each with rworkers.threads; pinned groups take consecutive cores),
-// which hold the KV of that rank's heads and layers only. On the cuda backend rank g = p*T + t runs on GPU
-// devices[g] (default g; with T = 1 and fewer GPUs, every stage on GPU 0).
-struct ParallelConfig {
-  int64_t tensor = 1;                // T: heads and MLP columns split over T ranks (all-reduce per branch)
-  int64_t pipeline = 1;              // P: contiguous layer runs over P stages (residual handed stage to stage)
-  std::vector<int64_t> layers;       // layers per stage (P entries summing to model.layers); empty: even split
-  int64_t timeout_ms = 60000;        // deadline of every collective and stage hand-off (gloo, local)
-  std::string comm = "auto";         // tensor collectives: auto | gloo | nccl (auto: nccl on distinct GPUs, else gloo)
-  std::vector<int64_t> devices;      // cuda: GPU of each rank (T*P entries); empty: the default above
-  int64_t ranks() const { return tensor * pipeline; }
+  // With engine.parallel: per R-worker group g (rank g's), overrides of the keys above (empty: every group as
+  // above). A group either lists endpoints (workers started by the user) or spawns `spawn` workers; every group
+  // has the same number of workers, since a sequence sits at the same worker index in every group.
+  struct Group {
+    std::vector<std::string> endpoints;
+    int64_t threads = -1;      // -1: rworkers.threads
+    std::string kv_dtype;      // "": rworkers.kv_dtype
+    double memory_gb = -1;     // < 0: rworkers.memory_gb
+    int pin = -1;              // -1: rworkers.pin; 0 | 1
+    int64_t first_cpu = -1;    // pinned: the group's first core (-1: after the groups before it)
+  };
+  std::vector<Group> groups;
 };
 
 struct FastDecodeConfig {
@@ -49,6 +47,10 @@ struct FastDecodeConfig {
   // Prompt tokens prefilled per step at most (whole prompts, at least one); the rest start later.
   int64_t prefill_tokens = 16384;
   RWorkersConfig rworkers;
+  // Tensor and pipeline parallelism (fastdecode/parallel/ranks.h, docs/PARALLEL.md): T x P S-ranks, threads of
+  // the engine's process; rank (t, p) holds tensor part t of stage p's layers (fastdecode/model/shard.h) and has
+  // its own group of R-workers (rworkers, overridden per group by rworkers.groups), which hold the KV of that
+  // rank's heads and layers only. On the cuda backend rank g = p*T + t runs on GPU rank_devices(...)[g].
   ParallelConfig parallel;
   static FastDecodeConfig parse(StrictObject& o);  // the section's own keys (not type / threads)
   json to_json() const;

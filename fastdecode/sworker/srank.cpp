@@ -180,35 +180,35 @@ void SRank::decode(const StepPlan& plan, RankStep& out) {
   const int64_t t_start = now_ns();
   const int64_t L = spart_->config().num_layers, V = spart_->config().vocab_size;
   const size_t n_mb = plan.decode.size();
+  const bool last_stage = o_.pp_rank + 1 == o_.pp_size;
   while (batches_.size() < n_mb) batches_.push_back(std::make_unique<Batch>());
-  // The pipeline: while the R-workers attend for one mini-batch, the S-Part runs the other. A later stage
-  // starts a mini-batch as soon as the stage before has handed it on.
-  for (size_t m = 0; m < n_mb; ++m) {
-    setup(*batches_[m], plan.decode[m], out);
-    launch(*batches_[m], 0, out);
-  }
-  for (int l = 0; l < L; ++l)
-    for (size_t m = 0; m < n_mb; ++m) {
-      finish(*batches_[m], l, out);
-      if (l + 1 < L) launch(*batches_[m], l + 1, out);
-      else if (o_.pp_rank + 1 < o_.pp_size) hand_on(batches_[m]->slot);
+  out.decode_tokens.resize(last_stage ? n_mb : 0);
+  out.decode_recorded.resize(last_stage ? n_mb : 0);
+  for (size_t w = 0; w + 1 < plan.waves.size(); ++w) {
+    const size_t b0 = plan.waves[w], b1 = plan.waves[w + 1];
+    // The pipeline inside a stage: while the R-workers attend for one mini-batch, the S-Part runs the other.
+    for (size_t m = b0; m < b1; ++m) {
+      setup(*batches_[m], plan.decode[m], out);
+      launch(*batches_[m], 0, out);
     }
-  if (o_.pp_rank + 1 < o_.pp_size) {
-    pp_->flush_sends();
-    out.spans.push_back({"s-worker" + o_.track_suffix, "decode step", t_start, now_ns() - t_start});
-    return;
+    for (int l = 0; l < L; ++l)
+      for (size_t m = b0; m < b1; ++m) {
+        finish(*batches_[m], l, out);
+        if (l + 1 < L) launch(*batches_[m], l + 1, out);
+        else if (!last_stage) hand_on(batches_[m]->slot);
+      }
+    if (!last_stage) continue;
+    const int64_t t1 = now_ns();  // the last stage samples each wave as it ends
+    for (size_t m = b0; m < b1; ++m) {
+      const PlanBatch& pb = plan.decode[m];
+      out.decode_tokens[m].resize(pb.sample_rows.size());
+      out.decode_recorded[m].resize(pb.draws.record.size() * size_t(V));
+      spart_->sample(pb.slot, pb.sample_rows, pb.draws.params, pb.draws.ids, pb.draws.steps, out.decode_tokens[m].data(),
+                     pb.draws.record, pb.draws.record.empty() ? nullptr : out.decode_recorded[m].data());
+    }
+    out.s_ns += now_ns() - t1;
   }
-  const int64_t t1 = now_ns();
-  out.decode_tokens.resize(n_mb);
-  out.decode_recorded.resize(n_mb);
-  for (size_t m = 0; m < n_mb; ++m) {
-    const PlanBatch& pb = plan.decode[m];
-    out.decode_tokens[m].resize(pb.sample_rows.size());
-    out.decode_recorded[m].resize(pb.draws.record.size() * size_t(V));
-    spart_->sample(pb.slot, pb.sample_rows, pb.draws.params, pb.draws.ids, pb.draws.steps, out.decode_tokens[m].data(),
-                   pb.draws.record, pb.draws.record.empty() ? nullptr : out.decode_recorded[m].data());
-  }
-  out.s_ns += now_ns() - t1;
+  if (!last_stage) pp_->flush_sends();
   out.spans.push_back({"s-worker" + o_.track_suffix, "decode step", t_start, now_ns() - t_start});
 }
 

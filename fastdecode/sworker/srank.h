@@ -37,6 +37,10 @@ struct PlanBatch {
 struct StepPlan {
   std::vector<std::pair<size_t, std::vector<uint64_t>>> frees;  // FREE_SEQ per worker, before anything else
   std::vector<PlanBatch> decode;
+  // The decode batches in waves: wave w is decode[waves[w], waves[w + 1]). A rank runs one wave after another,
+  // each its mini-batches interleaved (the S-Part of one while the R-workers attend for another), and a stage
+  // hands a wave on as it finishes it: stage p + 1 works on wave w while stage p works on wave w + 1.
+  std::vector<size_t> waves;
   bool has_prefill = false;
   PlanBatch prefill;
   std::vector<std::pair<size_t, std::vector<uint64_t>>> adds;   // ADD_SEQ per worker, for the prefill batch

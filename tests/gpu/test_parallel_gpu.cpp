@@ -7,12 +7,15 @@
 //     fp16 S-Part's bound), the gap printed where it differs from T = 1;
 //   * T = 2 with fewer GPUs than ranks and no devices list is refused, naming the GPUs needed;
 //   * the NCCL communicator (when built): a group of one GPU sums and gathers device buffers in place, and a
-//     GPU named twice is refused.
+//     GPU named twice is refused;
+//   * the GPU-only baseline's modes the same way: P = 2 on GPU 0 bit-equal to P = 1 cut into the same waves, T = 2
+//     and T = P = 2 sharing GPU 0 within the near-tie rule, T = 2 refused without a GPU per rank.
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstring>
 
+#include "baselines/gpu_only/gpu_only_engine.h"
 #include "fastdecode/parallel/comm.h"
 #include "fastdecode/sworker/fastdecode_engine.h"
 #include "kernels/cuda/device_info.h"
@@ -134,4 +137,79 @@ TEST(NcclComm, OneGpuGroupSumsAndGathersDeviceBuffers) {
   cudaFree(d);
   cudaFree(out);
   EXPECT_THROW(make_nccl_group({0, 0}), ConfigError);
+}
+
+// ---- The GPU-only baseline's parallel modes (engine.parallel of the gpu-only section) ----
+
+namespace {
+
+GpuOnlyConfig gpu_only(int64_t T, int64_t P) {
+  GpuOnlyConfig g;
+  g.max_context = 128;
+  g.cuda_graphs = false;  // graphs are off under engine.parallel; off here so P compares like with like
+  g.prefill_tokens = 24;
+  g.parallel.tensor = T;
+  g.parallel.pipeline = P;
+  return g;
+}
+
+fd::test::EngineRun run_gpu_only(const ModelConfig& c, const GpuOnlyConfig& g) {
+  auto w = make_random_source(3, DType::F16);
+  auto e = make_gpu_only_engine(g, {c, *w, SamplingParams{}});
+  const auto r = fd::test::run_engine(*e, requests(c));
+  EXPECT_TRUE(r.errors.empty()) << r.describe_errors();
+  return r;
+}
+
+class GpuOnlyParallel : public ::testing::TestWithParam<const char*> {};
+
+}  // namespace
+
+// P = 2 with both stages on GPU 0 against P = 1 cut into the same 2 waves: the residual crosses unchanged, the
+// same GEMMs run on the same rows, so the tokens and recorded logits are bit-equal.
+TEST_P(GpuOnlyParallel, PipelineOnOneGpuIsExact) {
+  FD_SKIP_WITHOUT_GPU();
+  const ModelConfig c = model(GetParam());
+  GpuOnlyConfig one_cfg = gpu_only(1, 1);
+  one_cfg.parallel.waves = 2;
+  const auto one = run_gpu_only(c, one_cfg);
+  const auto pp = run_gpu_only(c, gpu_only(1, 2));
+  EXPECT_EQ(pp.tokens, one.tokens) << GetParam() << " gpu-only P = 2: first divergence " << first_divergence(pp.tokens, one.tokens);
+  EXPECT_TRUE(same_rows(pp, one)) << GetParam() << " gpu-only P = 2: recorded logits are not bit-equal to P = 1's";
+}
+
+// T = 2 and T = P = 2 with every rank on GPU 0 (comm gloo: host-staged collectives), judged against the fp16-KV
+// reference under the near-tie rule.
+TEST_P(GpuOnlyParallel, TensorRanksSharingOneGpuWithinTheNearTieRule) {
+  FD_SKIP_WITHOUT_GPU();
+  FD_REQUIRE_GLOO();
+  const ModelConfig c = model(GetParam());
+  auto w = make_random_source(3, DType::F16);
+  const ModelWeights weights = load_model_weights(c, *w);
+  for (auto [T, P] : {std::pair<int64_t, int64_t>{2, 1}, {2, 2}}) {
+    GpuOnlyConfig g = gpu_only(T, P);
+    g.parallel.devices.assign(size_t(T * P), 0);
+    g.parallel.comm = "gloo";
+    const auto r = run_gpu_only(c, g);
+    const auto k = fd::test::check_greedy_tokens(weights, {DType::F16}, requests(c), r.tokens, kNearTie);
+    std::printf("%s gpu-only T = %lld, P = %lld (one GPU, gloo) vs the fp16-KV reference: %s\n", GetParam(), (long long)T,
+                (long long)P, k.describe().c_str());
+    EXPECT_TRUE(k.ok()) << "gpu-only T = " << T << ", P = " << P << ": " << k.describe();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuOnlyParallel, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa"));
+
+TEST(GpuOnlyParallelConfig, TensorRanksNeedAGpuEach) {
+  FD_SKIP_WITHOUT_GPU();
+  const int64_t n = int64_t(cuda_devices().size());
+  const ModelConfig c = model("tiny-llama");
+  auto w = make_random_source(3, DType::F16);
+  if (c.num_layers < n) GTEST_SKIP() << n << " GPUs: tiny-llama has too few layers for " << n << " stages";
+  try {
+    make_gpu_only_engine(gpu_only(2, n), {c, *w, SamplingParams{}});
+    ADD_FAILURE() << "gpu-only T = 2 x P = " << n << " on " << n << " GPU(s) was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs " + std::to_string(2 * n) + " GPUs"), std::string::npos) << e.what();
+  }
 }

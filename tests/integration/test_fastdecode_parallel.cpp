@@ -9,6 +9,8 @@
 
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/sworker/fastdecode_engine.h"
+#include "fastdecode/sworker/rworker_spawn.h"
+#include "fastdecode/wire/rworker_client.h"
 #include "fastdecode/parallel/comm.h"
 #include "tests/unit/test_helpers.h"
 #include "tests/integration/parallel_test_util.h"
@@ -50,7 +52,10 @@ class Parallel : public ::testing::TestWithParam<const char*> {};
 TEST_P(Parallel, PipelineIsExactAndTensorWithinTheNearTieRule) {
   FD_REQUIRE_GLOO();
   const ModelConfig c = model(GetParam());
-  const auto one = run(c, config(1, 1));
+  // P = 2 runs 2 waves (its default): T = P = 1 with 2 waves cuts the batches the same way, so no arithmetic differs.
+  FastDecodeConfig one_cfg = config(1, 1);
+  one_cfg.parallel.waves = 2;
+  const auto one = run(c, one_cfg);
   const auto pp = run(c, config(1, 2));
   EXPECT_EQ(pp.tokens, one.tokens) << GetParam() << " P = 2: first divergence " << first_divergence(pp.tokens, one.tokens);
   EXPECT_TRUE(same_rows(pp, one)) << GetParam() << " P = 2: recorded logits are not bit-equal to T = P = 1's";
@@ -85,5 +90,37 @@ TEST(ParallelConfig, Refusals) {
   refuses(config(1, c.num_layers + 1), "engine.parallel.pipeline");  // more stages than layers
   FastDecodeConfig eps = config(1, 2);
   eps.rworkers.endpoints = {"tcp://127.0.0.1:1"};
-  refuses(eps, "endpoints");
+  refuses(eps, "groups[g].endpoints");
+  FastDecodeConfig uneven = config(1, 2);  // group 1 lists 3 workers, group 0 spawns 2
+  uneven.rworkers.groups.resize(2);
+  uneven.rworkers.groups[1].endpoints = {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2", "tcp://127.0.0.1:3"};
+  refuses(uneven, "the same number");
+  FastDecodeConfig short_list = config(1, 2);
+  short_list.rworkers.groups.resize(1);
+  refuses(short_list, "engine.rworkers.groups has 1 entries for 2 S-ranks");
+}
+
+// Per-group R-worker settings (engine.rworkers.groups): group 0 spawned with its own threads and memory, group 1
+// made of workers the user started (listed endpoints). The tokens and recorded logits are those of the same run
+// with both groups spawned alike; the listed workers are left running, their sequences freed.
+TEST(ParallelGroups, ListedAndOverriddenGroupsRunTheSameSteps) {
+  const ModelConfig c = model("tiny-llama");
+  const auto plain = run(c, config(1, 2));
+  const std::string bin = std::string(FD_BIN_DIR) + "/fd-rworker";
+  SpawnedRWorker u0(bin, {"--memory-gb", "0.1", "--name", "user0"}), u1(bin, {"--memory-gb", "0.1", "--name", "user1"});
+  FastDecodeConfig ec = config(1, 2);
+  ec.rworkers.groups.resize(2);
+  ec.rworkers.groups[0].threads = 2;
+  ec.rworkers.groups[0].memory_gb = 0.05;
+  ec.rworkers.groups[1].endpoints = {u0.endpoint(), u1.endpoint()};
+  const auto grouped = run(c, ec);
+  EXPECT_EQ(grouped.tokens, plain.tokens) << first_divergence(grouped.tokens, plain.tokens);
+  EXPECT_TRUE(same_rows(grouped, plain));
+  for (const SpawnedRWorker* u : {&u0, &u1}) {  // they served stage 1's attention, are still up, holding nothing
+    RWorkerClient client({u->endpoint()}, 10000);
+    const json st = client.stats(0);
+    EXPECT_GT(st.at("attend_requests").get<int64_t>(), 0) << st.dump();
+    EXPECT_EQ(st.at("sequences").get<int64_t>(), 0) << st.dump();
+    client.shutdown(0);
+  }
 }

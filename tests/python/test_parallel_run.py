@@ -70,6 +70,11 @@ def test_tp2_pp2_run_folder(fd_bin, tmp_path):
     (["engine.parallel.sideways=1"], "engine.parallel.sideways"),        # unknown key
     (["engine.parallel.devices=[0,0,0,0]"], "engine.parallel.devices"),  # GPUs of the ranks: cuda only
     (["engine.parallel.comm=nccl"], "engine.parallel.comm"),             # NCCL moves GPU buffers
+    (["engine.parallel.waves=8"], "engine.parallel.waves"),              # 8 x 2 mini-batches: more than 15 slots
+    (["engine.rworkers.groups=[{}]"], "engine.rworkers.groups"),         # 4 ranks, 1 group
+    (['engine.rworkers.groups=[{},{},{},{"endpoints":["tcp://127.0.0.1:9"]}]'], "engine.rworkers.groups"),  # 2, 2, 2, 1
+    (['engine.rworkers.groups=[{},{},{},{"endpoints":["tcp://127.0.0.1:9"],"threads":2}]'],
+     "engine.rworkers.groups[3].threads"),                               # threads of a listed group
 ])
 def test_bad_parallel_settings_exit_2(fd_bin, tmp_path, sets, key):
     args = []

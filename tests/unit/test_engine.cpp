@@ -1,4 +1,5 @@
 #include "baselines/gpu_only/gpu_only_engine.h"
+#include "fastdecode/model/shard.h"
 #include "baselines/reference/reference_engine.h"
 #include "fastdecode/sworker/fastdecode_engine.h"
 
@@ -154,6 +155,54 @@ TEST(GpuOnlySlots, MemoryBoundedAtFullDepth) {
   EXPECT_THROW(parse(json{{"type", "fastdecode"}, {"dtype", "bf16"}}), ConfigError);
   EXPECT_THROW(parse(json{{"type", "fastdecode"}, {"backend", "cpu"}, {"dtype", "bf16"}}), ConfigError);
   EXPECT_THROW(parse(json{{"type", "reference"}, {"dtype", "bf16"}}), ConfigError);
+}
+
+// The GPU-only engine's ranks (engine.parallel): rank g holds 1/T of its stage's share of the full model and of
+// each sequence's KV. T = P = 1 through the parallel formula is gpu_only_slots exactly; T = 2 on two GPUs halves
+// every rank's weights and KV, so each GPU holds more sequences; two ranks sharing one GPU hold what one rank does
+// but pay a second 1 GiB reserve. By hand for Llama-2-7b at 24 GB and 1024 positions:
+//   T = 2 on 2 GPUs: weights 6 738 415 616 bytes per rank; per sequence 262 144 x 1024 = 268 435 456 bytes plus a
+//   row at half the widths: (24e9 - 6 738 415 616 - 1 073 741 824) / (268 435 456 + row) = 60.3 -> 60.
+//   P = 2 on 2 GPUs: stage 0 holds the embedding (131 072 000 x 2 bytes) and half the layers, stage 1 half the
+//   layers and the LM head: also 60 (each GPU the larger of its ranks' needs decides).
+TEST(GpuOnlySlots, ParallelRanksShareTheModelAndTheKv) {
+  const ModelConfig c = cfg("llama-2-7b");
+  const std::vector<std::pair<int64_t, int64_t>> one = {{0, 32}}, two = {{0, 16}, {16, 32}};
+  EXPECT_EQ(gpu_only_parallel_slots(c, 1, one, {0}, 24e9, 1024), gpu_only_slots(c, 24e9, 1024));
+  const GpuOnlyRankMemory whole = gpu_only_rank_memory(c, 1, 1, 0, 32, 1024);
+  const GpuOnlyRankMemory half = gpu_only_rank_memory(c, 2, 1, 0, 32, 1024);
+  EXPECT_DOUBLE_EQ(half.weights * 2, whole.weights);
+  EXPECT_EQ(gpu_only_parallel_slots(c, 2, one, {0, 1}, 24e9, 1024), 60);
+  EXPECT_EQ(gpu_only_parallel_slots(c, 1, two, {0, 1}, 24e9, 1024), 60);
+  // The two stages' weights add up to the whole model's (a tied or untied head: Llama-2 is untied).
+  const GpuOnlyRankMemory s0 = gpu_only_rank_memory(c, 1, 2, 0, 16, 1024), s1 = gpu_only_rank_memory(c, 1, 2, 1, 16, 1024);
+  EXPECT_NEAR(s0.weights + s1.weights, whole.weights, 1.0);
+  EXPECT_NEAR(s0.per_seq - gpu_only_row_bytes(shard_config(c, 1, 16)) + s1.per_seq - gpu_only_row_bytes(shard_config(c, 1, 16)),
+              whole.per_seq - gpu_only_row_bytes(c), 1.0);
+  // Both ranks on one GPU: the same weights and KV per sequence as one rank, one more reserve.
+  EXPECT_LE(gpu_only_parallel_slots(c, 2, one, {0, 0}, 24e9, 1024), gpu_only_slots(c, 24e9, 1024));
+  EXPECT_EQ(gpu_only_parallel_slots(c, 2, one, {0, 0}, 24e9, 1024),
+            int64_t((24e9 - whole.weights - 2.0 * double(1ull << 30)) / (2 * half.per_seq)));
+  // Reduced layers keep the full-depth accounting, per stage.
+  EXPECT_EQ(gpu_only_parallel_slots(with_layers(c, 2), 1, {{0, 1}, {1, 2}}, {0, 1}, 24e9, 1024), 60);
+  // The section parses engine.parallel like the fastdecode engine's.
+  auto parse = [](json j) { return parse_engine_spec(StrictObject(j, "x.json", "engine")); };
+  const auto go = std::any_cast<GpuOnlyConfig>(
+      parse(json{{"type", "gpu-only"}, {"parallel", {{"tensor", 2}, {"pipeline", 2}, {"waves", 3}}}}).config);
+  EXPECT_EQ(go.parallel.ranks(), 4);
+  EXPECT_EQ(go.parallel.wave_count(), 3);
+  EXPECT_EQ(std::any_cast<GpuOnlyConfig>(parse(json{{"type", "gpu-only"}, {"parallel", {{"pipeline", 2}}}}).config)
+                .parallel.wave_count(),
+            2);  // waves default to the stages
+  EXPECT_THROW(parse(json{{"type", "gpu-only"}, {"parallel", {{"waves", 16}}}}), ConfigError);
+  EXPECT_THROW(parse(json{{"type", "gpu-only"}, {"parallel", {{"stages", 2}}}}), ConfigError);
+}
+
+TEST(WaveBounds, EvenCutsWithoutEmptyWaves) {
+  EXPECT_EQ(wave_bounds(10, 3), (std::vector<size_t>{0, 4, 7, 10}));
+  EXPECT_EQ(wave_bounds(2, 4), (std::vector<size_t>{0, 1, 2}));
+  EXPECT_EQ(wave_bounds(5, 1), (std::vector<size_t>{0, 5}));
+  EXPECT_EQ(wave_bounds(0, 2), (std::vector<size_t>{0, 0}));
 }
 
 // ---- Per-request sampling, teacher forcing and logits recording (issue 11) on the reference engine ----

@@ -1,0 +1,119 @@
+// One S-rank of the GPU-only baseline (CUDA builds only): CudaModel on its GPU (the whole model, or tensor part t
+// of pipeline stage p's layers: fastdecode/model/shard.h) with the KV-cache of its heads and layers in that GPU's
+// memory, running a step's waves and its prefill. The engine (gpu_only_engine.cpp, the leader) owns the
+// sequences, their cache slots and the emitted tokens; with one rank it runs it inline (CUDA graphs for small
+// greedy batches), with several each rank runs the step on its own thread (fastdecode/parallel/ranks.h):
+// tensor ranks all-reduce inside CudaModel, a stage hands each wave's residual stream on to the next stage.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fastdecode/engine/engine.h"
+#include "fastdecode/parallel/comm.h"
+#include "fastdecode/spart/cuda_model.h"
+#include "fastdecode/spart/spart.h"
+#include "kernels/cuda/green_context.h"
+
+namespace fd {
+
+// One wave of decode rows, or the prefill batch, as every rank runs it (the same for all ranks).
+struct GoRows {
+  std::vector<int32_t> tokens;  // the first stage's input: decode: each row's last token; prefill: prompts, packed
+  std::vector<int64_t> pos;     // per token
+  std::vector<int32_t> slots;   // per token: its sequence's cache slot
+  std::vector<int32_t> lens;    // decode: per row, the context attended (pos + 1)
+  std::vector<int32_t> starts;  // prefill: the first token of each prompt, then the total
+  std::vector<int32_t> sample;  // the rows sampled: decode every row, prefill each prompt's last token
+  int64_t max_len = 0;          // prefill: the longest prompt
+  RowDraws draws;               // the sampled rows' draws
+};
+
+struct GoPlan {
+  std::vector<GoRows> waves;  // decode, in order: stage p + 1 works on wave w while stage p works on wave w + 1
+  bool has_prefill = false;
+  GoRows prefill;
+};
+
+// A rank's part of a step. Tokens and recorded logits come from the last stage's tensor rank 0 (its tensor
+// peers pick the same ones).
+struct GoRankStep {
+  std::vector<std::vector<int32_t>> tokens;   // per wave
+  std::vector<std::vector<float>> recorded;   // per wave: [draws.record.size(), V]
+  std::vector<int32_t> prefill_tokens;
+  std::vector<float> prefill_recorded;
+  double attention_ms = 0, decode_ms = 0, prefill_ms = 0, comm_ms = 0;
+  std::vector<Span> spans;
+};
+
+struct GoRankOptions {
+  int device = 0;
+  int sm_count = 0;            // > 0: a green context of that many SMs (hardware balance)
+  DType act = DType::F16;
+  bool cuda_graphs = false;    // only a lone rank (no tensor group, no stages) replays greedy decode graphs
+  int64_t max_ctx = 0;         // cache positions per slot
+  Communicator* tp = nullptr;  // the tensor group (null or size 1: none)
+  Communicator* pp = nullptr;  // the stage hand-off group (null: one stage)
+  int pp_rank = 0, pp_size = 1;
+  std::string track = "gpu stream 0";  // trace track of its spans
+  std::string comm_track;              // trace track of its stage hand-offs (pipeline parallel)
+};
+
+class GpuOnlyRank {
+ public:
+  // Uploads the weights to o.device. The cache comes with allocate().
+  GpuOnlyRank(const ModelWeights& w, const GoRankOptions& o);
+  ~GpuOnlyRank();
+  GpuOnlyRank(const GpuOnlyRank&) = delete;
+  GpuOnlyRank& operator=(const GpuOnlyRank&) = delete;
+
+  // Device bytes one slot takes in this (reduced-layer) run: its cache of the layers run, one row's activations,
+  // its attention workspace.
+  double run_bytes_per_slot() const;
+  // The cache for `slots` sequences (+ one padding slot for the graphs), workspaces, the graphs' buffers.
+  void allocate(int64_t slots);
+  GoRankStep run(const GoPlan& plan);
+
+  const ModelConfig& config() const { return model_->config(); }
+  int device() const { return o_.device; }
+  int sm_count() const { return streams_->sm_count(); }
+  bool sm_limited() const { return streams_->limited(); }
+  bool graphs() const { return graphs_ != nullptr; }
+
+ private:
+  bool last_stage() const { return o_.pp_rank + 1 == o_.pp_size; }
+  void current() const;
+  // Per-layer GPU work of a decode batch on a (inputs on the device): no host synchronisation and no allocation,
+  // so it can be captured into a graph. `timed`: attention events per layer (eager only).
+  void decode_body(DevActs& a, int64_t Tb, const int32_t* d_slots, const int32_t* d_pos, const int32_t* d_lens,
+                   bool timed);
+  void decode_graph(const GoRows& r, int32_t* tok, float* recorded, GoRankStep& out);
+  // Batch i of a step (waves 0..W-1, then the prefill) has its own activations, row arrays and hand-off buffer.
+  void decode_wave(size_t i, const GoRows& r, GoRankStep& out);
+  void prefill(size_t i, const GoRows& r, GoRankStep& out);
+  // The batch's first-layer input: the first stage uploads tokens and positions (embedded in the body), a later
+  // stage sizes the batch, uploads positions and receives x from the stage before.
+  void take_input(size_t i, DevActs& a, const GoRows& r, GoRankStep& out);
+  void hand_on(size_t i, DevActs& a, GoRankStep& out);  // x to the next stage
+  DevActs& acts(size_t i);
+  DeviceBuffer<int32_t>& aux(size_t i);  // slots | positions | lengths
+  HostBuffer& mirror(size_t i, size_t bytes);
+
+  GoRankOptions o_;
+  std::unique_ptr<cuda::SmLimitedStreams> streams_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CudaModel> model_;
+  int64_t slots_ = 0, graph_rows_ = 0;
+  std::vector<DeviceBuffer<__half>> k_cache_, v_cache_;
+  DeviceBuffer<float> workspace_;
+  std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> aux_;  // per batch
+  DeviceBuffer<int32_t> graph_aux_;
+  DevActs graph_dec_;
+  std::unique_ptr<GraphCache> graphs_;
+  std::vector<std::unique_ptr<DevActs>> acts_;  // per batch
+  std::vector<HostBuffer> mirrors_;             // per batch, pinned: stage hand-offs
+  std::vector<cudaEvent_t> events_;
+};
+
+}  // namespace fd
