@@ -58,17 +58,45 @@ struct Batch {
   }
 };
 
-Batch make_batch(KVDType dtype, const std::vector<int>& ctxs, int Hq, int H, int D, uint32_t seed) {
+// The seeded fp16 values of a batch's K/V blocks (every block, the tail's too, in the fp16 layout) and its
+// query, drawn once: the batches of every KV dtype are made from the same values.
+struct RawBatch {
+  std::vector<int> ctxs;
+  int Hq = 0, H = 0, D = 0;
+  std::vector<std::vector<std::vector<uint16_t>>> blocks;  // per sequence, per block (full blocks, then the tail)
+  std::vector<float> q;
+};
+
+RawBatch make_raw(const std::vector<int>& ctxs, int Hq, int H, int D, uint32_t seed) {
+  RawBatch r;
+  r.ctxs = ctxs, r.Hq = Hq, r.H = H, r.D = D;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const size_t blk_halves = fd::kv_fp16_block_bytes(H, D) / 2;
+  for (const int ctx : ctxs) {
+    r.blocks.emplace_back();
+    for (int blk = 0; blk <= ctx / kT; ++blk) {
+      if (blk == ctx / kT && ctx % kT == 0) break;
+      std::vector<uint16_t> f16(blk_halves);
+      for (auto& x : f16) x = fd::fp32_to_fp16(nd(rng));
+      r.blocks.back().push_back(std::move(f16));
+    }
+  }
+  r.q.resize(ctxs.size() * Hq * D);
+  for (auto& x : r.q) x = 2.f * nd(rng);  // sharper softmax than N(0,1) queries give
+  return r;
+}
+
+Batch make_batch(KVDType dtype, const RawBatch& raw) {
+  const std::vector<int>& ctxs = raw.ctxs;
+  const int Hq = raw.Hq, H = raw.H, D = raw.D;
   Batch b;
   b.H = H, b.D = D, b.Hq = Hq, b.dtype = dtype;
   b.scale = 1.f / std::sqrt(float(D));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
   const size_t blk_halves = fd::kv_fp16_block_bytes(H, D) / 2, hs = size_t(kT) * D;
   const size_t qbytes = fd::kv_block_bytes(dtype, H, D);
   b.block_ptrs.resize(ctxs.size());
   b.tails.resize(ctxs.size());
-  std::vector<uint16_t> f16(blk_halves);
   std::vector<float> deq(blk_halves);
   for (size_t s = 0; s < ctxs.size(); ++s) {
     const int ctx = ctxs[s], n_full = ctx / kT, n_tail = ctx % kT;
@@ -77,7 +105,7 @@ Batch make_batch(KVDType dtype, const std::vector<int>& ctxs, int Hq, int H, int
     for (int blk = 0; blk <= n_full; ++blk) {
       const int n = blk < n_full ? kT : n_tail;
       if (n == 0) break;
-      for (auto& x : f16) x = fd::fp32_to_fp16(nd(rng));
+      const std::vector<uint16_t>& f16 = raw.blocks[s][size_t(blk)];
       if (blk < n_full) {
         b.blocks.emplace_back(qbytes);
         fd::kv_quantize_block(dtype, f16.data(), b.blocks.back().data(), H, D);
@@ -110,9 +138,12 @@ Batch make_batch(KVDType dtype, const std::vector<int>& ctxs, int Hq, int H, int
     sv.tail = sv.n_tail ? b.tails[s].data() : nullptr;
     b.seqs.push_back(sv);
   }
-  b.q.resize(ctxs.size() * Hq * D);
-  for (auto& x : b.q) x = 2.f * nd(rng);  // sharper softmax than N(0,1) queries give
+  b.q = raw.q;
   return b;
+}
+
+Batch make_batch(KVDType dtype, const std::vector<int>& ctxs, int Hq, int H, int D, uint32_t seed) {
+  return make_batch(dtype, make_raw(ctxs, Hq, H, D, seed));
 }
 
 // o[s][h] = softmax(q.K^T * scale) V in double, from the exact values.
@@ -199,21 +230,47 @@ bool isa_required(Isa isa) {
 
 std::string isa_param_name(Isa isa) { return std::string(fd::isa_name(isa)); }
 
-class DecodeAttentionGrid : public ::testing::TestWithParam<std::tuple<GridCase, Isa>> {};
+// The ISAs this CPU runs. A listed ISA it lacks fails under FD_REQUIRE_ISA; otherwise its checks are left out
+// of every grid case, and DecodeAttentionIsa.Available/<isa> shows it as Skipped (never a silent pass).
+std::vector<Isa> runnable_isas() {
+  std::vector<Isa> r;
+  for (Isa isa : kIsas) {
+    if (fd::isa_supported(isa)) r.push_back(isa);
+    else if (isa_required(isa)) ADD_FAILURE() << "ISA " << fd::isa_name(isa) << " not supported here, but FD_REQUIRE_ISA lists it";
+  }
+  return r;
+}
 
-TEST_P(DecodeAttentionGrid, AllDtypesThreadsMatchDoubleReference) {
-  const auto [gc, isa] = GetParam();
-  FD_SKIP_UNLESS_ISA(isa);
+class DecodeAttentionIsa : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(DecodeAttentionIsa, Available) {
+  FD_SKIP_UNLESS_ISA(GetParam());
+  EXPECT_TRUE(fd::isa_supported(GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(DecodeAttention, DecodeAttentionIsa, ::testing::ValuesIn(kIsas),
+                         [](const auto& info) { return isa_param_name(info.param); });
+
+// One case per shape, every ISA this CPU runs inside it (the batch and its double reference, the costly part,
+// made once per KV dtype; the K/V values drawn once for all three).
+class DecodeAttentionGrid : public ::testing::TestWithParam<GridCase> {};
+
+TEST_P(DecodeAttentionGrid, AllIsasDtypesThreadsMatchDoubleReference) {
+  const GridCase gc = GetParam();
+  const RawBatch raw = make_raw(contexts_for(gc.n_seq), gc.Hq, gc.H, gc.D, 1234u + gc.n_seq * 7 + gc.D);
+  const std::vector<Isa> isas = runnable_isas();
   for (KVDType dt : kDtypes) {
-    const Batch b = make_batch(dt, contexts_for(gc.n_seq), gc.Hq, gc.H, gc.D, 1234u + gc.n_seq * 7 + gc.D);
+    const Batch b = make_batch(dt, raw);
     const std::vector<double> ref = reference(b);
-    for (int threads : {1, 2, 5}) {
-      if (isa == Isa::Scalar && threads == 2) continue;  // the slow path: 1 and 5 threads suffice
-      std::vector<float> o(ref.size(), NAN);
-      fd::DecodeAttentionWorkspace ws;
-      fd::decode_attention(b.params(o.data()), isa, threads, ws);
-      EXPECT_TRUE(close(o, ref, gc.Hq, gc.D)) << "dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
-    }
+    for (Isa isa : isas)
+      for (int threads : {1, 2, 5}) {
+        if (isa == Isa::Scalar && threads == 2) continue;  // the slow path: 1 and 5 threads suffice
+        std::vector<float> o(ref.size(), NAN);
+        fd::DecodeAttentionWorkspace ws;
+        fd::decode_attention(b.params(o.data()), isa, threads, ws);
+        EXPECT_TRUE(close(o, ref, gc.Hq, gc.D))
+            << fd::isa_name(isa) << ", dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
+      }
   }
 }
 
@@ -225,14 +282,12 @@ std::vector<GridCase> grid() {
   return g;
 }
 
-INSTANTIATE_TEST_SUITE_P(DecodeAttention, DecodeAttentionGrid,
-                         ::testing::Combine(::testing::ValuesIn(grid()), ::testing::ValuesIn(kIsas)),
-                         [](const auto& info) {
-                           const GridCase& c = std::get<0>(info.param);
-                           return "b" + std::to_string(c.n_seq) + "_h" + std::to_string(c.Hq) + "_kv" +
-                                  std::to_string(c.H) + "_d" + std::to_string(c.D) + "_" +
-                                  isa_param_name(std::get<1>(info.param));
-                         });
+std::string grid_name(const GridCase& c) {
+  return "b" + std::to_string(c.n_seq) + "_h" + std::to_string(c.Hq) + "_kv" + std::to_string(c.H) + "_d" + std::to_string(c.D);
+}
+
+INSTANTIATE_TEST_SUITE_P(DecodeAttention, DecodeAttentionGrid, ::testing::ValuesIn(grid()),
+                         [](const auto& info) { return grid_name(info.param); });
 
 // ---- The quantized query (QueryQuant::I8: integer dot products for int8/int4 blocks) ----
 
@@ -303,62 +358,69 @@ std::vector<double> reference_q8(const Batch& b) {
 // Every ISA's q8 path (the scalar one is the twin) against the double q8 reference and against the
 // scalar twin, int8 and int4 blocks, the whole grid, 1 and 5 threads; fp16 blocks ignore the mode
 // (the same bits as with the fp32 query).
-class DecodeAttentionQ8Grid : public ::testing::TestWithParam<std::tuple<GridCase, Isa>> {};
+class DecodeAttentionQ8Grid : public ::testing::TestWithParam<GridCase> {};
 
 TEST_P(DecodeAttentionQ8Grid, QuantizedQueryMatchesQ8ReferenceAndScalarTwin) {
-  const auto [gc, isa] = GetParam();
-  FD_SKIP_UNLESS_ISA(isa);
+  const GridCase gc = GetParam();
+  const RawBatch raw = make_raw(contexts_for(gc.n_seq), gc.Hq, gc.H, gc.D, 4321u + gc.n_seq * 7 + gc.D);
+  const std::vector<Isa> isas = runnable_isas();
   for (KVDType dt : kDtypes) {
-    const Batch b = make_batch(dt, contexts_for(gc.n_seq), gc.Hq, gc.H, gc.D, 4321u + gc.n_seq * 7 + gc.D);
+    const Batch b = make_batch(dt, raw);
     std::vector<float> twin(size_t(gc.n_seq) * gc.Hq * gc.D, NAN), o(twin.size(), NAN), of(twin.size(), NAN);
     fd::DecodeAttentionWorkspace ws;
     fd::decode_attention(b.params(twin.data(), fd::QueryQuant::I8), Isa::Scalar, 1, ws);
     if (dt == KVDType::F16) {
-      fd::decode_attention(b.params(o.data(), fd::QueryQuant::I8), isa, 5, ws);
-      fd::decode_attention(b.params(of.data(), fd::QueryQuant::F32), isa, 5, ws);
-      EXPECT_EQ(0, std::memcmp(o.data(), of.data(), o.size() * sizeof(float))) << "fp16 blocks must ignore the query mode";
+      for (Isa isa : isas) {
+        fd::decode_attention(b.params(o.data(), fd::QueryQuant::I8), isa, 5, ws);
+        fd::decode_attention(b.params(of.data(), fd::QueryQuant::F32), isa, 5, ws);
+        EXPECT_EQ(0, std::memcmp(o.data(), of.data(), o.size() * sizeof(float)))
+            << fd::isa_name(isa) << ": fp16 blocks must ignore the query mode";
+      }
       continue;
     }
     const std::vector<double> ref = reference_q8(b);
     std::vector<double> twin_d(twin.begin(), twin.end());
-    if (isa == Isa::Scalar) EXPECT_TRUE(close(twin, ref, gc.Hq, gc.D)) << "scalar twin, dtype " << fd::kv_dtype_name(dt);
-    for (int threads : {1, 5}) {
-      std::fill(o.begin(), o.end(), NAN);
-      fd::decode_attention(b.params(o.data(), fd::QueryQuant::I8), isa, threads, ws);
-      EXPECT_TRUE(close(o, ref, gc.Hq, gc.D)) << "vs q8 reference, dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
-      EXPECT_TRUE(close(o, twin_d, gc.Hq, gc.D)) << "vs scalar twin, dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
-    }
+    EXPECT_TRUE(close(twin, ref, gc.Hq, gc.D)) << "scalar twin, dtype " << fd::kv_dtype_name(dt);
+    for (Isa isa : isas)
+      for (int threads : {1, 5}) {
+        std::fill(o.begin(), o.end(), NAN);
+        fd::decode_attention(b.params(o.data(), fd::QueryQuant::I8), isa, threads, ws);
+        EXPECT_TRUE(close(o, ref, gc.Hq, gc.D))
+            << fd::isa_name(isa) << " vs q8 reference, dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
+        EXPECT_TRUE(close(o, twin_d, gc.Hq, gc.D))
+            << fd::isa_name(isa) << " vs scalar twin, dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
+      }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DecodeAttention, DecodeAttentionQ8Grid,
-                         ::testing::Combine(::testing::ValuesIn(grid()), ::testing::ValuesIn(kIsas)),
-                         [](const auto& info) {
-                           const GridCase& c = std::get<0>(info.param);
-                           return "b" + std::to_string(c.n_seq) + "_h" + std::to_string(c.Hq) + "_kv" +
-                                  std::to_string(c.H) + "_d" + std::to_string(c.D) + "_" +
-                                  isa_param_name(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(DecodeAttention, DecodeAttentionQ8Grid, ::testing::ValuesIn(grid()),
+                         [](const auto& info) { return grid_name(info.param); });
 
 // The error the quantized query adds: max |o(I8 query) - o(fp32 query)| over the grid's batches (same
 // KV, the scalar twin: every ISA's q8 path matches it to 2e-5, DecodeAttentionQ8Grid), per KV dtype.
 // Grid data: q ~ 2 N(0,1) (a sharp softmax), K, V ~ N(0,1), contexts 1..8192. docs/RWORKER.md quotes
 // the printed numbers; the bound is ~1.5x them (seeded data: a change means the math changed).
 TEST(DecodeAttention, QuantizedQueryAddedError) {
-  for (KVDType dt : {KVDType::I8, KVDType::I4}) {
-    double worst = 0, sum_sq = 0, ref_sq = 0;
-    for (const GridCase& gc : grid()) {
-      const Batch b = make_batch(dt, contexts_for(gc.n_seq), gc.Hq, gc.H, gc.D, 4321u + gc.n_seq * 7 + gc.D);
+  const KVDType dts[] = {KVDType::I8, KVDType::I4};
+  double worst_of[2] = {0, 0}, sum_sq_of[2] = {0, 0}, ref_sq_of[2] = {0, 0};
+  for (const GridCase& gc : grid()) {
+    const RawBatch raw = make_raw(contexts_for(gc.n_seq), gc.Hq, gc.H, gc.D, 4321u + gc.n_seq * 7 + gc.D);
+    for (int k = 0; k < 2; ++k) {
+      const Batch b = make_batch(dts[k], raw);
       std::vector<float> oq(size_t(gc.n_seq) * gc.Hq * gc.D), of(oq.size());
       fd::DecodeAttentionWorkspace ws;
       fd::decode_attention(b.params(oq.data(), fd::QueryQuant::I8), Isa::Scalar, 1, ws);
       fd::decode_attention(b.params(of.data(), fd::QueryQuant::F32), Isa::Scalar, 1, ws);
       for (size_t i = 0; i < oq.size(); ++i) {
         const double e = std::fabs(double(oq[i]) - of[i]);
-        worst = std::max(worst, e);
-        sum_sq += e * e, ref_sq += double(of[i]) * of[i];
+        worst_of[k] = std::max(worst_of[k], e);
+        sum_sq_of[k] += e * e, ref_sq_of[k] += double(of[i]) * of[i];
       }
     }
+  }
+  for (int k = 0; k < 2; ++k) {
+    const KVDType dt = dts[k];
+    const double worst = worst_of[k], sum_sq = sum_sq_of[k], ref_sq = ref_sq_of[k];
     std::printf("quantized query, %s KV: max |o_q8 - o_fp32q| = %.4f over the grid, rel. L2 %.3f%%\n",
                 fd::kv_dtype_name(dt).data(), worst, 100 * std::sqrt(sum_sq / ref_sq));
     EXPECT_GT(worst, 0.0) << "the I8 query made no difference: is the quantized path running?";
