@@ -4,11 +4,14 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <thread>
 
+#include "fastdecode/wire/register.h"
 #include "fastdecode/rworker/server.h"
 #include "fastdecode/core/cli_main.h"
+#include "fastdecode/wire/curve.h"
 
 namespace {
 
@@ -32,6 +35,26 @@ std::vector<int> parse_cpus(const std::string& s) {
     }
   }
   return out;
+}
+
+// The shutdown token from the environment (64 hex digits, as a spawning S-worker sets it); empty when unset.
+std::string shutdown_token_from_env() {
+  const char* e = std::getenv("FD_RWORKER_SHUTDOWN_TOKEN");
+  if (!e || !*e) return "";
+  const std::string hex = e;
+  if (hex.size() != 2 * fd::proto::kShutdownTokenBytes || hex.find_first_not_of("0123456789abcdef") != std::string::npos)
+    throw fd::ConfigError("FD_RWORKER_SHUTDOWN_TOKEN: expected " + std::to_string(2 * fd::proto::kShutdownTokenBytes) +
+                          " lowercase hex digits");
+  std::string t;
+  for (size_t i = 0; i < hex.size(); i += 2) t.push_back(char(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return t;
+}
+
+// Whether a bound tcp:// endpoint is reachable only from this host.
+bool loopback_only(const std::string& ep) {
+  if (ep.rfind("tcp://", 0) != 0) return true;  // ipc://, inproc://: local by construction
+  const std::string host = ep.substr(6, ep.rfind(':') - 6);
+  return host.rfind("127.", 0) == 0 || host == "[::1]" || host == "::1" || host == "localhost";
 }
 
 }  // namespace
@@ -63,6 +86,33 @@ int main(int argc, char** argv) {
                  "Exit when this process is no longer the parent (it died: no orphaned workers); the S-worker passes "
                  "its pid to the workers it spawns")
       ->check(CLI::PositiveNumber);
+  int heartbeat_ms = 1000, heartbeat_timeout_ms = 10000, max_sessions = 64;
+  double session_quota_gb = 0;
+  std::string curve_secret, curve_clients, register_ep, advertise;
+  bool serve_once = false;
+  int register_timeout_ms = 60000;
+  app.add_option("--heartbeat-ms", heartbeat_ms,
+                 "ZeroMQ heartbeat interval: a client gone without closing its connection (killed, stopped, its host "
+                 "down) is dropped after --heartbeat-timeout-ms of silence and its session ends (0: off)")
+      ->check(CLI::Range(0, 3600000))->capture_default_str();
+  app.add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms, "See --heartbeat-ms")->check(CLI::Range(1, 3600000))->capture_default_str();
+  app.add_option("--session-quota-gb", session_quota_gb,
+                 "Most memory one client session may hold (KV and bookkeeping; 0: --memory-gb)")
+      ->check(CLI::Range(0.0, 1e6))->capture_default_str();
+  app.add_option("--max-sessions", max_sessions, "Most client sessions at once")->check(CLI::Range(1, 65536))->capture_default_str();
+  app.add_option("--curve-secret", curve_secret,
+                 "This worker's CURVE secret key file (fd-keys): encrypt and authenticate every connection; needs "
+                 "--curve-clients");
+  app.add_option("--curve-clients", curve_clients, "Directory of the client public keys admitted (*.public, fd-keys)");
+  app.add_option("--register", register_ep,
+                 "Once listening, announce this worker to an S-worker waiting at this endpoint (engine.rworkers.register; "
+                 "for workers started by Slurm, mpirun, Kubernetes or by hand)");
+  app.add_option("--advertise", advertise,
+                 "The endpoint to announce with --register (default: the bound one, a wildcard host replaced by this "
+                 "host's name)");
+  app.add_option("--register-timeout-ms", register_timeout_ms, "How long --register keeps trying")
+      ->check(CLI::Range(1, 86400000))->capture_default_str();
+  app.add_flag("--serve-once", serve_once, "Exit once the first client's session has ended (CLOSE or disconnect)");
   return fd::guarded_main(app, argc, argv, [&]() {
     fd::RWorkerConfig cfg;
     cfg.kv_dtype = fd::kv_dtype_from_name(kv_dtype);
@@ -72,11 +122,24 @@ int main(int argc, char** argv) {
     if (!fd::isa_supported(cfg.isa)) throw fd::ConfigError("--isa " + isa + ": not supported by this CPU");
     cfg.limits.max_message_bytes = size_t(max_message_mb * 1e6);
     cfg.name = name;
+    cfg.session_quota_bytes = size_t(session_quota_gb * 1e9);
+    cfg.max_sessions = size_t(max_sessions);
+    cfg.shutdown_token = shutdown_token_from_env();
     fd::RWorkerServerOptions opt;
     opt.listen = listen;
     opt.cpus = parse_cpus(cpus);
     opt.verbose = verbose;
     opt.log_errors_per_s = log_errors_per_s;
+    opt.heartbeat_ms = heartbeat_ms;
+    opt.heartbeat_timeout_ms = heartbeat_timeout_ms;
+    if (curve_secret.empty() != curve_clients.empty())
+      throw fd::ConfigError("--curve-secret and --curve-clients go together (the worker's key, the clients it admits)");
+    if (!curve_secret.empty()) {
+      if (!fd::curve_available()) throw fd::ConfigError("--curve-secret: this libzmq has no CURVE support (libsodium)");
+      opt.curve = fd::read_curve_secret(curve_secret);
+      opt.curve_clients = fd::read_curve_public_dir(curve_clients);
+    }
+    opt.serve_once = serve_once;
     fd::pin_openmp_threads(opt.cpus, threads);
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
@@ -85,11 +148,24 @@ int main(int argc, char** argv) {
     opt.parent_pid = parent_pid;  // the server stops once the parent is gone (even by SIGKILL)
     fd::RWorkerService service(cfg);
     fd::run_rworker_server(service, opt, &g_stop, [&](const std::string& ep) {
-      std::fprintf(stderr, "fd-rworker %s: listening on %s (kv %s, %d threads, %s, %.2f GB)\n", name.c_str(),
-                   ep.c_str(), kv_dtype.c_str(), threads, std::string(fd::isa_name(cfg.isa)).c_str(), memory_gb);
+      std::fprintf(stderr, "fd-rworker %s: listening on %s (kv %s, %d threads, %s, %.2f GB%s)\n", name.c_str(),
+                   ep.c_str(), kv_dtype.c_str(), threads, std::string(fd::isa_name(cfg.isa)).c_str(), memory_gb,
+                   opt.curve.secret_z85.empty() ? "" : ", CURVE");
+      if (opt.curve.secret_z85.empty() && !loopback_only(ep))
+        std::fprintf(stderr,
+                     "fd-rworker %s: WARNING: listening on %s WITHOUT CURVE: anyone who can reach this port can read, "
+                     "change and free the KV-caches it holds, and the tensors cross the network in clear text "
+                     "(--curve-secret / --curve-clients, docs/SECURITY.md)\n",
+                     name.c_str(), ep.c_str());
       if (print_endpoint) {
         std::printf("%s\n", ep.c_str());
         std::fflush(stdout);
+      }
+      if (!register_ep.empty()) {
+        const std::string mine = advertise.empty() ? fd::advertised_endpoint(ep) : advertise;
+        fd::register_with(register_ep, mine, name, register_timeout_ms, opt.curve.secret_z85.empty() ? "" : opt.curve.public_z85);
+        std::fprintf(stderr, "fd-rworker %s: registered %s with the S-worker at %s\n", name.c_str(), mine.c_str(),
+                     register_ep.c_str());
       }
     });
     if (parent_pid > 0 && long(getppid()) != parent_pid)

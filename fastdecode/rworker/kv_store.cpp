@@ -1,5 +1,6 @@
 #include "fastdecode/rworker/kv_store.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -8,12 +9,13 @@
 
 namespace fd {
 
-KVStore::KVStore(KVDType dtype, int n_layers, int n_kv_heads, int head_dim, size_t memory_limit_bytes)
+KVStore::KVStore(KVDType dtype, int n_layers, int n_kv_heads, int head_dim, size_t memory_limit_bytes, KVMemory* shared)
     : dtype_(dtype),
       n_layers_(n_layers),
       n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
       limit_(memory_limit_bytes),
+      shared_(shared),
       full_bytes_(kv_block_bytes(dtype, n_kv_heads, head_dim)),
       tail_bytes_(kv_fp16_block_bytes(n_kv_heads, head_dim)) {
   FD_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && head_dim % 32 == 0, "bad KV store shape");
@@ -27,20 +29,57 @@ KVStore::~KVStore() {
     }
   for (void* p : free_full_) std::free(p);
   for (void* p : free_tail_) std::free(p);
+  if (shared_) shared_->used -= used_ + meta_, shared_->pooled -= pooled_;
+}
+
+void KVStore::charge(size_t bytes) {
+  if (shared_) shared_->used += bytes;
+}
+void KVStore::credit(size_t bytes) {
+  if (shared_) shared_->used -= bytes;
+}
+
+bool KVStore::fits(size_t extra) const {
+  if (bytes_total() + extra > limit_) return false;
+  // Blocks this store keeps for reuse are given back before new memory is taken (alloc_block), so they count as
+  // free here; other stores' pools do not.
+  return !shared_ || shared_->held() - pooled_ + extra <= shared_->limit;
+}
+
+size_t KVStore::free_bytes() const {
+  size_t f = limit_ > bytes_total() ? limit_ - bytes_total() : 0;
+  if (shared_) {
+    const size_t held = shared_->held() - pooled_;
+    f = std::min(f, shared_->limit > held ? shared_->limit - held : 0);
+  }
+  return f;
 }
 
 void* KVStore::alloc_block(size_t bytes) {
   auto& pool = bytes == full_bytes_ ? free_full_ : free_tail_;
+  auto& other = bytes == full_bytes_ ? free_tail_ : free_full_;
   used_ += bytes;
+  charge(bytes);
   if (!pool.empty()) {
     void* p = pool.back();
     pool.pop_back();
+    pooled_ -= bytes;
+    if (shared_) shared_->pooled -= bytes;
     return p;
+  }
+  // Room for a new block under the shared limit: this store's pooled blocks of the other size go first.
+  const size_t other_bytes = bytes == full_bytes_ ? tail_bytes_ : full_bytes_;
+  while (shared_ && shared_->held() > shared_->limit && !other.empty()) {
+    std::free(other.back());
+    other.pop_back();
+    pooled_ -= other_bytes;
+    shared_->pooled -= other_bytes;
   }
   // 64-byte alignment: whole cache lines for SIMD loads. Sizes are multiples of 64 bytes here.
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (!p) {
     used_ -= bytes;
+    credit(bytes);
     FD_THROW("out of host memory allocating a KV block of " << bytes << " bytes");
   }
   return p;
@@ -49,10 +88,17 @@ void* KVStore::alloc_block(size_t bytes) {
 void KVStore::release_block(const void* p, size_t bytes) {
   if (!p) return;
   used_ -= bytes;
-  // Keep a bounded number of blocks for reuse; the rest go back to the system.
+  credit(bytes);
+  // Keep a bounded number of blocks for reuse (never more than the shared limit leaves); the rest go back to the
+  // system.
   auto& pool = bytes == full_bytes_ ? free_full_ : free_tail_;
-  if (pool.size() < 1024) pool.push_back(const_cast<void*>(p));
-  else std::free(const_cast<void*>(p));
+  if (pool.size() < 1024 && (!shared_ || shared_->held() + bytes <= shared_->limit)) {
+    pool.push_back(const_cast<void*>(p));
+    pooled_ += bytes;
+    if (shared_) shared_->pooled += bytes;
+  } else {
+    std::free(const_cast<void*>(p));
+  }
 }
 
 size_t KVStore::sequence_bytes(int n_layers) {
@@ -63,13 +109,13 @@ size_t KVStore::sequence_bytes(int n_layers) {
 void KVStore::add(uint64_t seq) {
   if (has(seq)) FD_THROW("sequence " << seq << " already exists");
   const size_t bytes = sequence_bytes();
-  if (bytes_total() + bytes > limit_)
-    FD_THROW("out of KV memory: a sequence's bookkeeping takes " << bytes << " bytes, " << (limit_ - bytes_total())
-                                                                 << " of " << limit_ << " free");
+  if (!fits(bytes))
+    FD_THROW("out of KV memory: a sequence's bookkeeping takes " << bytes << " bytes, " << free_bytes() << " free");
   Sequence s;
   s.layers.resize(size_t(n_layers_));  // may throw bad_alloc: nothing is registered yet
   seqs_.emplace(seq, std::move(s));
   meta_ += bytes;
+  charge(bytes);
 }
 
 void KVStore::free(uint64_t seq) {
@@ -82,6 +128,58 @@ void KVStore::free(uint64_t seq) {
   }
   seqs_.erase(it);
   meta_ -= sequence_bytes();
+  credit(sequence_bytes());
+}
+
+bool KVStore::can_truncate(uint64_t seq, int64_t len) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || len < 0) return false;
+  for (const LayerCache& l : it->second.layers) {
+    const int64_t cur = int64_t(l.full.size()) * kKVBlockTokens + l.n_tail;
+    if (cur <= len || cur - len <= l.n_tail) continue;  // nothing to drop, or only tail tokens
+    // Full blocks must reopen: fp16 blocks always can; a quantized one only if it is the one the tail still holds,
+    // and only one block can be.
+    const int64_t reopen = (cur - len - l.n_tail + kKVBlockTokens - 1) / kKVBlockTokens;
+    if (dtype_ != KVDType::F16 && !(reopen == 1 && l.tail_holds_last_full && l.n_tail == 0)) return false;
+  }
+  return true;
+}
+
+void KVStore::truncate(uint64_t seq, int64_t len) {
+  if (!has(seq)) FD_THROW("unknown sequence " << seq);
+  if (len < 0) FD_THROW("cannot truncate sequence " << seq << " to " << len << " tokens");
+  if (!can_truncate(seq, len))
+    FD_THROW("sequence " << seq << ": truncating to " << len << " tokens would reopen a quantized block whose fp16 values "
+                         << "are gone");
+  for (LayerCache& l : seqs_.at(seq).layers) {
+    int64_t drop = int64_t(l.full.size()) * kKVBlockTokens + l.n_tail - len;
+    while (drop > 0) {
+      if (l.n_tail == 0) {  // reopen the last full block as the tail (checked above)
+        const void* b = l.full.back();
+        l.full.pop_back();
+        if (dtype_ == KVDType::F16) {
+          release_block(l.tail, tail_bytes_);  // an empty tail allocated after the block filled, if any
+          l.tail = static_cast<uint16_t*>(const_cast<void*>(b));
+        } else {
+          release_block(b, full_bytes_);  // the tail buffer already holds its fp16 values
+          l.tail_holds_last_full = false;
+        }
+        l.n_tail = kKVBlockTokens;
+      }
+      const int64_t take = std::min<int64_t>(drop, l.n_tail);
+      l.n_tail -= int32_t(take);
+      drop -= take;
+      total_tokens_ -= take;
+    }
+    // An empty tail: an fp16 store allocates it with the first token again; a quantized store keeps it while any
+    // token remains (bytes_at counts it from the first token on).
+    const int64_t now = int64_t(l.full.size()) * kKVBlockTokens + l.n_tail;
+    if (l.n_tail == 0 && (dtype_ == KVDType::F16 || now == 0)) {
+      release_block(l.tail, tail_bytes_);
+      l.tail = nullptr;
+      l.tail_holds_last_full = false;
+    }
+  }
 }
 
 KVStore::LayerCache& KVStore::cache(uint64_t seq, int layer) {
@@ -117,13 +215,13 @@ template <typename T>
 void KVStore::append(uint64_t seq, int layer, const T* k, const T* v, int64_t n) {
   if (n <= 0) return;
   const size_t extra = extra_bytes(seq, layer, n);
-  if (bytes_total() + extra > limit_)
-    FD_THROW("out of KV memory: appending " << n << " tokens needs " << extra << " more bytes, "
-                                            << (limit_ - bytes_total()) << " of " << limit_ << " free");
+  if (!fits(extra))
+    FD_THROW("out of KV memory: appending " << n << " tokens needs " << extra << " more bytes, " << free_bytes() << " free");
   LayerCache& l = cache(seq, layer);
   const int64_t H = n_kv_heads_, D = head_dim_, row = H * D;
   for (int64_t t = 0; t < n; ++t) {
     if (!l.tail) l.tail = static_cast<uint16_t*>(alloc_block(tail_bytes_));
+    l.tail_holds_last_full = false;  // this token overwrites the last full block's fp16 values
     // Token t goes to row n_tail of every head: K[h][n_tail][:], V at offset H*32*D.
     for (int64_t h = 0; h < H; ++h) {
       uint16_t* kd = l.tail + (h * kKVBlockTokens + l.n_tail) * D;
@@ -147,6 +245,7 @@ void KVStore::append(uint64_t seq, int layer, const T* k, const T* v, int64_t n)
         void* b = alloc_block(full_bytes_);
         kv_quantize_block(dtype_, l.tail, b, n_kv_heads_, head_dim_);
         l.full.push_back(b);
+        l.tail_holds_last_full = true;
       }
       l.n_tail = 0;
     }

@@ -1,7 +1,9 @@
 // The R-worker's KV-cache: per sequence, per layer, blocks of kKVBlockTokens tokens holding all KV
 // heads (layout in kernels/cpu/decode_attention.h). Full blocks are stored in the worker's KV dtype;
 // the newest partial block stays fp16 and is quantized when it fills. Memory is accounted against a
-// limit; an append that would exceed it changes nothing.
+// limit (the store's own quota) and, when given, a KVMemory shared by every store of the worker (one per
+// client session); an append that would exceed either changes nothing. Blocks a store keeps for reuse count
+// against the shared limit too, so what the worker holds never exceeds it.
 #pragma once
 #include <cstdint>
 #include <unordered_map>
@@ -11,9 +13,18 @@
 
 namespace fd {
 
+// The worker's memory, shared by its stores: `used` (blocks and bookkeeping in use) plus `pooled` (blocks kept for
+// reuse) plus `reserved` (the sessions' own overhead) never exceed `limit`.
+struct KVMemory {
+  size_t limit = 0;
+  size_t used = 0, pooled = 0, reserved = 0;
+  size_t held() const { return used + pooled + reserved; }
+};
+
 class KVStore {
  public:
-  KVStore(KVDType dtype, int n_layers, int n_kv_heads, int head_dim, size_t memory_limit_bytes);
+  // memory_limit_bytes: this store's quota; shared: the worker's memory (null: the quota alone bounds it).
+  KVStore(KVDType dtype, int n_layers, int n_kv_heads, int head_dim, size_t memory_limit_bytes, KVMemory* shared = nullptr);
   ~KVStore();
   KVStore(const KVStore&) = delete;
   KVStore& operator=(const KVStore&) = delete;
@@ -33,6 +44,13 @@ class KVStore {
   static size_t sequence_bytes(int n_layers);
   // Frees every block of the sequence; throws fd::Error if unknown.
   void free(uint64_t seq);
+  // Keeps the first `len` tokens of the sequence at every layer (a no-op where it holds fewer). Tokens in the fp16
+  // tail go at once; a full block reopens as the tail when its fp16 values are still at hand: always for fp16 KV,
+  // and for int8/int4 when the block was the last to fill and no token came after it (the tail buffer still holds
+  // its fp16 values: one step's append can always be undone). Otherwise throws fd::Error and changes nothing.
+  void truncate(uint64_t seq, int64_t len);
+  // Whether truncate(seq, len) would succeed.
+  bool can_truncate(uint64_t seq, int64_t len) const;
   int64_t length(uint64_t seq, int layer) const;
   size_t num_sequences() const { return seqs_.size(); }
 
@@ -44,6 +62,9 @@ class KVStore {
   size_t bookkeeping_bytes() const { return meta_; }       // sequences' tables (sequence_bytes() each)
   size_t bytes_total() const { return used_ + meta_; }     // what the memory limit bounds
   size_t memory_limit() const { return limit_; }
+  // Whether `extra` more bytes fit this store's quota and the shared limit; the bytes free under both.
+  bool fits(size_t extra) const;
+  size_t free_bytes() const;
   int64_t total_tokens() const { return total_tokens_; }
 
   // Appends n tokens. k, v: [n, n_kv_heads, head_dim] as fp16 bits (kv_half) or fp32. The caller has
@@ -59,6 +80,7 @@ class KVStore {
     std::vector<const void*> full;  // blocks in dtype_ layout
     uint16_t* tail = nullptr;       // fp16 block, allocated with the first token
     int32_t n_tail = 0;
+    bool tail_holds_last_full = false;  // quantized: the tail buffer still has the last full block's fp16 values
   };
   struct Sequence {
     std::vector<LayerCache> layers;
@@ -72,7 +94,10 @@ class KVStore {
 
   KVDType dtype_;
   int n_layers_, n_kv_heads_, head_dim_;
-  size_t limit_, used_ = 0, meta_ = 0;
+  size_t limit_, used_ = 0, meta_ = 0, pooled_ = 0;
+  KVMemory* shared_ = nullptr;
+  void charge(size_t bytes);  // used_/meta_ grew by bytes: the shared ledger too
+  void credit(size_t bytes);
   size_t full_bytes_, tail_bytes_;
   int64_t total_tokens_ = 0;
   std::unordered_map<uint64_t, Sequence> seqs_;

@@ -9,7 +9,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <set>
 #include <string>
+#include <thread>
 
 #include "fastdecode/core/clock.h"
 
@@ -27,12 +30,53 @@ void pin_openmp_threads(const std::vector<int>& cpus, int n_threads) {
   }
   if (failures) {
     std::string list;
-    for (int c : cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
+    for (int c : cpus) {
+      if (!list.empty()) list += ',';
+      list += std::to_string(c);
+    }
     FD_THROW("could not pin " << failures << " of " << n_threads << " compute threads to CPUs " << list
                               << " (--cpus): " << std::strerror(err) << "; this machine has "
                               << sysconf(_SC_NPROCESSORS_ONLN) << " CPUs online");
   }
 }
+
+namespace {
+
+// The ZAP handler of a CURVE server (RFC 27): admits a connection when the client's public key is one of `keys`.
+// Runs on its own thread over the context's inproc://zeromq.zap.01 until `stop`.
+void zap_handler(zmq::socket_t& rep, const std::set<std::string>& keys, const std::atomic<bool>& stop,
+                 std::atomic<uint64_t>* refused) {
+  while (!stop) {
+    zmq::pollitem_t item{rep.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(100));
+    if (!(item.revents & ZMQ_POLLIN)) continue;
+    std::vector<zmq::message_t> req;
+    if (!zmq::recv_multipart(rep, std::back_inserter(req))) continue;
+    // version, request id, domain, address, routing id, mechanism, credentials (the client's 32-byte public key)
+    bool ok = false;
+    if (req.size() >= 7 && req[5].to_string() == "CURVE" && req[6].size() == 32) {
+      char z85[41] = {};
+      zmq_z85_encode(z85, static_cast<const uint8_t*>(req[6].data()), 32);
+      ok = keys.count(z85) > 0;
+    }
+    if (!ok && refused) ++*refused;
+    const std::string id = req.size() >= 2 ? req[1].to_string() : std::string();
+    std::vector<zmq::message_t> rep_msg;
+    rep_msg.emplace_back(std::string("1.0"));
+    rep_msg.emplace_back(id);
+    rep_msg.emplace_back(std::string(ok ? "200" : "400"));
+    rep_msg.emplace_back(std::string(ok ? "OK" : "client key not admitted"));
+    rep_msg.emplace_back(std::string());
+    rep_msg.emplace_back(std::string());
+    zmq::send_multipart(rep, rep_msg);
+  }
+}
+
+void set_int(zmq::socket_t& s, int opt, int v) {
+  if (zmq_setsockopt(s.handle(), opt, &v, sizeof v) != 0) FD_THROW("zmq_setsockopt(" << opt << "): " << zmq_strerror(zmq_errno()));
+}
+
+}  // namespace
 
 void run_router_loop(const RouterLoop& loop) {
   zmq::context_t ctx(loop.io_threads);
@@ -40,6 +84,61 @@ void run_router_loop(const RouterLoop& loop) {
   sock.set(zmq::sockopt::linger, 0);
   sock.set(zmq::sockopt::maxmsgsize, int64_t(loop.max_message_bytes));
   sock.set(zmq::sockopt::router_mandatory, 0);
+  if (loop.heartbeat_ms > 0) {
+    set_int(sock, ZMQ_HEARTBEAT_IVL, loop.heartbeat_ms);
+    set_int(sock, ZMQ_HEARTBEAT_TIMEOUT, std::max(loop.heartbeat_timeout_ms, loop.heartbeat_ms));
+  }
+  // CURVE: the ZAP handler is bound before the socket listens, so no connection is admitted unchecked.
+  std::atomic<bool> zap_stop{false};
+  std::unique_ptr<zmq::socket_t> zap;
+  std::thread zap_thread;
+  if (!loop.curve.secret_z85.empty()) {
+    if (loop.curve_clients.empty()) FD_THROW("CURVE server without any admitted client key");
+    zap = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::rep);
+    zap->set(zmq::sockopt::linger, 0);
+    zap->bind("inproc://zeromq.zap.01");
+    set_int(sock, ZMQ_CURVE_SERVER, 1);
+    sock.set(zmq::sockopt::curve_secretkey, loop.curve.secret_z85);
+    const std::set<std::string> keys(loop.curve_clients.begin(), loop.curve_clients.end());
+    zap_thread = std::thread([&, keys] { zap_handler(*zap, keys, zap_stop, loop.curve_refused); });
+  }
+  struct ZapJoin {  // the ZAP thread ends with the loop, however it ends
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~ZapJoin() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } zap_join{zap_stop, zap_thread};
+  // Disconnects: the socket's DISCONNECTED events (with the connection's file descriptor) on an inproc PAIR.
+  static std::atomic<int> monitors{0};
+  char mon_ep[64];  // (snprintf: GCC 12 warns falsely on a chained string +)
+  std::snprintf(mon_ep, sizeof mon_ep, "inproc://fd-router-monitor-%d", monitors++);
+  if (zmq_socket_monitor(sock.handle(), mon_ep, ZMQ_EVENT_DISCONNECTED) != 0)
+    FD_THROW("zmq_socket_monitor: " << zmq_strerror(zmq_errno()));
+  zmq::socket_t mon(ctx, zmq::socket_type::pair);
+  mon.set(zmq::sockopt::linger, 0);
+  mon.connect(mon_ep);
+  std::map<int, std::set<std::string>> peers_on_fd;
+  const auto drain_monitor = [&] {
+    for (;;) {
+      zmq::message_t ev, addr;
+      if (!mon.recv(ev, zmq::recv_flags::dontwait)) return;
+      if (ev.more()) (void)mon.recv(addr, zmq::recv_flags::none);
+      if (ev.size() < 6) continue;
+      uint16_t event = 0;
+      int32_t fd = -1;
+      std::memcpy(&event, ev.data(), 2);
+      std::memcpy(&fd, static_cast<const uint8_t*>(ev.data()) + 2, 4);
+      if (event != ZMQ_EVENT_DISCONNECTED) continue;
+      auto it = peers_on_fd.find(fd);
+      if (it == peers_on_fd.end()) continue;
+      const std::set<std::string> gone = std::move(it->second);
+      peers_on_fd.erase(it);
+      if (loop.on_disconnect)
+        for (const auto& p : gone) loop.on_disconnect(p);
+    }
+  };
   try {
     sock.bind(loop.listen);
   } catch (const zmq::error_t& e) {
@@ -60,14 +159,15 @@ void run_router_loop(const RouterLoop& loop) {
     }
   };
   while (!loop.done()) {
-    zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::pollitem_t items[2] = {{sock.handle(), 0, ZMQ_POLLIN, 0}, {mon.handle(), 0, ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(&item, 1, std::chrono::milliseconds(100));
+      zmq::poll(items, 2, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       throw;
     }
-    if (!(item.revents & ZMQ_POLLIN)) continue;
+    drain_monitor();  // a connection's end before any later message: a new connection may reuse its descriptor
+    if (!(items[0].revents & ZMQ_POLLIN)) continue;
     parts.clear();
     // Frame by frame: the running total is checked as each frame comes; past the limit the frames are dropped
     // as they are received (only the header is kept, to address the reply).
@@ -94,6 +194,11 @@ void run_router_loop(const RouterLoop& loop) {
       if (loop.counters) loop.counters->max_bytes_held = std::max(loop.counters->max_bytes_held, held);
     }
     if (parts.size() < 2 && !over) continue;  // a routing id alone: nothing to answer
+    const std::string peer = parts[0].to_string();
+    if (parts.size() >= 2) {
+      const int fd = parts[1].get(ZMQ_SRCFD);
+      if (fd >= 0) peers_on_fd[fd].insert(peer);
+    }
     std::vector<zmq::message_t> reply;
     if (over) {
       if (loop.counters) ++loop.counters->refused_too_large;
@@ -113,13 +218,14 @@ void run_router_loop(const RouterLoop& loop) {
       frames.clear();
       for (size_t i = 1; i < parts.size(); ++i)
         frames.push_back({static_cast<const uint8_t*>(parts[i].data()), parts[i].size()});
-      reply = loop.handle(frames.data(), frames.size());
+      reply = loop.handle(peer, frames.data(), frames.size());
     }
     // Reply: routing id, then the frames. A peer that vanished just loses its reply.
     sock.send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
     for (size_t i = 0; i < reply.size(); ++i)
       sock.send(reply[i], i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
   }
+  zmq_socket_monitor(sock.handle(), nullptr, 0);
 }
 
 bool LogLimiter::allow(int64_t now_ns, std::string* summary) {
@@ -151,7 +257,8 @@ void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt
   loop.on_bound = on_bound;
   // Polled every 100 ms: a worker whose parent is gone (re-parented, so getppid() changed) stops by itself.
   loop.done = [&] {
-    return service.shutdown_requested() || (stop && stop->load()) || (opt.parent_pid > 0 && long(getppid()) != opt.parent_pid);
+    return service.shutdown_requested() || (stop && stop->load()) || (opt.parent_pid > 0 && long(getppid()) != opt.parent_pid) ||
+           (opt.serve_once && service.sessions_ended() > 0);
   };
   // Error lines are rate-limited (a client chooses how many bad requests it sends); --verbose logs every one.
   LogLimiter limiter(opt.verbose ? 0 : opt.log_errors_per_s);
@@ -166,11 +273,16 @@ void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt
                  proto::error_code_name(proto::ErrorCode(h.status)), (unsigned long long)h.request_id,
                  int(std::min<size_t>(reply[1].size(), 400)), static_cast<const char*>(reply[1].data()));
   };
-  loop.handle = [&](const proto::Frame* frames, size_t n) {
-    std::vector<zmq::message_t> reply = service.handle(frames, n);
+  loop.handle = [&](const std::string& peer, const proto::Frame* frames, size_t n) {
+    std::vector<zmq::message_t> reply = service.handle(peer, frames, n);
     log_error(reply);
     return reply;
   };
+  loop.on_disconnect = [&](const std::string& peer) { service.end_session(peer); };
+  loop.heartbeat_ms = opt.heartbeat_ms;
+  loop.heartbeat_timeout_ms = opt.heartbeat_timeout_ms;
+  loop.curve = opt.curve;
+  loop.curve_clients = opt.curve_clients;
   loop.on_refused = log_error;
   run_router_loop(loop);
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fastdecode/rworker/service.h"
+#include "fastdecode/wire/curve.h"
 
 namespace fd {
 
@@ -17,6 +18,12 @@ struct RWorkerServerOptions {
   bool verbose = false;     // log every error reply (no rate limit)
   int log_errors_per_s = 10; // otherwise at most this many error lines per second, then a "suppressed K" line
   long parent_pid = 0;  // > 0: stop serving once this process is no longer our parent (it died: no orphans)
+  // ZeroMQ heartbeats (PING every heartbeat_ms, the connection dropped after heartbeat_timeout_ms of silence): a
+  // client that died or stopped without closing its connection is seen gone, and its session ends. 0: off.
+  int heartbeat_ms = 1000, heartbeat_timeout_ms = 10000;
+  CurveKeyPair curve;                      // set: CURVE on every connection (encrypted, authenticated)
+  std::vector<std::string> curve_clients;  // the client public keys admitted (ZAP); required with curve
+  bool serve_once = false;                 // stop once the first client's session has ended
 };
 
 // What the loop counts about the messages it received (for tests and logs).
@@ -53,11 +60,21 @@ class LogLimiter {
 // multipart message only once all of its frames are in (docs/SECURITY.md), so this bounds what the loop holds,
 // not libzmq's own receive buffer; ZMQ_MAXMSGSIZE bounds each frame there. `on_bound` receives the endpoint actually bound (tcp://...:*
 // resolves to a port). Throws fd::Error if it cannot bind.
+// Each message's `peer` is its connection's routing id; when a connection is gone (closed by the peer, a heartbeat
+// timeout, the peer's process killed) `on_disconnect(peer)` is called once for each routing id seen on it (the loop
+// watches its socket's DISCONNECTED events, drained before each message, and maps them to the routing ids seen on
+// that file descriptor).
 struct RouterLoop {
   std::string listen;
   int io_threads = 1;
   size_t max_message_bytes = size_t(1) << 30;  // one frame over it: libzmq drops the peer's connection
-  std::function<std::vector<zmq::message_t>(const proto::Frame* frames, size_t n)> handle;
+  std::function<std::vector<zmq::message_t>(const std::string& peer, const proto::Frame* frames, size_t n)> handle;
+  std::function<void(const std::string& peer)> on_disconnect;
+  int heartbeat_ms = 0, heartbeat_timeout_ms = 0;  // ZeroMQ heartbeats (0: off)
+  CurveKeyPair curve;                              // set: CURVE server; curve_clients admitted through ZAP
+  std::vector<std::string> curve_clients;
+  // Optional: how many connections the ZAP handler refused (tests).
+  std::atomic<uint64_t>* curve_refused = nullptr;
   std::function<bool()> done;
   std::function<void(const std::string&)> on_bound;
   // Optional: the loop adds to these (the rworker's counters; a test's).

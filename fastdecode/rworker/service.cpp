@@ -1,5 +1,6 @@
 #include "fastdecode/rworker/service.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <unordered_set>
@@ -17,7 +18,26 @@ using proto::MsgType;
 using proto::ProtocolError;
 using proto::WireDType;
 
-RWorkerService::RWorkerService(RWorkerConfig cfg) : cfg_(std::move(cfg)) {}
+RWorkerService::RWorkerService(RWorkerConfig cfg) : cfg_(std::move(cfg)) { memory_.limit = cfg_.memory_limit_bytes; }
+
+size_t RWorkerService::quota() const {
+  return cfg_.session_quota_bytes > 0 ? std::min(cfg_.session_quota_bytes, cfg_.memory_limit_bytes) : cfg_.memory_limit_bytes;
+}
+
+RWorkerService::Session& RWorkerService::session(const std::string& peer) {
+  auto it = sessions_.find(peer);
+  if (it == sessions_.end() || !it->second.store)
+    throw ProtocolError(ErrorCode::NotConfigured, "no HELLO received from this client yet");
+  return it->second;
+}
+
+void RWorkerService::end_session(const std::string& peer) {
+  auto it = sessions_.find(peer);
+  if (it == sessions_.end()) return;
+  sessions_.erase(it);  // the store frees its blocks and gives its bytes back to memory_
+  memory_.reserved -= kSessionBytes;
+  ++sessions_ended_;
+}
 
 std::vector<zmq::message_t> RWorkerService::reply(const Header& req, MsgType type, std::vector<zmq::message_t> frames,
                                                   uint64_t compute_ns, int32_t status) const {
@@ -28,13 +48,13 @@ std::vector<zmq::message_t> RWorkerService::reply(const Header& req, MsgType typ
   return out;
 }
 
-std::vector<zmq::message_t> RWorkerService::handle(const proto::Frame* parts, size_t n_parts) {
+std::vector<zmq::message_t> RWorkerService::handle(const std::string& peer, const proto::Frame* parts, size_t n_parts) {
   ++requests_;
   Header req{};
   if (n_parts > 0 && parts[0].size == proto::kHeaderBytes) std::memcpy(&req, parts[0].data, proto::kHeaderBytes);
   try {
     const Message m = proto::decode(parts, n_parts, cfg_.limits);
-    return dispatch(m);
+    return dispatch(peer, m);
   } catch (const ProtocolError& e) {
     return error_reply(req, e.code(), e.what());
   } catch (const std::exception& e) {
@@ -50,48 +70,62 @@ std::vector<zmq::message_t> RWorkerService::error_reply(const Header& req, Error
   return reply(req, MsgType::Error, std::move(frames), 0, int32_t(code));
 }
 
-std::vector<zmq::message_t> RWorkerService::dispatch(const Message& m) {
+std::vector<zmq::message_t> RWorkerService::dispatch(const std::string& peer, const Message& m) {
   switch (m.h.msg_type()) {
-    case MsgType::Hello: return on_hello(m);
-    case MsgType::AddSeq: return on_add(m);
-    case MsgType::AppendKV: return on_append(m);
-    case MsgType::Attend: return on_attend(m);
-    case MsgType::FreeSeq: return on_free(m);
+    case MsgType::Hello: return on_hello(peer, m);
+    case MsgType::AddSeq: return on_add(session(peer), m);
+    case MsgType::AppendKV: return on_append(session(peer), m);
+    case MsgType::Attend: return on_attend(session(peer), m);
+    case MsgType::FreeSeq: return on_free(session(peer), m);
+    case MsgType::Truncate: return on_truncate(session(peer), m);
+    case MsgType::Close:
+      end_session(peer);
+      return reply(m.h, MsgType::Ok);
     case MsgType::Stats: {
-      const std::string s = stats().dump();
+      const std::string s = stats(peer).dump();
       std::vector<zmq::message_t> f;
       f.emplace_back(s.data(), s.size());
       return reply(m.h, MsgType::StatsReply, std::move(f));
     }
-    case MsgType::Shutdown:
-      shutdown_ = true;
-      return reply(m.h, MsgType::Ok);
+    case MsgType::Shutdown: return on_shutdown(m);
     default:
       throw ProtocolError(ErrorCode::Malformed, std::string(proto::msg_type_name(m.h.msg_type())) + " is not a request");
   }
 }
 
-void RWorkerService::check_shape(const Header& h) const {
-  if (!store_) throw ProtocolError(ErrorCode::NotConfigured, "no HELLO received yet");
-  if (h.n_heads != shape_.n_heads || h.n_kv_heads != shape_.n_kv_heads || h.head_dim != shape_.head_dim ||
-      h.dtype != shape_.dtype)
+std::vector<zmq::message_t> RWorkerService::on_shutdown(const Message& m) {
+  // Constant-time compare: the time taken says nothing about how much of a guess was right.
+  const std::string& t = cfg_.shutdown_token;
+  uint8_t diff = t.size() == proto::kShutdownTokenBytes ? 0 : 1;
+  for (size_t i = 0; i < proto::kShutdownTokenBytes; ++i)
+    diff |= uint8_t(m.frames[0].data[i] ^ (i < t.size() ? uint8_t(t[i]) : 0));
+  if (diff != 0)
+    throw ProtocolError(ErrorCode::Forbidden, t.empty() ? "SHUTDOWN is not accepted over the wire by this worker (stop it with a signal)"
+                                                        : "SHUTDOWN with a wrong token");
+  shutdown_ = true;
+  return reply(m.h, MsgType::Ok);
+}
+
+void RWorkerService::check_shape(const Session& s, const Header& h) const {
+  const Header& shape = s.shape;
+  if (h.n_heads != shape.n_heads || h.n_kv_heads != shape.n_kv_heads || h.head_dim != shape.head_dim || h.dtype != shape.dtype)
     throw ProtocolError(ErrorCode::ShapeMismatch, "heads/kv_heads/head_dim/dtype differ from the HELLO");
 }
 
-std::vector<uint64_t> RWorkerService::read_ids(const Message& m, bool must_exist) const {
+std::vector<uint64_t> RWorkerService::read_ids(const Session& s, const Message& m, bool must_exist) const {
   std::vector<uint64_t> ids(m.h.n_seq);
   std::unordered_set<uint64_t> seen;
   for (uint32_t i = 0; i < m.h.n_seq; ++i) {
     ids[i] = proto::read_u64(m.frames[0].data, i);
     if (!seen.insert(ids[i]).second)
       throw ProtocolError(ErrorCode::DuplicateSequence, "sequence " + std::to_string(ids[i]) + " appears twice");
-    if (must_exist && !store_->has(ids[i]))
+    if (must_exist && !s.store->has(ids[i]))
       throw ProtocolError(ErrorCode::UnknownSequence, "unknown sequence " + std::to_string(ids[i]));
   }
   return ids;
 }
 
-std::vector<zmq::message_t> RWorkerService::on_hello(const Message& m) {
+std::vector<zmq::message_t> RWorkerService::on_hello(const std::string& peer, const Message& m) {
   const Header& h = m.h;
   if (h.layer == 0 || h.n_heads == 0 || h.n_kv_heads == 0 || h.head_dim == 0 || h.head_dim % 32 != 0 ||
       h.n_heads % h.n_kv_heads != 0)
@@ -100,13 +134,27 @@ std::vector<zmq::message_t> RWorkerService::on_hello(const Message& m) {
   if (h.layer > kMaxHelloLayers)
     throw ProtocolError(ErrorCode::Malformed, "HELLO with " + std::to_string(h.layer) + " layers: at most " +
                                                   std::to_string(kMaxHelloLayers));
-  const bool same = store_ && h.layer == shape_.layer && h.n_heads == shape_.n_heads &&
-                    h.n_kv_heads == shape_.n_kv_heads && h.head_dim == shape_.head_dim && h.dtype == shape_.dtype;
-  if (store_ && !same && store_->num_sequences() > 0)
+  auto it = sessions_.find(peer);
+  if (it == sessions_.end()) {  // a new session: its overhead counts against the memory limit, and their number
+    if (sessions_.size() >= cfg_.max_sessions)
+      throw ProtocolError(ErrorCode::Busy, "this worker holds its most sessions (" + std::to_string(cfg_.max_sessions) +
+                                               "): a client must CLOSE or disconnect first");
+    if (memory_.held() + kSessionBytes > memory_.limit)
+      throw ProtocolError(ErrorCode::OutOfMemory, "no memory left for another session");
+    memory_.reserved += kSessionBytes;
+    it = sessions_.emplace(peer, Session{}).first;
+    ++sessions_opened_;
+  }
+  Session& s = it->second;
+  const Header& sh = s.shape;
+  const bool same = s.store && h.layer == sh.layer && h.n_heads == sh.n_heads && h.n_kv_heads == sh.n_kv_heads &&
+                    h.head_dim == sh.head_dim && h.dtype == sh.dtype;
+  if (s.store && !same && s.store->num_sequences() > 0)
     throw ProtocolError(ErrorCode::ShapeMismatch, "HELLO with another shape while sequences are live");
   if (!same) {
-    store_ = std::make_unique<KVStore>(cfg_.kv_dtype, int(h.layer), h.n_kv_heads, h.head_dim, cfg_.memory_limit_bytes);
-    shape_ = h;
+    s.store.reset();  // its bytes go back first
+    s.store = std::make_unique<KVStore>(cfg_.kv_dtype, int(h.layer), h.n_kv_heads, h.head_dim, quota(), &memory_);
+    s.shape = h;
   }
   json info = {{"name", cfg_.name},
                {"protocol_version", proto::kVersion},
@@ -114,6 +162,8 @@ std::vector<zmq::message_t> RWorkerService::on_hello(const Message& m) {
                {"isa", isa_name(cfg_.isa)},
                {"threads", cfg_.threads},
                {"memory_limit_bytes", cfg_.memory_limit_bytes},
+               {"session_quota_bytes", quota()},
+               {"memory_free_bytes", s.store->free_bytes()},
                {"block_tokens", kKVBlockTokens},
                {"kv_bytes_per_token_per_layer",
                 double(kv_block_bytes(cfg_.kv_dtype, h.n_kv_heads, h.head_dim)) / kKVBlockTokens},
@@ -121,46 +171,56 @@ std::vector<zmq::message_t> RWorkerService::on_hello(const Message& m) {
                {"kv_tail_block_bytes", kv_fp16_block_bytes(h.n_kv_heads, h.head_dim)},
                // what one sequence's bookkeeping takes of memory_limit_bytes before any KV
                {"sequence_bytes", KVStore::sequence_bytes(int(h.layer))}};
-  const std::string s = info.dump();
+  const std::string text = info.dump();
   std::vector<zmq::message_t> f;
-  f.emplace_back(s.data(), s.size());
+  f.emplace_back(text.data(), text.size());
   return reply(h, MsgType::HelloReply, std::move(f));
 }
 
-std::vector<zmq::message_t> RWorkerService::on_add(const Message& m) {
-  if (!store_) throw ProtocolError(ErrorCode::NotConfigured, "no HELLO received yet");
-  const auto ids = read_ids(m, false);
+std::vector<zmq::message_t> RWorkerService::on_add(Session& s, const Message& m) {
+  KVStore& store = *s.store;
+  const auto ids = read_ids(s, m, false);
   for (uint64_t id : ids)
-    if (store_->has(id)) throw ProtocolError(ErrorCode::DuplicateSequence, "sequence " + std::to_string(id) + " exists");
+    if (store.has(id)) throw ProtocolError(ErrorCode::DuplicateSequence, "sequence " + std::to_string(id) + " exists");
   // Their bookkeeping counts against --memory-gb like their KV will: all or none of the request.
-  const size_t need = ids.size() * store_->sequence_bytes();
-  if (store_->bytes_total() + need > store_->memory_limit())
-    throw ProtocolError(ErrorCode::OutOfMemory, std::to_string(ids.size()) + " sequences of " +
-                                                    std::to_string(store_->n_layers()) + " layers need " + std::to_string(need) +
-                                                    " bytes of bookkeeping; " +
-                                                    std::to_string(store_->memory_limit() - store_->bytes_total()) + " free");
-  for (uint64_t id : ids) store_->add(id);
+  const size_t need = ids.size() * store.sequence_bytes();
+  if (!store.fits(need))
+    throw ProtocolError(ErrorCode::OutOfMemory, std::to_string(ids.size()) + " sequences of " + std::to_string(store.n_layers()) +
+                                                    " layers need " + std::to_string(need) + " bytes of bookkeeping; " +
+                                                    std::to_string(store.free_bytes()) + " free");
+  for (uint64_t id : ids) store.add(id);
   return reply(m.h, MsgType::Ok);
 }
 
-std::vector<zmq::message_t> RWorkerService::on_free(const Message& m) {
-  if (!store_) throw ProtocolError(ErrorCode::NotConfigured, "no HELLO received yet");
-  const auto ids = read_ids(m, true);
-  for (uint64_t id : ids) store_->free(id);
+std::vector<zmq::message_t> RWorkerService::on_free(Session& s, const Message& m) {
+  const auto ids = read_ids(s, m, true);
+  for (uint64_t id : ids) s.store->free(id);
   return reply(m.h, MsgType::Ok);
 }
 
-std::vector<zmq::message_t> RWorkerService::on_append(const Message& m) {
+std::vector<zmq::message_t> RWorkerService::on_truncate(Session& s, const Message& m) {
+  const auto ids = read_ids(s, m, true);
+  for (uint32_t i = 0; i < m.h.n_seq; ++i)  // all checks before any change
+    if (!s.store->can_truncate(ids[i], proto::read_u32(m.frames[1].data, i)))
+      throw ProtocolError(ErrorCode::Unsupported, "sequence " + std::to_string(ids[i]) + ": truncating to " +
+                                                      std::to_string(proto::read_u32(m.frames[1].data, i)) +
+                                                      " tokens would reopen a quantized block whose fp16 values are gone");
+  for (uint32_t i = 0; i < m.h.n_seq; ++i) s.store->truncate(ids[i], proto::read_u32(m.frames[1].data, i));
+  return reply(m.h, MsgType::Ok);
+}
+
+std::vector<zmq::message_t> RWorkerService::on_append(Session& s, const Message& m) {
   const Header& h = m.h;
-  check_shape(h);
-  if (h.layer >= uint32_t(store_->n_layers())) throw ProtocolError(ErrorCode::BadLayer, "layer " + std::to_string(h.layer) + " out of range");
-  const auto ids = read_ids(m, true);
+  KVStore& store = *s.store;
+  check_shape(s, h);
+  if (h.layer >= uint32_t(store.n_layers())) throw ProtocolError(ErrorCode::BadLayer, "layer " + std::to_string(h.layer) + " out of range");
+  const auto ids = read_ids(s, m, true);
   // All checks before any change: memory for every sequence's append.
   size_t extra = 0;
-  for (uint32_t i = 0; i < h.n_seq; ++i) extra += store_->extra_bytes(ids[i], int(h.layer), proto::read_u32(m.frames[1].data, i));
-  if (store_->bytes_total() + extra > store_->memory_limit())
+  for (uint32_t i = 0; i < h.n_seq; ++i) extra += store.extra_bytes(ids[i], int(h.layer), proto::read_u32(m.frames[1].data, i));
+  if (!store.fits(extra))
     throw ProtocolError(ErrorCode::OutOfMemory, "appending needs " + std::to_string(extra) + " bytes, " +
-                                                    std::to_string(store_->memory_limit() - store_->bytes_total()) + " free");
+                                                    std::to_string(store.free_bytes()) + " free");
   const size_t row = size_t(h.n_kv_heads) * h.head_dim;
   const size_t es = proto::wire_dtype_size(WireDType(h.dtype));
   size_t tok = 0;
@@ -173,29 +233,30 @@ std::vector<zmq::message_t> RWorkerService::on_append(const Message& m) {
       std::vector<uint16_t> kk(n * row), vv(n * row);
       std::memcpy(kk.data(), k, n * row * 2);
       std::memcpy(vv.data(), v, n * row * 2);
-      store_->append_f16(ids[i], int(h.layer), kk.data(), vv.data(), n);
+      store.append_f16(ids[i], int(h.layer), kk.data(), vv.data(), n);
     } else {
       std::vector<float> kk(n * row), vv(n * row);
       std::memcpy(kk.data(), k, n * row * 4);
       std::memcpy(vv.data(), v, n * row * 4);
-      store_->append_f32(ids[i], int(h.layer), kk.data(), vv.data(), n);
+      store.append_f32(ids[i], int(h.layer), kk.data(), vv.data(), n);
     }
     tok += n;
   }
   return reply(h, MsgType::Ok);
 }
 
-std::vector<zmq::message_t> RWorkerService::on_attend(const Message& m) {
+std::vector<zmq::message_t> RWorkerService::on_attend(Session& s, const Message& m) {
   const Header& h = m.h;
-  check_shape(h);
-  if (h.layer >= uint32_t(store_->n_layers())) throw ProtocolError(ErrorCode::BadLayer, "layer " + std::to_string(h.layer) + " out of range");
+  KVStore& store = *s.store;
+  check_shape(s, h);
+  if (h.layer >= uint32_t(store.n_layers())) throw ProtocolError(ErrorCode::BadLayer, "layer " + std::to_string(h.layer) + " out of range");
   const int64_t t0 = now_ns();
-  const auto ids = read_ids(m, true);
+  const auto ids = read_ids(s, m, true);
   size_t extra = 0;
-  for (uint64_t id : ids) extra += store_->extra_bytes(id, int(h.layer), 1);
-  if (store_->bytes_total() + extra > store_->memory_limit())
+  for (uint64_t id : ids) extra += store.extra_bytes(id, int(h.layer), 1);
+  if (!store.fits(extra))
     throw ProtocolError(ErrorCode::OutOfMemory, "appending needs " + std::to_string(extra) + " bytes, " +
-                                                    std::to_string(store_->memory_limit() - store_->bytes_total()) + " free");
+                                                    std::to_string(store.free_bytes()) + " free");
   const size_t ns = h.n_seq, qrow = size_t(h.n_heads) * h.head_dim, kvrow = size_t(h.n_kv_heads) * h.head_dim;
   const WireDType wd = WireDType(h.dtype);
   // Append this step's k, v (one token per sequence), then attend over the whole cache.
@@ -203,7 +264,7 @@ std::vector<zmq::message_t> RWorkerService::on_attend(const Message& m) {
     std::vector<uint16_t> kk(ns * kvrow), vv(ns * kvrow);
     std::memcpy(kk.data(), m.frames[2].data, kk.size() * 2);
     std::memcpy(vv.data(), m.frames[3].data, vv.size() * 2);
-    for (size_t i = 0; i < ns; ++i) store_->append_f16(ids[i], int(h.layer), &kk[i * kvrow], &vv[i * kvrow], 1);
+    for (size_t i = 0; i < ns; ++i) store.append_f16(ids[i], int(h.layer), &kk[i * kvrow], &vv[i * kvrow], 1);
     q32_.resize(ns * qrow);
     std::vector<uint16_t> qq(ns * qrow);
     std::memcpy(qq.data(), m.frames[1].data, qq.size() * 2);
@@ -212,15 +273,15 @@ std::vector<zmq::message_t> RWorkerService::on_attend(const Message& m) {
     std::vector<float> kk(ns * kvrow), vv(ns * kvrow);
     std::memcpy(kk.data(), m.frames[2].data, kk.size() * 4);
     std::memcpy(vv.data(), m.frames[3].data, vv.size() * 4);
-    for (size_t i = 0; i < ns; ++i) store_->append_f32(ids[i], int(h.layer), &kk[i * kvrow], &vv[i * kvrow], 1);
+    for (size_t i = 0; i < ns; ++i) store.append_f32(ids[i], int(h.layer), &kk[i * kvrow], &vv[i * kvrow], 1);
     q32_.resize(ns * qrow);
     std::memcpy(q32_.data(), m.frames[1].data, q32_.size() * 4);
   }
   views_.resize(ns);
-  for (size_t i = 0; i < ns; ++i) views_[i] = store_->view(ids[i], int(h.layer));
+  for (size_t i = 0; i < ns; ++i) views_[i] = store.view(ids[i], int(h.layer));
   o32_.resize(ns * qrow);
   DecodeAttentionParams p;
-  p.dtype = store_->dtype();
+  p.dtype = store.dtype();
   p.n_seq = int(ns);
   p.n_heads = h.n_heads;
   p.n_kv_heads = h.n_kv_heads;
@@ -247,7 +308,7 @@ std::vector<zmq::message_t> RWorkerService::on_attend(const Message& m) {
   return reply(h, MsgType::AttendReply, std::move(f), dt);
 }
 
-json RWorkerService::stats() const {
+json RWorkerService::stats(const std::string& peer) const {
   json s = {{"name", cfg_.name},
             {"requests", requests_},
             {"errors", errors_},
@@ -258,11 +319,23 @@ json RWorkerService::stats() const {
             {"isa", isa_name(cfg_.isa)},
             {"threads", cfg_.threads},
             {"memory_limit_bytes", cfg_.memory_limit_bytes}};
-  s["configured"] = store_ != nullptr;
-  s["sequences"] = store_ ? store_->num_sequences() : 0;
-  s["tokens"] = store_ ? store_->total_tokens() : 0;
-  s["memory_used_bytes"] = store_ ? store_->bytes_total() : 0;  // KV blocks and the sequences' bookkeeping
-  s["kv_bytes"] = store_ ? store_->bytes_used() : 0;
+  // Worker-wide: every session's sequences and memory (counts only: no id or value of another client's).
+  size_t seqs = 0, kv = 0;
+  int64_t tokens = 0;
+  for (const auto& [p, ss] : sessions_)
+    if (ss.store) seqs += ss.store->num_sequences(), tokens += ss.store->total_tokens(), kv += ss.store->bytes_used();
+  s["sessions"] = sessions_.size();
+  s["sessions_opened"] = sessions_opened_, s["sessions_ended"] = sessions_ended_;
+  s["sequences"] = seqs;
+  s["tokens"] = tokens;
+  s["memory_used_bytes"] = memory_.used + memory_.reserved;  // KV blocks, the sequences' bookkeeping, the sessions
+  s["memory_pooled_bytes"] = memory_.pooled;                 // freed blocks kept for reuse (within the limit too)
+  s["kv_bytes"] = kv;
+  auto it = sessions_.find(peer);
+  s["configured"] = it != sessions_.end() && it->second.store != nullptr;
+  if (s["configured"].get<bool>())
+    s["session"] = {{"sequences", it->second.store->num_sequences()}, {"tokens", it->second.store->total_tokens()},
+                    {"memory_used_bytes", it->second.store->bytes_total()}, {"quota_bytes", quota()}};
   return s;
 }
 

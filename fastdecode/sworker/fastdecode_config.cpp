@@ -3,6 +3,19 @@
 
 namespace fd {
 
+// Why an R-worker endpoint cannot be one ("" when it can): tcp://HOST:PORT with a port 1..65535, or ipc://PATH.
+std::string endpoint_problem(const std::string& ep) {
+  if (ep.rfind("ipc://", 0) == 0) return ep.size() > 6 ? "" : "'" + ep + "': an ipc:// endpoint needs a path";
+  if (ep.rfind("tcp://", 0) != 0) return "'" + ep + "' is not an R-worker endpoint (tcp://HOST:PORT or ipc://PATH)";
+  const size_t colon = ep.rfind(':');
+  if (colon <= 6 || colon + 1 >= ep.size()) return "'" + ep + "': expected tcp://HOST:PORT";
+  const std::string port = ep.substr(colon + 1);
+  if (port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5 || std::stoi(port) < 1 ||
+      std::stoi(port) > 65535)
+    return "'" + ep + "': the port must be a number from 1 to 65535";
+  return "";
+}
+
 FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
   FastDecodeConfig c;
   c.backend = o.get_enum("backend", {"cpu", "cuda", "auto"}, std::string("cpu"));
@@ -29,11 +42,39 @@ FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
       if (!eps.is_array() || eps.empty()) r.fail("endpoints", "expected a non-empty list of endpoints");
       for (const auto& e : eps) {
         if (!e.is_string() || e.get<std::string>().empty()) r.fail("endpoints", "every endpoint must be a string");
+        const std::string why = endpoint_problem(e.get<std::string>());
+        if (!why.empty()) r.fail("endpoints", why);
         rw.endpoints.push_back(e.get<std::string>());
       }
       for (const char* k : {"spawn", "threads", "kv_dtype", "memory_gb", "binary", "pin"})
         if (r.has(k)) r.fail(k, "applies to spawned R-workers; not allowed with endpoints");
     }
+    rw.on_failure = r.get_enum("on_failure", {"recover", "fail"}, std::string("recover"));
+    rw.heartbeat_ms = r.get_int("heartbeat_ms", 0, 3600000, 500);
+    rw.heartbeat_timeout_ms = r.get_int("heartbeat_timeout_ms", 1, 3600000, 3000);
+    if (rw.heartbeat_ms > 0 && rw.heartbeat_timeout_ms < rw.heartbeat_ms)
+      r.fail("heartbeat_timeout_ms", "must be at least heartbeat_ms (" + std::to_string(rw.heartbeat_ms) + ")");
+    if (r.has("curve")) {
+      StrictObject cv = r.get_object("curve");
+      rw.curve_server_public = cv.get_string("server_public");
+      rw.curve_client_secret = cv.get_string("client_secret");
+      cv.finish();
+    } else {
+      r.get_raw("curve");
+    }
+    rw.register_endpoint = r.get_string("register", "");
+    rw.expect = r.get_int("expect", 1, 4096, 0);
+    rw.register_timeout_ms = r.get_int("register_timeout_ms", 100, 86400000, 120000);
+    if (!rw.register_endpoint.empty()) {
+      if (rw.expect < 1) r.fail("expect", "needed with register: how many R-workers to wait for");
+      if (rw.register_endpoint.rfind("tcp://", 0) != 0) r.fail("register", "a tcp://HOST:PORT endpoint to listen on");
+      for (const char* k : {"endpoints", "spawn", "threads", "kv_dtype", "memory_gb", "binary", "pin", "groups"})
+        if (r.has(k)) r.fail(k, "not allowed with register (the registered workers are the R-workers)");
+    } else if (rw.expect > 0) {
+      r.fail("expect", "applies with register (the endpoint registering workers announce themselves to)");
+    }
+    if (!rw.register_endpoint.empty() && c.parallel.ranks() > 1)
+      r.fail("register", "not with engine.parallel (list each group's endpoints in engine.rworkers.groups)");
     rw.spawn = r.get_int("spawn", 1, 256, 2);
     rw.threads = r.get_int("threads", 1, 4096, 1);
     rw.kv_dtype = r.get_enum("kv_dtype", {"fp16", "int8", "int4"}, std::string("fp16"));
@@ -55,6 +96,8 @@ FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
           if (!ge.is_array() || ge.empty()) go.fail("endpoints", "expected a non-empty list of endpoints");
           for (const auto& e : ge) {
             if (!e.is_string() || e.get<std::string>().empty()) go.fail("endpoints", "every endpoint must be a string");
+            const std::string why = endpoint_problem(e.get<std::string>());
+            if (!why.empty()) go.fail("endpoints", why);
             grp.endpoints.push_back(e.get<std::string>());
           }
           for (const char* k : {"threads", "kv_dtype", "memory_gb", "pin", "first_cpu"})
@@ -95,10 +138,18 @@ json FastDecodeConfig::to_json() const {
   if (backend != "cpu") j["dtype"] = dtype, j["cuda_graphs"] = cuda_graphs;
   if (parallel.ranks() > 1 || parallel.waves > 0) j["parallel"] = parallel.to_json();
   const RWorkersConfig& r = rworkers;
-  j["rworkers"] = r.endpoints.empty()
+  j["rworkers"] = !r.register_endpoint.empty()
+                      ? json{{"register", r.register_endpoint}, {"expect", r.expect}, {"register_timeout_ms", r.register_timeout_ms},
+                             {"timeout_ms", r.timeout_ms}}
+                  : r.endpoints.empty()
                       ? json{{"spawn", r.spawn}, {"threads", r.threads}, {"kv_dtype", r.kv_dtype}, {"memory_gb", r.memory_gb},
                              {"timeout_ms", r.timeout_ms}, {"binary", r.binary}, {"pin", r.pin}}
                       : json{{"endpoints", r.endpoints}, {"timeout_ms", r.timeout_ms}};
+  j["rworkers"]["on_failure"] = r.on_failure;
+  j["rworkers"]["heartbeat_ms"] = r.heartbeat_ms;
+  j["rworkers"]["heartbeat_timeout_ms"] = r.heartbeat_timeout_ms;
+  if (!r.curve_server_public.empty())
+    j["rworkers"]["curve"] = {{"server_public", r.curve_server_public}, {"client_secret", r.curve_client_secret}};
   if (!r.groups.empty()) {
     json gs = json::array();
     for (const auto& g : r.groups) {

@@ -1,4 +1,5 @@
 #include "fastdecode/sworker/fastdecode_engine.h"
+#include "fastdecode/sworker/leader.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <exception>
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "fastdecode/core/clock.h"
@@ -16,6 +18,8 @@
 #include "fastdecode/model/reference.h"
 #include "fastdecode/model/shard.h"
 #include "fastdecode/parallel/comm.h"
+#include "fastdecode/wire/curve.h"
+#include "fastdecode/wire/register.h"
 #include "fastdecode/wire/rworker_client.h"
 #include "fastdecode/sworker/rworker_spawn.h"
 #include "fastdecode/sworker/srank.h"
@@ -29,15 +33,6 @@ namespace {
 using proto::Header;
 using proto::MsgType;
 using proto::WireDType;
-
-struct Sequence {
-  Request req;
-  size_t worker = 0;
-  int64_t len = 0;  // tokens in the KV-cache
-  int64_t generated = 0;
-  int32_t last = 0;
-  int32_t emitted_before = -1;  // planted fault shift_tokens only: the token emitted in its place
-};
 
 // The config as this engine runs it: backend "auto" decided (cuda when a GPU answers), the wire dtype's
 // default filled in, the hardware balance applied to spawned R-workers.
@@ -63,394 +58,413 @@ RWorkersConfig group_config(const RWorkersConfig& r, size_t g) {
   return c;
 }
 
-class FastDecodeEngine : public Engine {
- public:
-  FastDecodeEngine(const FastDecodeConfig& config, const EngineContext& ctx)
-      : ec_(resolve(config, ctx.hardware)), cfg_(ctx.model), sampling_(ctx.sampling),
-        wire_(ec_.wire_dtype == "fp16" ? WireDType::F16 : WireDType::F32) {
-    const FastDecodeConfig& ec = ec_;
-    if ((ctx.hardware.gpu_memory_gb > 0 || ctx.hardware.gpu_sm_count > 0) && ec.backend != "cuda")
-      notes_.push_back("hardware.gpu is not applied: the fastdecode engine runs nothing on a GPU here");
-    if (ctx.hardware.gpu_memory_gb > 0)
-      notes_.push_back("hardware.gpu.memory_gb bounds FastDecode's full-depth weights only: its KV-cache lives on the R-workers");
-    notes_.push_back("rworker tracks in trace.json: each span's duration is the R-worker's own compute time; its "
-                     "placement (ending when the reply was in hand) is approximate");
-    if (cfg_.head_dim % 32 != 0 || cfg_.head_dim > 256)
-      FD_THROW("fastdecode engine: model " << cfg_.name << " has head_dim " << cfg_.head_dim
-                                           << "; the R-worker kernels need a multiple of 32, at most 256");
-    const int64_t T = ec.parallel.tensor, P = ec.parallel.pipeline, G = T * P;
-    std::vector<std::pair<int64_t, int64_t>> stages = {{0, cfg_.num_layers}};
-    if (G > 1) {
-      check_tensor_parallel(cfg_, T);
-      stages = stage_layers(cfg_.num_layers, P, ec.parallel.layers);
-      if (!ec.rworkers.endpoints.empty())
-        throw ConfigError("fastdecode engine: engine.parallel has one R-worker group per rank: list each group's endpoints "
-                          "in engine.rworkers.groups[g].endpoints, not engine.rworkers.endpoints");
-      if (!ec.rworkers.groups.empty() && int64_t(ec.rworkers.groups.size()) != G)
-        throw ConfigError("fastdecode engine: engine.rworkers.groups has " + std::to_string(ec.rworkers.groups.size()) +
-                          " entries for " + std::to_string(G) + " S-ranks");
-      for (int64_t g = 1; g < G; ++g) {
-        const RWorkersConfig a = group_config(ec.rworkers, 0), b = group_config(ec.rworkers, size_t(g));
-        const size_t na = a.endpoints.empty() ? size_t(a.spawn) : a.endpoints.size();
-        const size_t nb = b.endpoints.empty() ? size_t(b.spawn) : b.endpoints.size();
-        if (na != nb)
-          throw ConfigError("fastdecode engine: R-worker group 0 has " + std::to_string(na) + " workers and group " +
-                            std::to_string(g) + " has " + std::to_string(nb) + ": every group needs the same number (a "
-                            "sequence sits at the same worker index in every group)");
-      }
-    }
-    // The GPU of each rank: refused here, before any worker is spawned, when too few answer.
-    const std::vector<int> devices =
-        ec.backend == "cuda" && G > 1 ? rank_devices(ec.parallel, int64_t(cuda_devices().size()), "fastdecode engine")
-                                      : std::vector<int>(size_t(G), 0);
-    // Every group's workers first, before any thread or communicator: group g belongs to rank g; a pinned worker
-    // i of group g takes the cores after those of the pinned groups before it (or from the group's first_cpu).
-    std::vector<std::vector<std::string>> endpoints(static_cast<size_t>(G));
-    const std::string bin = ec.rworkers.binary.empty() ? default_rworker_binary() : ec.rworkers.binary;
-    int64_t next_cpu = 0;
-    for (int64_t g = 0; g < G; ++g) {
-      const RWorkersConfig r = group_config(ec.rworkers, size_t(g));
-      group_spawned_.push_back(r.endpoints.empty());
-      if (!r.endpoints.empty()) {
-        endpoints[size_t(g)] = r.endpoints;
-        continue;
-      }
-      const int64_t own_first = ec.rworkers.groups.empty() ? -1 : ec.rworkers.groups[size_t(g)].first_cpu;
-      const int64_t first_cpu = own_first >= 0 ? own_first : next_cpu;
-      for (int64_t i = 0; i < r.spawn; ++i) {
-        const std::string name = G == 1 ? "rworker" + std::to_string(i) : "g" + std::to_string(g) + "w" + std::to_string(i);
-        std::vector<std::string> args = {"--threads", std::to_string(r.threads), "--kv-dtype", r.kv_dtype,
-                                          "--memory-gb", std::to_string(r.memory_gb), "--name", name};
-        if (r.pin) {  // disjoint cores per worker: the emulated CPU count is exact
-          const int64_t first = first_cpu + i * r.threads, last = first + r.threads - 1;
-          char cpus[48];
-          std::snprintf(cpus, sizeof cpus, "%lld-%lld", (long long)first, (long long)last);
-          args.insert(args.end(), {"--cpus", cpus});
-        }
-        spawned_.push_back(std::make_unique<SpawnedRWorker>(bin, args));
-        endpoints[size_t(g)].push_back(spawned_.back()->endpoint());
-      }
-      if (r.pin) next_cpu = std::max(next_cpu, first_cpu + r.spawn * r.threads);
-    }
-    std::vector<ModelWeights> weights;
-    if (G == 1) weights.push_back(load_model_weights(ctx.model, ctx.weights));
-    else weights = load_model_shards(ctx.model, ctx.weights, T, stages);
-    comms_ = RankComms(ec.parallel, ec.backend == "cuda" ? devices : std::vector<int>{});
-    devices_ = devices;
-    if (ec.backend == "cuda" && G > 1) {
-      bool shared = false;
-      for (int64_t g = 1; g < G; ++g) shared = shared || devices[size_t(g)] == devices[0];
-      if (shared)
-        notes_.push_back("engine.parallel: S-ranks share a GPU (devices " + json(devices).dump() + "): a correctness run; "
-                         "its times say nothing about one GPU per rank");
-      if (P > 1)
-        notes_.push_back("engine.parallel: pipeline hand-offs go through pinned host memory (an in-process mailbox), "
-                         "not GPU to GPU");
-      if (T > 1 && !comms_.tensor_device_buffers())
-        notes_.push_back("engine.parallel: tensor collectives go through pinned host copies (" + comms_.tensor_describe() + ")");
-    }
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t p = g / T, t = g % T;
-      const SPartComms comms{comms_.tp(size_t(g))};
-      std::unique_ptr<SPart> sp =
-          ec.backend == "cuda"
-              ? make_cuda_spart(std::move(weights[size_t(g)]), {int(ctx.hardware.gpu_sm_count), dtype_from_name(ec.dtype),
-                                                                ec.cuda_graphs, devices[size_t(g)], comms})
-              : make_cpu_spart(std::move(weights[size_t(g)]), comms);
-      auto client = std::make_unique<RWorkerClient>(endpoints[size_t(g)], int(ec.rworkers.timeout_ms),
-                                                    int(endpoints[size_t(g)].size()) + 1);
-      SRankOptions o;
-      o.tp_rank = int(t), o.tp_size = int(T), o.pp_rank = int(p), o.pp_size = int(P);
-      o.layer_begin = stages[size_t(p)].first;
-      o.wire = wire_;
-      if (G > 1) {
-        o.track_suffix = " t" + std::to_string(t) + " p" + std::to_string(p);
-        o.worker_prefix = "rworker g" + std::to_string(g) + ".";
-      }
-      ranks_.push_back(std::make_unique<SRank>(std::move(sp), std::move(client), comms_.pp(size_t(g)), o));
-    }
-    load_.assign(ranks_[0]->client().size(), 0);
+// The client settings of every rank's R-worker link: deadline, heartbeats, CURVE keys (read here: a bad key file
+// is a config error before any work).
+RWorkerClientOptions client_options_for(const RWorkersConfig& r) {
+  RWorkerClientOptions o;
+  o.timeout_ms = int(r.timeout_ms);
+  o.heartbeat_ms = int(r.heartbeat_ms);
+  o.heartbeat_timeout_ms = int(r.heartbeat_timeout_ms);
+  if (!r.curve_server_public.empty()) {
+    if (!curve_available()) throw ConfigError("engine.rworkers.curve: this libzmq has no CURVE support (libsodium)");
+    o.curve_server_public = read_curve_public(r.curve_server_public);
+    o.curve_client = read_curve_secret(r.curve_client_secret);
   }
-
-  ~FastDecodeEngine() override {
-    try {
-      shutdown();
-    } catch (...) {
-    }
-  }
-
-  std::string name() const override { return "fastdecode"; }
-  json info() const override {
-    const auto workers = [](const SRank& r) {
-      json w = json::array();
-      for (size_t i = 0; i < r.hello().size(); ++i) w.push_back({{"endpoint", r.endpoint(i)}, {"hello", r.hello()[i]}});
-      return w;
-    };
-    json j = {{"backend", ec_.backend},       {"s_part", ranks_.empty() ? "" : ranks_[0]->spart().describe()},
-              {"mini_batches", ec_.mini_batches}, {"wire_dtype", ec_.wire_dtype},
-              {"rworkers_spawned", !spawned_.empty()}, {"waves", ec_.parallel.wave_count()}, {"rworkers", ranks_.empty() ? json::array() : workers(*ranks_[0])}};
-    if (ranks_.size() > 1) {
-      json r = json::array();
-      for (const auto& rk : ranks_) {
-        const SRankOptions& o = rk->options();
-        const ModelConfig& c = rk->config();
-        r.push_back({{"t", o.tp_rank}, {"p", o.pp_rank}, {"layers", {o.layer_begin, o.layer_begin + c.num_layers}},
-                     {"device", ec_.backend == "cuda" ? json(devices_[size_t(&rk - &ranks_[0])]) : json(nullptr)},
-                     {"heads", c.num_heads}, {"kv_heads", c.num_kv_heads}, {"s_part", rk->spart().describe()},
-                     {"rworkers", workers(*rk)}});
-      }
-      j["parallel"] = {{"tensor", ec_.parallel.tensor}, {"pipeline", ec_.parallel.pipeline}, {"waves", ec_.parallel.wave_count()},
-                       {"comm", {{"tensor", comms_.tensor_describe()}, {"pipeline", comms_.pipeline_describe()}}}};
-      j["ranks"] = r;
-    }
-    return j;
-  }
-
-  // The R-workers' KV memory (from their HELLO replies): worker w holds C_w = memory_w / (layers x bytes
-  // per token per layer) tokens of full blocks; each sequence also holds at most one fp16 partial block
-  // per layer (slack s_w tokens), and at most W / min(prompt + 1) sequences run at a W load, so
-  // C'_w = C_w / (1 + s_w / min(prompt + 1)); placement by least projected load keeps a worker within one
-  // sequence (max_len) of the mean: the capacity is P x (min_w C'_w - max_len). With several ranks a
-  // sequence sits at the same worker index in every group: the minimum is over every group's workers, each
-  // with its own layers and heads.
-  EngineCapacity capacity(int64_t min_prompt, int64_t max_len) const override {
-    EngineCapacity cap;
-    double min_c = 1e300;
-    for (const auto& rk : ranks_)
-      for (const json& h : rk->hello()) {
-        const double layers = double(rk->config().num_layers);
-        const double per_token = layers * h.at("kv_bytes_per_token_per_layer").get<double>();
-        const double slack = h.at("kv_tail_block_bytes").get<double>() * layers / per_token;
-        const double c = std::floor(h.at("memory_limit_bytes").get<double>() / per_token);
-        min_c = std::min(min_c, c / (1.0 + slack / double(min_prompt + 1)));
-      }
-    const size_t n = load_.size();
-    cap.kv_tokens = int64_t(double(n) * (std::floor(min_c) - double(max_len)));
-    char buf[512];
-    std::snprintf(buf, sizeof buf,
-                  "schedule.kv_capacity_tokens = %lld, derived from the R-workers' memory (%zu workers%s, at most %.0f "
-                  "tokens each after partial-block slack; minus one longest sequence each for placement imbalance)",
-                  (long long)cap.kv_tokens, n, ranks_.size() > 1 ? " per group" : "", std::floor(min_c));
-    cap.note = buf;
-    if (cap.kv_tokens < max_len) {
-      std::snprintf(buf, sizeof buf,
-                    "the R-workers' KV memory is too small for one request of %lld tokens: each of the %zu workers holds "
-                    "at most %.0f tokens after partial-block slack, and placement keeps room for one longest request on "
-                    "each, which leaves %lld tokens in all: raise engine.rworkers.memory_gb (or set "
-                    "schedule.kv_capacity_tokens)",
-                    (long long)max_len, n, std::floor(min_c), (long long)std::max<int64_t>(cap.kv_tokens, 0));
-      cap.error = buf;
-    }
-    return cap;
-  }
-
-  void add(const std::vector<Request>& requests) override {
-    for (const auto& r : requests) {
-      validate_request(r, cfg_);
-      if (running_.count(r.id)) FD_THROW("request " << r.id << " is already running");
-    }
-    queued_.insert(queued_.end(), requests.begin(), requests.end());
-  }
-
-  bool done() const override { return queued_.empty() && running_.empty(); }
-
-  StepResult step() override {
-    StepResult out;
-    StepPlan plan;
-    plan.frees = std::move(frees_);
-    frees_.clear();
-    std::vector<std::vector<Sequence*>> mb_seqs;
-    if (!running_.empty()) plan_decode(plan, mb_seqs);
-    std::vector<Sequence*> fresh;
-    if (!queued_.empty()) plan_prefill(plan, fresh);
-    std::vector<RankStep> res = run_ranks(plan);
-    // The tokens: the last stage's tensor rank 0 (its tensor peers picked the same ones).
-    const RankStep& last = res[size_t((ec_.parallel.pipeline - 1) * ec_.parallel.tensor)];
-    for (size_t m = 0; m < mb_seqs.size(); ++m) {
-      for (Sequence* s : mb_seqs[m]) s->len += 1;
-      emit(mb_seqs[m], last.decode_tokens.at(m), last.decode_recorded.at(m), out);
-      for (Sequence* s : mb_seqs[m]) out.total_context += s->len;
-    }
-    out.decode_tokens = int64_t(running_.size()) - int64_t(fresh.size());
-    if (plan.has_prefill) {
-      for (Sequence* s : fresh) s->len = int64_t(s->req.prompt.size());
-      emit(fresh, last.prefill_tokens, last.prefill_recorded, out);
-      for (Sequence* s : fresh) out.total_context += s->len;
-      out.prefill_tokens = int64_t(plan.prefill.pos.size());
-    }
-    // r_compute_max: the busiest R-worker's compute this step (its requests run one after another), the
-    // R side's critical path; r_wait: time the S-worker waited for replies; s_compute: S-Part time. With
-    // several ranks each is the largest over the ranks (the step waits for the slowest), plus comm: the
-    // longest time a rank spent in stage hand-offs.
-    int64_t s_ns = 0, r_wait = 0, busiest = 0, comm = 0;
-    for (auto& r : res) {
-      s_ns = std::max(s_ns, r.s_ns), r_wait = std::max(r_wait, r.r_wait_ns), comm = std::max(comm, r.comm_ns);
-      for (int64_t w : r.worker_ns) busiest = std::max(busiest, w);
-      out.spans.insert(out.spans.end(), std::make_move_iterator(r.spans.begin()), std::make_move_iterator(r.spans.end()));
-    }
-    out.breakdown_ms = {{"s_compute", s_ns / 1e6}, {"r_wait", r_wait / 1e6}, {"r_compute_max", busiest / 1e6}};
-    if (ranks_.size() > 1) out.breakdown_ms["comm"] = comm / 1e6;
-    release_finished(out);
-    return out;
-  }
-
-  void shutdown() override {
-    if (ranks_.empty()) return;
-    std::exception_ptr failed;  // a failed FREE_SEQ still lets the workers be shut down, then is reported
-    for (auto& rk : ranks_) {
-      try {
-        rk->collect_frees();
-      } catch (...) {
-        if (!failed) failed = std::current_exception();
-      }
-    }
-    std::map<size_t, std::vector<uint64_t>> by_worker;
-    for (auto& [id, s] : running_) by_worker[s.worker].push_back(id);
-    for (const auto& [w, ids] : frees_) by_worker[w].insert(by_worker[w].end(), ids.begin(), ids.end());
-    frees_.clear();
-    running_.clear();
-    queued_.clear();
-    const std::vector<std::pair<size_t, std::vector<uint64_t>>> live(by_worker.begin(), by_worker.end());
-    for (size_t g = 0; g < ranks_.size(); ++g) {
-      try {
-        ranks_[g]->shutdown(live, group_spawned_[g]);
-      } catch (...) {
-        if (!failed) failed = std::current_exception();
-      }
-    }
-    for (auto& p : spawned_) p->wait_exit();
-    spawned_.clear();
-    ranks_.clear();
-    comms_.clear();
-    if (failed) std::rethrow_exception(failed);
-  }
-
- private:
-  // The running sequences in waves x mini_batches mini-batches: each worker's sequences alternate between them,
-  // so every worker has work in each (it attends for one while the S-Part runs another); each is ordered by
-  // owning worker. Wave w is mini-batches [w * mini_batches, (w + 1) * mini_batches).
-  void plan_decode(StepPlan& plan, std::vector<std::vector<Sequence*>>& mbs) {
-    const int64_t per_wave = ec_.mini_batches, M = per_wave * ec_.parallel.wave_count();
-    const size_t n_mb = size_t(std::min<int64_t>(M, int64_t(running_.size())));
-    mbs.assign(n_mb, {});
-    std::vector<size_t> turn(load_.size(), 0);
-    for (auto& [id, s] : running_) mbs[turn[s.worker]++ % n_mb].push_back(&s);
-    for (size_t m = 0; m < n_mb; ++m) {
-      std::stable_sort(mbs[m].begin(), mbs[m].end(), [](const Sequence* a, const Sequence* b) { return a->worker < b->worker; });
-      PlanBatch pb;
-      pb.slot = int(m);
-      for (Sequence* s : mbs[m]) {
-        pb.sample_rows.push_back(int32_t(pb.ids.size()));
-        pb.ids.push_back(s->req.id), pb.workers.push_back(s->worker), pb.tokens.push_back(s->last), pb.pos.push_back(s->len);
-        pb.draws.add(s->req, s->generated, sampling_);
-      }
-      plan.decode.push_back(std::move(pb));
-    }
-    for (size_t m = 0; m < n_mb; m += size_t(per_wave)) plan.waves.push_back(m);
-    plan.waves.push_back(n_mb);
-  }
-
-  // New requests: placed on the least-loaded worker index (the same in every group); at most prefill_tokens
-  // prompt tokens per step (whole prompts, at least one): bounds the S-Part's activation memory; the rest
-  // start on the following steps.
-  void plan_prefill(StepPlan& plan, std::vector<Sequence*>& fresh) {
-    int64_t budget = ec_.prefill_tokens;
-    std::map<size_t, std::vector<uint64_t>> adds;
-    while (!queued_.empty() && (fresh.empty() || int64_t(queued_.front().prompt.size()) <= budget)) {
-      budget -= int64_t(queued_.front().prompt.size());
-      Sequence s;
-      s.req = std::move(queued_.front());
-      queued_.pop_front();
-      s.worker = size_t(std::min_element(load_.begin(), load_.end()) - load_.begin());
-      load_[s.worker] += int64_t(s.req.prompt.size()) + s.req.max_new_tokens;
-      adds[s.worker].push_back(s.req.id);
-      const uint64_t id = s.req.id;
-      fresh.push_back(&running_.emplace(id, std::move(s)).first->second);
-    }
-    plan.adds.assign(adds.begin(), adds.end());
-    // Ordered by worker: each worker's prompt rows are one contiguous range of the K/V buffers.
-    std::stable_sort(fresh.begin(), fresh.end(), [](const Sequence* a, const Sequence* b) { return a->worker < b->worker; });
-    PlanBatch& pb = plan.prefill;
-    plan.has_prefill = true;
-    pb.slot = int(ec_.mini_batches * ec_.parallel.wave_count());  // after the decode mini-batches' slots
-    for (Sequence* s : fresh) {
-      pb.starts.push_back(int64_t(pb.tokens.size()));
-      pb.ids.push_back(s->req.id), pb.workers.push_back(s->worker);
-      for (size_t t = 0; t < s->req.prompt.size(); ++t) pb.tokens.push_back(s->req.prompt[t]), pb.pos.push_back(int64_t(t));
-      pb.sample_rows.push_back(int32_t(pb.tokens.size()) - 1);
-      pb.draws.add(s->req, s->generated, sampling_);
-    }
-    pb.starts.push_back(int64_t(pb.tokens.size()));
-  }
-
-  // One rank: inline. Several: one thread each; a rank that fails aborts its communicators, which wakes its
-  // peers blocked in a collective or a hand-off, and the first failure is what the step throws.
-  std::vector<RankStep> run_ranks(const StepPlan& plan) {
-    std::vector<RankStep> res(ranks_.size());
-    run_on_ranks(
-        ranks_.size(), size_t(ec_.parallel.tensor), "fastdecode engine", [&](size_t g) { res[g] = ranks_[g]->run(plan); },
-        [&](size_t g) { comms_.abort(g); }, [](size_t g) { return "R-worker group " + std::to_string(g); });
-    return res;
-  }
-
-  // Emits each sequence's picked token (a forced sequence continues with its forced token, not the pick) and
-  // the logits rows of those that record them (`recorded`: their rows in order).
-  void emit(const std::vector<Sequence*>& seqs, const std::vector<int32_t>& tok, const std::vector<float>& recorded,
-            StepResult& out) {
-    FD_CHECK(tok.size() == seqs.size(), "fastdecode engine: " << tok.size() << " tokens for " << seqs.size() << " sequences");
-    const size_t V = size_t(cfg_.vocab_size);
-    size_t next_record = 0;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      Sequence& s = *seqs[i];
-      s.last = s.req.next_input(s.generated, tok[i]);
-      ++s.generated;
-      const bool eos = s.req.stop_at_eos && tok[i] == cfg_.eos_token_id;
-      int64_t max_new = s.req.max_new_tokens;
-      int32_t emit = tok[i];
-#ifdef FD_FAULT_DROP_LAST_TOKEN  // planted fault: every request ends one token short
-      max_new = std::max<int64_t>(1, max_new - 1);
-#endif
-#ifdef FD_FAULT_SHIFT_TOKENS  // planted fault: request 0 mod 3's tokens come one step late
-      if (s.req.id % 3 == 0) std::swap(emit, s.emitted_before), emit = emit < 0 ? s.req.prompt.back() : emit;
-#endif
-      out.tokens.push_back({s.req.id, emit, s.generated >= max_new || eos, {}});
-      if (s.req.record_logits) {
-        const float* row = &recorded.at(next_record++ * V);
-        out.tokens.back().logits.assign(row, row + V);
-      }
-    }
-  }
-
-  // Finished sequences free their R-worker memory at the start of the next step (every rank's group frees
-  // its copy); their placement load is released now.
-  void release_finished(const StepResult& out) {
-    std::map<size_t, std::vector<uint64_t>> frees;
-    for (const auto& t : out.tokens) {
-      if (!t.finished) continue;
-      Sequence& s = running_.at(t.request_id);
-      frees[s.worker].push_back(t.request_id);
-      load_[s.worker] -= int64_t(s.req.prompt.size()) + s.req.max_new_tokens;
-      running_.erase(t.request_id);
-    }
-    frees_.assign(frees.begin(), frees.end());
-  }
-
-  FastDecodeConfig ec_;
-  ModelConfig cfg_;
-  SamplingParams sampling_;
-  WireDType wire_;
-  std::vector<std::unique_ptr<SpawnedRWorker>> spawned_;
-  RankComms comms_;  // the ranks' tensor groups and stage hand-offs
-  std::vector<bool> group_spawned_;  // per group: spawned here (shut down at the end), or listed by the user
-  std::vector<std::unique_ptr<SRank>> ranks_;  // rank g = p * T + t
-  std::vector<int> devices_;  // cuda: the GPU of rank g
-  std::vector<int64_t> load_;  // projected tokens per worker index (prompt + max new of its sequences)
-  std::deque<Request> queued_;
-  std::map<uint64_t, Sequence> running_;
-  std::vector<std::pair<size_t, std::vector<uint64_t>>> frees_;  // finished last step, freed at the next
-};
+  return o;
+}
 
 }  // namespace
+
+FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineContext& ctx)
+    : ec_(resolve(config, ctx.hardware)), cfg_(ctx.model), sampling_(ctx.sampling),
+      wire_(ec_.wire_dtype == "fp16" ? WireDType::F16 : WireDType::F32) {
+  const FastDecodeConfig& ec = ec_;
+  if ((ctx.hardware.gpu_memory_gb > 0 || ctx.hardware.gpu_sm_count > 0) && ec.backend != "cuda")
+    notes_.push_back("hardware.gpu is not applied: the fastdecode engine runs nothing on a GPU here");
+  if (ctx.hardware.gpu_memory_gb > 0)
+    notes_.push_back("hardware.gpu.memory_gb bounds FastDecode's full-depth weights only: its KV-cache lives on the R-workers");
+  notes_.push_back("rworker tracks in trace.json: each span's duration is the R-worker's own compute time; its "
+                   "placement (ending when the reply was in hand) is approximate");
+  if (cfg_.head_dim % 32 != 0 || cfg_.head_dim > 256)
+    FD_THROW("fastdecode engine: model " << cfg_.name << " has head_dim " << cfg_.head_dim
+                                         << "; the R-worker kernels need a multiple of 32, at most 256");
+  const int64_t T = ec.parallel.tensor, P = ec.parallel.pipeline, G = T * P;
+  std::vector<std::pair<int64_t, int64_t>> stages = {{0, cfg_.num_layers}};
+  if (G > 1) {
+    check_tensor_parallel(cfg_, T);
+    stages = stage_layers(cfg_.num_layers, P, ec.parallel.layers);
+    if (!ec.rworkers.endpoints.empty())
+      throw ConfigError("fastdecode engine: engine.parallel has one R-worker group per rank: list each group's endpoints "
+                        "in engine.rworkers.groups[g].endpoints, not engine.rworkers.endpoints");
+    if (!ec.rworkers.groups.empty() && int64_t(ec.rworkers.groups.size()) != G)
+      throw ConfigError("fastdecode engine: engine.rworkers.groups has " + std::to_string(ec.rworkers.groups.size()) +
+                        " entries for " + std::to_string(G) + " S-ranks");
+    for (int64_t g = 1; g < G; ++g) {
+      const RWorkersConfig a = group_config(ec.rworkers, 0), b = group_config(ec.rworkers, size_t(g));
+      const size_t na = a.endpoints.empty() ? size_t(a.spawn) : a.endpoints.size();
+      const size_t nb = b.endpoints.empty() ? size_t(b.spawn) : b.endpoints.size();
+      if (na != nb)
+        throw ConfigError("fastdecode engine: R-worker group 0 has " + std::to_string(na) + " workers and group " +
+                          std::to_string(g) + " has " + std::to_string(nb) + ": every group needs the same number (a "
+                          "sequence sits at the same worker index in every group)");
+    }
+  }
+  // The GPU of each rank: refused here, before any worker is spawned, when too few answer.
+  const std::vector<int> devices =
+      ec.backend == "cuda" && G > 1 ? rank_devices(ec.parallel, int64_t(cuda_devices().size()), "fastdecode engine")
+                                    : std::vector<int>(size_t(G), 0);
+  // Every group's workers first, before any thread or communicator: group g belongs to rank g; a pinned worker
+  // i of group g takes the cores after those of the pinned groups before it (or from the group's first_cpu).
+  std::vector<std::vector<std::string>> endpoints(static_cast<size_t>(G));
+  const std::string bin = ec.rworkers.binary.empty() ? default_rworker_binary() : ec.rworkers.binary;
+  RWorkerClientOptions client_options = client_options_for(ec.rworkers);
+  if (!ec.rworkers.register_endpoint.empty()) {  // workers started by a launcher announce themselves
+    Registrar reg(ec.rworkers.register_endpoint);
+    std::fprintf(stderr, "fastdecode engine: waiting for %lld R-worker(s) to register at %s\n", (long long)ec.rworkers.expect,
+                 reg.endpoint().c_str());
+    for (const Registration& r : reg.wait(size_t(ec.rworkers.expect), int(ec.rworkers.register_timeout_ms),
+                                          [](size_t k, size_t n) { std::fprintf(stderr, "fastdecode engine: %zu of %zu R-workers registered\n", k, n); }))
+      endpoints[0].push_back(r.endpoint);
+  }
+  spawned_of_.assign(size_t(G), {});
+  int64_t next_cpu = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const RWorkersConfig r = group_config(ec.rworkers, size_t(g));
+    if (!endpoints[size_t(g)].empty()) {  // registered
+      group_spawned_.push_back(false);
+      spawned_of_[size_t(g)].assign(endpoints[size_t(g)].size(), nullptr);
+      continue;
+    }
+    group_spawned_.push_back(r.endpoints.empty());
+    if (!r.endpoints.empty()) {
+      endpoints[size_t(g)] = r.endpoints;
+      spawned_of_[size_t(g)].assign(r.endpoints.size(), nullptr);
+      continue;
+    }
+    spawned_of_[size_t(g)].assign(size_t(r.spawn), nullptr);
+    const int64_t own_first = ec.rworkers.groups.empty() ? -1 : ec.rworkers.groups[size_t(g)].first_cpu;
+    const int64_t first_cpu = own_first >= 0 ? own_first : next_cpu;
+    for (int64_t i = 0; i < r.spawn; ++i) {
+      const std::string name = G == 1 ? "rworker" + std::to_string(i) : "g" + std::to_string(g) + "w" + std::to_string(i);
+      std::vector<std::string> args = {"--threads", std::to_string(r.threads), "--kv-dtype", r.kv_dtype,
+                                        "--memory-gb", std::to_string(r.memory_gb), "--name", name};
+      if (r.pin) {  // disjoint cores per worker: the emulated CPU count is exact
+        const int64_t first = first_cpu + i * r.threads, last = first + r.threads - 1;
+        char cpus[48];
+        std::snprintf(cpus, sizeof cpus, "%lld-%lld", (long long)first, (long long)last);
+        args.insert(args.end(), {"--cpus", cpus});
+      }
+      spawned_.push_back(std::make_unique<SpawnedRWorker>(bin, args));
+      spawned_of_[size_t(g)][size_t(i)] = spawned_.back().get();
+      endpoints[size_t(g)].push_back(spawned_.back()->endpoint());
+    }
+    if (r.pin) next_cpu = std::max(next_cpu, first_cpu + r.spawn * r.threads);
+  }
+  std::vector<ModelWeights> weights;
+  if (G == 1) weights.push_back(load_model_weights(ctx.model, ctx.weights));
+  else weights = load_model_shards(ctx.model, ctx.weights, T, stages);
+  comms_ = RankComms(ec.parallel, ec.backend == "cuda" ? devices : std::vector<int>{});
+  devices_ = devices;
+  if (ec.backend == "cuda" && G > 1) {
+    bool shared = false;
+    for (int64_t g = 1; g < G; ++g) shared = shared || devices[size_t(g)] == devices[0];
+    if (shared)
+      notes_.push_back("engine.parallel: S-ranks share a GPU (devices " + json(devices).dump() + "): a correctness run; "
+                       "its times say nothing about one GPU per rank");
+    if (P > 1)
+      notes_.push_back("engine.parallel: pipeline hand-offs go through pinned host memory (an in-process mailbox), "
+                       "not GPU to GPU");
+    if (T > 1 && !comms_.tensor_device_buffers())
+      notes_.push_back("engine.parallel: tensor collectives go through pinned host copies (" + comms_.tensor_describe() + ")");
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t p = g / T, t = g % T;
+    const SPartComms comms{comms_.tp(size_t(g))};
+    std::unique_ptr<SPart> sp =
+        ec.backend == "cuda"
+            ? make_cuda_spart(std::move(weights[size_t(g)]), {int(ctx.hardware.gpu_sm_count), dtype_from_name(ec.dtype),
+                                                              ec.cuda_graphs, devices[size_t(g)], comms})
+            : make_cpu_spart(std::move(weights[size_t(g)]), comms);
+    auto client = std::make_unique<RWorkerClient>(endpoints[size_t(g)], client_options);
+    SRankOptions o;
+    o.tp_rank = int(t), o.tp_size = int(T), o.pp_rank = int(p), o.pp_size = int(P);
+    o.layer_begin = stages[size_t(p)].first;
+    o.wire = wire_;
+    if (G > 1) {
+      o.track_suffix = " t" + std::to_string(t) + " p" + std::to_string(p);
+      o.worker_prefix = "rworker g" + std::to_string(g) + ".";
+    }
+    ranks_.push_back(std::make_unique<SRank>(std::move(sp), std::move(client), comms_.pp(size_t(g)), o));
+  }
+  load_.assign(ranks_[0]->client().size(), 0);
+dead_.assign(load_.size(), false);
+}
+
+FastDecodeEngine::~FastDecodeEngine() {
+  try {
+    shutdown();
+  } catch (...) {
+  }
+}
+
+json FastDecodeEngine::info() const {
+  const auto workers = [](const SRank& r) {
+    json w = json::array();
+    for (size_t i = 0; i < r.hello().size(); ++i) w.push_back({{"endpoint", r.endpoint(i)}, {"hello", r.hello()[i]}});
+    return w;
+  };
+  json j = {{"backend", ec_.backend},       {"s_part", ranks_.empty() ? "" : ranks_[0]->spart().describe()},
+            {"mini_batches", ec_.mini_batches}, {"wire_dtype", ec_.wire_dtype},
+            {"rworkers_spawned", !spawned_.empty()}, {"waves", ec_.parallel.wave_count()}, {"rworkers", ranks_.empty() ? json::array() : workers(*ranks_[0])}};
+  if (ranks_.size() > 1) {
+    json r = json::array();
+    for (const auto& rk : ranks_) {
+      const SRankOptions& o = rk->options();
+      const ModelConfig& c = rk->config();
+      r.push_back({{"t", o.tp_rank}, {"p", o.pp_rank}, {"layers", {o.layer_begin, o.layer_begin + c.num_layers}},
+                   {"device", ec_.backend == "cuda" ? json(devices_[size_t(&rk - &ranks_[0])]) : json(nullptr)},
+                   {"heads", c.num_heads}, {"kv_heads", c.num_kv_heads}, {"s_part", rk->spart().describe()},
+                   {"rworkers", workers(*rk)}});
+    }
+    j["parallel"] = {{"tensor", ec_.parallel.tensor}, {"pipeline", ec_.parallel.pipeline}, {"waves", ec_.parallel.wave_count()},
+                     {"comm", {{"tensor", comms_.tensor_describe()}, {"pipeline", comms_.pipeline_describe()}}}};
+    j["ranks"] = r;
+  }
+  return j;
+}
+
+// The R-workers' KV memory (from their HELLO replies): worker w holds C_w = memory_w / (layers x bytes
+// per token per layer) tokens of full blocks; each sequence also holds at most one fp16 partial block
+// per layer (slack s_w tokens), and at most W / min(prompt + 1) sequences run at a W load, so
+// C'_w = C_w / (1 + s_w / min(prompt + 1)); placement by least projected load keeps a worker within one
+// sequence (max_len) of the mean: the capacity is P x (min_w C'_w - max_len). With several ranks a
+// sequence sits at the same worker index in every group: the minimum is over every group's workers, each
+// with its own layers and heads.
+EngineCapacity FastDecodeEngine::capacity(int64_t min_prompt, int64_t max_len) const {
+  EngineCapacity cap;
+  double min_c = 1e300;
+  for (const auto& rk : ranks_)
+    for (const json& h : rk->hello()) {
+      const double layers = double(rk->config().num_layers);
+      const double per_token = layers * h.at("kv_bytes_per_token_per_layer").get<double>();
+      const double slack = h.at("kv_tail_block_bytes").get<double>() * layers / per_token;
+      const double c = std::floor(h.at("memory_limit_bytes").get<double>() / per_token);
+      min_c = std::min(min_c, c / (1.0 + slack / double(min_prompt + 1)));
+    }
+  const size_t n = load_.size();
+  cap.kv_tokens = int64_t(double(n) * (std::floor(min_c) - double(max_len)));
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "schedule.kv_capacity_tokens = %lld, derived from the R-workers' memory (%zu workers%s, at most %.0f "
+                "tokens each after partial-block slack; minus one longest sequence each for placement imbalance)",
+                (long long)cap.kv_tokens, n, ranks_.size() > 1 ? " per group" : "", std::floor(min_c));
+  cap.note = buf;
+  if (cap.kv_tokens < max_len) {
+    std::snprintf(buf, sizeof buf,
+                  "the R-workers' KV memory is too small for one request of %lld tokens: each of the %zu workers holds "
+                  "at most %.0f tokens after partial-block slack, and placement keeps room for one longest request on "
+                  "each, which leaves %lld tokens in all: raise engine.rworkers.memory_gb (or set "
+                  "schedule.kv_capacity_tokens)",
+                  (long long)max_len, n, std::floor(min_c), (long long)std::max<int64_t>(cap.kv_tokens, 0));
+    cap.error = buf;
+  }
+  return cap;
+}
+
+void FastDecodeEngine::add(const std::vector<Request>& requests) {
+  for (const auto& r : requests) {
+    validate_request(r, cfg_);
+    if (running_.count(r.id)) FD_THROW("request " << r.id << " is already running");
+  }
+  queued_.insert(queued_.end(), requests.begin(), requests.end());
+}
+
+size_t FastDecodeEngine::least_loaded() const {
+  size_t best = load_.size();
+  for (size_t w = 0; w < load_.size(); ++w)
+    if (!dead_[w] && (best == load_.size() || load_[w] < load_[best])) best = w;
+  FD_CHECK(best < load_.size(), "fastdecode engine: no R-worker left to place a sequence on");
+  return best;
+}
+
+StepResult FastDecodeEngine::step() {
+  StepResult out;
+  StepPlan plan;
+  std::vector<std::vector<Sequence*>> mb_seqs;
+  std::vector<Sequence*> fresh;
+  std::vector<RankStep> res;
+  // A step that loses an R-worker is undone on the survivors, its sequences rebuilt elsewhere (recover), and run
+  // again from a fresh plan.
+  for (;;) {
+    plan = StepPlan{};
+    plan.frees = frees_;
+    mb_seqs.clear(), fresh.clear(), admitted_.clear();
+    if (!running_.empty()) plan_decode(plan, mb_seqs);
+    if (!queued_.empty()) plan_prefill(plan, fresh);
+    std::vector<size_t> lost;
+    try {
+      res = run_ranks(plan, &lost);
+      break;
+    } catch (const Error& e) {
+      if (lost.empty()) throw;
+      recover(lost, plan, admitted_, e.what(), out);
+    }
+  }
+  frees_.clear();
+  // The tokens: the last stage's tensor rank 0 (its tensor peers picked the same ones).
+  const RankStep& last = res[size_t((ec_.parallel.pipeline - 1) * ec_.parallel.tensor)];
+  for (size_t m = 0; m < mb_seqs.size(); ++m) {
+    for (Sequence* s : mb_seqs[m]) s->fed.push_back(s->last), s->len += 1;
+    emit(mb_seqs[m], last.decode_tokens.at(m), last.decode_recorded.at(m), out);
+    for (Sequence* s : mb_seqs[m]) out.total_context += s->len;
+  }
+  out.decode_tokens = int64_t(running_.size()) - int64_t(fresh.size());
+  if (plan.has_prefill) {
+    for (Sequence* s : fresh) s->len = int64_t(s->req.prompt.size());
+    emit(fresh, last.prefill_tokens, last.prefill_recorded, out);
+    for (Sequence* s : fresh) out.total_context += s->len;
+    out.prefill_tokens = int64_t(plan.prefill.pos.size());
+  }
+  // r_compute_max: the busiest R-worker's compute this step (its requests run one after another), the
+  // R side's critical path; r_wait: time the S-worker waited for replies; s_compute: S-Part time. With
+  // several ranks each is the largest over the ranks (the step waits for the slowest), plus comm: the
+  // longest time a rank spent in stage hand-offs.
+  int64_t s_ns = 0, r_wait = 0, busiest = 0, comm = 0;
+  for (auto& r : res) {
+    s_ns = std::max(s_ns, r.s_ns), r_wait = std::max(r_wait, r.r_wait_ns), comm = std::max(comm, r.comm_ns);
+    for (int64_t w : r.worker_ns) busiest = std::max(busiest, w);
+    out.spans.insert(out.spans.end(), std::make_move_iterator(r.spans.begin()), std::make_move_iterator(r.spans.end()));
+  }
+  out.breakdown_ms["s_compute"] = s_ns / 1e6;
+  out.breakdown_ms["r_wait"] = r_wait / 1e6;
+  out.breakdown_ms["r_compute_max"] = busiest / 1e6;
+  if (ranks_.size() > 1) out.breakdown_ms["comm"] = comm / 1e6;
+  release_finished(out);
+  return out;
+}
+
+// The running sequences in waves x mini_batches mini-batches: each worker's sequences alternate between them,
+// so every worker has work in each (it attends for one while the S-Part runs another); each is ordered by
+// owning worker. Wave w is mini-batches [w * mini_batches, (w + 1) * mini_batches).
+void FastDecodeEngine::plan_decode(StepPlan& plan, std::vector<std::vector<Sequence*>>& mbs) {
+  const int64_t per_wave = ec_.mini_batches, M = per_wave * ec_.parallel.wave_count();
+  const size_t n_mb = size_t(std::min<int64_t>(M, int64_t(running_.size())));
+  mbs.assign(n_mb, {});
+  std::vector<size_t> turn(load_.size(), 0);
+  for (auto& [id, s] : running_) mbs[turn[s.worker]++ % n_mb].push_back(&s);
+  for (size_t m = 0; m < n_mb; ++m) {
+    std::stable_sort(mbs[m].begin(), mbs[m].end(), [](const Sequence* a, const Sequence* b) { return a->worker < b->worker; });
+    PlanBatch pb;
+    pb.slot = int(m);
+    for (Sequence* s : mbs[m]) {
+      pb.sample_rows.push_back(int32_t(pb.ids.size()));
+      pb.ids.push_back(s->req.id), pb.workers.push_back(s->worker), pb.tokens.push_back(s->last), pb.pos.push_back(s->len);
+      pb.draws.add(s->req, s->generated, sampling_);
+    }
+    plan.decode.push_back(std::move(pb));
+  }
+  for (size_t m = 0; m < n_mb; m += size_t(per_wave)) plan.waves.push_back(m);
+  plan.waves.push_back(n_mb);
+}
+
+// New requests: placed on the least-loaded worker index (the same in every group); at most prefill_tokens
+// prompt tokens per step (whole prompts, at least one): bounds the S-Part's activation memory; the rest
+// start on the following steps.
+void FastDecodeEngine::plan_prefill(StepPlan& plan, std::vector<Sequence*>& fresh) {
+  int64_t budget = ec_.prefill_tokens;
+  std::map<size_t, std::vector<uint64_t>> adds;
+  while (!queued_.empty() && (fresh.empty() || int64_t(queued_.front().prompt.size()) <= budget)) {
+    budget -= int64_t(queued_.front().prompt.size());
+    Sequence s;
+    s.req = std::move(queued_.front());
+    queued_.pop_front();
+    s.worker = least_loaded();
+    load_[s.worker] += int64_t(s.req.prompt.size()) + s.req.max_new_tokens;
+    adds[s.worker].push_back(s.req.id);
+    const uint64_t id = s.req.id;
+    admitted_.push_back(id);
+    fresh.push_back(&running_.emplace(id, std::move(s)).first->second);
+  }
+  plan.adds.assign(adds.begin(), adds.end());
+  // Ordered by worker: each worker's prompt rows are one contiguous range of the K/V buffers.
+  std::stable_sort(fresh.begin(), fresh.end(), [](const Sequence* a, const Sequence* b) { return a->worker < b->worker; });
+  PlanBatch& pb = plan.prefill;
+  plan.has_prefill = true;
+  pb.slot = int(ec_.mini_batches * ec_.parallel.wave_count());  // after the decode mini-batches' slots
+  for (Sequence* s : fresh) {
+    pb.starts.push_back(int64_t(pb.tokens.size()));
+    pb.ids.push_back(s->req.id), pb.workers.push_back(s->worker);
+    for (size_t t = 0; t < s->req.prompt.size(); ++t) pb.tokens.push_back(s->req.prompt[t]), pb.pos.push_back(int64_t(t));
+    pb.sample_rows.push_back(int32_t(pb.tokens.size()) - 1);
+    pb.draws.add(s->req, s->generated, sampling_);
+  }
+  pb.starts.push_back(int64_t(pb.tokens.size()));
+}
+
+// One rank: inline. Several: one thread each; a rank that fails aborts its communicators, which wakes its
+// peers blocked in a collective or a hand-off, and the first failure is what the step throws.
+std::vector<RankStep> FastDecodeEngine::run_ranks(const StepPlan& plan, std::vector<size_t>* lost) {
+  std::vector<RankStep> res(ranks_.size());
+  std::mutex m;
+  run_on_ranks(
+      ranks_.size(), size_t(ec_.parallel.tensor), "fastdecode engine",
+      [&](size_t g) {
+        try {
+          res[g] = ranks_[g]->run(plan);
+        } catch (const RWorkerLost& e) {
+          if (lost) {
+            std::lock_guard<std::mutex> lock(m);
+            for (size_t w : e.workers())
+              if (std::find(lost->begin(), lost->end(), w) == lost->end()) lost->push_back(w);
+          }
+          throw;
+        }
+      },
+      [&](size_t g) { comms_.abort(g); }, [](size_t g) { return "R-worker group " + std::to_string(g); });
+  return res;
+}
+
+// Emits each sequence's picked token (a forced sequence continues with its forced token, not the pick) and
+// the logits rows of those that record them (`recorded`: their rows in order).
+void FastDecodeEngine::emit(const std::vector<Sequence*>& seqs, const std::vector<int32_t>& tok,
+                            const std::vector<float>& recorded, StepResult& out) {
+  FD_CHECK(tok.size() == seqs.size(), "fastdecode engine: " << tok.size() << " tokens for " << seqs.size() << " sequences");
+  const size_t V = size_t(cfg_.vocab_size);
+  size_t next_record = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Sequence& s = *seqs[i];
+    s.last = s.req.next_input(s.generated, tok[i]);
+    ++s.generated;
+    const bool eos = s.req.stop_at_eos && tok[i] == cfg_.eos_token_id;
+    int64_t max_new = s.req.max_new_tokens;
+    int32_t emit = tok[i];
+#ifdef FD_FAULT_DROP_LAST_TOKEN  // planted fault: every request ends one token short
+    max_new = std::max<int64_t>(1, max_new - 1);
+#endif
+#ifdef FD_FAULT_SHIFT_TOKENS  // planted fault: request 0 mod 3's tokens come one step late
+    if (s.req.id % 3 == 0) std::swap(emit, s.emitted_before), emit = emit < 0 ? s.req.prompt.back() : emit;
+#endif
+    out.tokens.push_back({s.req.id, emit, s.generated >= max_new || eos, {}});
+    if (s.req.record_logits) {
+      const float* row = &recorded.at(next_record++ * V);
+      out.tokens.back().logits.assign(row, row + V);
+    }
+  }
+}
+
+// Finished sequences free their R-worker memory at the start of the next step (every rank's group frees
+// its copy); their placement load is released now.
+void FastDecodeEngine::release_finished(const StepResult& out) {
+  std::map<size_t, std::vector<uint64_t>> frees;
+  for (const auto& t : out.tokens) {
+    if (!t.finished) continue;
+    Sequence& s = running_.at(t.request_id);
+    frees[s.worker].push_back(t.request_id);
+    load_[s.worker] -= int64_t(s.req.prompt.size()) + s.req.max_new_tokens;
+    running_.erase(t.request_id);
+  }
+  frees_.assign(frees.begin(), frees.end());
+}
 
 std::unique_ptr<Engine> make_fastdecode_engine(const FastDecodeConfig& c, const EngineContext& ctx) {
   // The S-Part's weights live on the GPU: under a GPU memory budget (hardware balance) the full-depth fp16

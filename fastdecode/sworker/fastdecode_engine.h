@@ -21,6 +21,19 @@ struct RWorkersConfig {
   bool pin = false;                    // pin spawned worker i to CPUs [i*threads, (i+1)*threads)
   int64_t timeout_ms = 60000;          // per-step deadline of every R-worker reply
   std::string binary;                  // fd-rworker to spawn; default: next to the running program
+  // A worker found gone (its connection dropped, heartbeats unanswered for heartbeat_timeout_ms, a reply past
+  // timeout_ms): "recover" re-places its sequences on the survivors and rebuilds their KV by re-prefilling prompt +
+  // tokens so far, then redoes the step (one S-rank only: with engine.parallel it fails as "fail" does); "fail"
+  // ends the run naming it.
+  std::string on_failure = "recover";
+  int64_t heartbeat_ms = 500, heartbeat_timeout_ms = 3000;  // ZeroMQ heartbeats on every worker link (0: off)
+  // CURVE (docs/SECURITY.md): the workers' public key file and this S-worker's secret key file (fd-keys).
+  std::string curve_server_public, curve_client_secret;
+  // Workers started by any launcher register here (fd-rworker --register ENDPOINT) and the engine waits for
+  // `expect` of them (within register_timeout_ms) instead of spawning or listing.
+  std::string register_endpoint;
+  int64_t expect = 0;
+  int64_t register_timeout_ms = 120000;
   // With engine.parallel: per R-worker group g (rank g's), overrides of the keys above (empty: every group as
   // above). A group either lists endpoints (workers started by the user) or spawns `spawn` workers; every group
   // has the same number of workers, since a sequence sits at the same worker index in every group.
@@ -55,6 +68,9 @@ struct FastDecodeConfig {
   static FastDecodeConfig parse(StrictObject& o);  // the section's own keys (not type / threads)
   json to_json() const;
 };
+
+// Why `ep` cannot be an R-worker endpoint, or "" (tcp://HOST:PORT with a port 1..65535, ipc://PATH).
+std::string endpoint_problem(const std::string& ep);
 
 // Applies the run's hardware balance: R-worker count and threads (pinned) for spawned workers, SMs for the
 // CUDA S-Part.

@@ -8,10 +8,12 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/error.h"
+#include "fastdecode/wire/wire.h"
 
 extern char** environ;
 
@@ -23,8 +25,23 @@ std::string default_rworker_binary() {
   return ec ? std::string("fd-rworker") : (self.parent_path() / "fd-rworker").string();
 }
 
-SpawnedRWorker::SpawnedRWorker(const std::string& binary, const std::vector<std::string>& args, int timeout_ms) {
-  if (access(binary.c_str(), X_OK) != 0) FD_THROW("R-worker program not found or not executable: " << binary);
+namespace {
+
+// kShutdownTokenBytes from the kernel's random source.
+std::string random_token() {
+  std::string t(proto::kShutdownTokenBytes, '\0');
+  std::ifstream r("/dev/urandom", std::ios::binary);
+  if (!r.read(t.data(), std::streamsize(t.size()))) FD_THROW("cannot read /dev/urandom for an R-worker's shutdown token");
+  return t;
+}
+
+}  // namespace
+
+SpawnedRWorker::SpawnedRWorker(const std::string& binary, const std::vector<std::string>& args, int timeout_ms)
+    : token_(random_token()) {
+  if (access(binary.c_str(), X_OK) != 0)
+    throw ConfigError("R-worker program not found or not executable: " + binary +
+                      " (build fd-rworker, or set engine.rworkers.binary)");
   int out[2];
   if (pipe(out) != 0) FD_THROW("pipe() failed");
   posix_spawn_file_actions_t fa;
@@ -38,7 +55,16 @@ SpawnedRWorker::SpawnedRWorker(const std::string& binary, const std::vector<std:
   std::vector<char*> argv;
   for (auto& a : all) argv.push_back(a.data());
   argv.push_back(nullptr);
-  const int rc = posix_spawn(&pid_, binary.c_str(), &fa, nullptr, argv.data(), environ);
+  // The environment, with the shutdown token (hex) in place of any inherited one.
+  static const char hex[] = "0123456789abcdef";
+  std::string tok = "FD_RWORKER_SHUTDOWN_TOKEN=";
+  for (unsigned char c : token_) tok += hex[c >> 4], tok += hex[c & 15];
+  std::vector<char*> envp;
+  for (char** e = environ; *e; ++e)
+    if (std::string(*e).rfind("FD_RWORKER_SHUTDOWN_TOKEN=", 0) != 0) envp.push_back(*e);
+  envp.push_back(tok.data());
+  envp.push_back(nullptr);
+  const int rc = posix_spawn(&pid_, binary.c_str(), &fa, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   close(out[1]);
   if (rc != 0) {

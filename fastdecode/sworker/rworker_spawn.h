@@ -1,5 +1,6 @@
 // Local R-worker processes started by the engine (or tests): fd-rworker with --print-endpoint on an
-// ephemeral loopback port; killed on destruction if still running.
+// ephemeral loopback port; killed on destruction if still running. Each gets a random shutdown token through its
+// environment (FD_RWORKER_SHUTDOWN_TOKEN): only a client holding token() can stop it with SHUTDOWN.
 #pragma once
 #include <sys/types.h>
 
@@ -19,13 +20,14 @@ class SpawnedRWorker {
 
   pid_t pid() const { return pid_; }
   const std::string& endpoint() const { return endpoint_; }
+  const std::string& token() const { return token_; }  // kShutdownTokenBytes random bytes
   // Waits for the process to exit (after a SHUTDOWN) up to timeout_ms; returns its exit status, or -1
   // if it had to be killed.
   int wait_exit(int timeout_ms = 10000);
 
  private:
   pid_t pid_ = -1;
-  std::string endpoint_;
+  std::string endpoint_, token_;
 };
 
 // The fd-rworker next to the running program (same bin/ folder).

@@ -38,8 +38,15 @@ void reserve(SPart& sp, HostBuffer& b, size_t bytes) {
 SRank::SRank(std::unique_ptr<SPart> spart, std::unique_ptr<RWorkerClient> client, Communicator* pp, SRankOptions o)
     : spart_(std::move(spart)), client_(std::move(client)), pp_(pp), o_(std::move(o)) {
   const ModelConfig& c = spart_->config();
-  for (size_t w = 0; w < client_->size(); ++w)
-    hello_.push_back(client_->hello(w, int(c.num_layers), int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), o_.wire));
+  // Every worker answers HELLO before any work, or the run is refused as a config error (exit 2) naming it.
+  for (size_t w = 0; w < client_->size(); ++w) {
+    try {
+      hello_.push_back(client_->hello(w, int(c.num_layers), int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), o_.wire));
+    } catch (const RWorkerLost& e) {
+      throw ConfigError(std::string("no R-worker answers HELLO: ") + e.what() +
+                        " (is it running, is the endpoint right, do its CURVE keys match?)");
+    }
+  }
 }
 
 SRank::~SRank() = default;
@@ -70,12 +77,24 @@ void SRank::collect_frees() {
   client_->wait(reqs);
 }
 
-void SRank::shutdown(const std::vector<std::pair<size_t, std::vector<uint64_t>>>& live, bool spawned) {
-  if (!spawned) {
-    for (const auto& [w, ids] : live) client_->free_seqs(w, ids);  // users' workers stay up, clean
-    return;
+void SRank::shutdown(bool spawned, const std::vector<std::string>& tokens) {
+  std::exception_ptr failed;
+  for (size_t w = 0; w < client_->size(); ++w) {
+    if (client_->lost(w)) continue;
+    try {
+      if (spawned) client_->shutdown(w, tokens.at(w));
+      else client_->close_session(w);  // users' workers stay up, clean: every sequence of this run freed
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
   }
-  for (size_t w = 0; w < client_->size(); ++w) client_->shutdown(w);
+  if (failed) std::rethrow_exception(failed);
+}
+
+void SRank::recover(const std::vector<size_t>& dead) {
+  for (size_t w : dead) client_->mark_dead(w, "lost");
+  pending_frees_.clear();
+  client_->drain(10000);
 }
 
 RankStep SRank::run(const StepPlan& plan) {
@@ -83,6 +102,16 @@ RankStep SRank::run(const StepPlan& plan) {
   out.worker_ns.assign(client_->size(), 0);
   if (pp_) pp_->busy_ms_and_reset();
   collect_frees();
+  for (const auto& [w, ids] : plan.drop)  // recovery: each id alone, so that one already gone does not stop the rest
+    for (uint64_t id : ids) {
+      try {
+        client_->free_seqs(w, {id});
+      } catch (const RWorkerLost&) {
+        throw;
+      } catch (const Error&) {  // unknown-sequence: it never reached this worker, or was freed already
+      }
+    }
+  for (const auto& t : plan.truncates) client_->truncate(t.worker, t.ids, t.lengths);
   // FREE_SEQ without waiting (a worker handles its requests in order: later ones see the memory freed);
   // the replies are collected at the next step or at shutdown, where an error still fails the run.
   for (const auto& [w, ids] : plan.frees) {

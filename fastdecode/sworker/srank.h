@@ -35,7 +35,16 @@ struct PlanBatch {
 };
 
 struct StepPlan {
-  std::vector<std::pair<size_t, std::vector<uint64_t>>> frees;  // FREE_SEQ per worker, before anything else
+  // Recovery only (docs/RELIABILITY.md), before anything else: sequences to free one by one where a worker may or
+  // may not hold them (unknown ids ignored), and sequences to cut back to their length before a failed step.
+  std::vector<std::pair<size_t, std::vector<uint64_t>>> drop;
+  struct Truncate {
+    size_t worker = 0;
+    std::vector<uint64_t> ids;
+    std::vector<uint32_t> lengths;
+  };
+  std::vector<Truncate> truncates;
+  std::vector<std::pair<size_t, std::vector<uint64_t>>> frees;  // FREE_SEQ per worker, before the step's work
   std::vector<PlanBatch> decode;
   // The decode batches in waves: wave w is decode[waves[w], waves[w + 1]). A rank runs one wave after another,
   // each its mini-batches interleaved (the S-Part of one while the R-workers attend for another), and a stage
@@ -78,8 +87,12 @@ class SRank {
   RankStep run(const StepPlan& plan);
   // Waits for the FREE_SEQ replies still pending (the last step's frees).
   void collect_frees();
-  // Spawned workers: shuts them down; listed ones: frees `live` (ids per worker) and leaves them up.
-  void shutdown(const std::vector<std::pair<size_t, std::vector<uint64_t>>>& live, bool spawned);
+  // Workers spawned here (tokens[w]: each one's shutdown token): SHUTDOWN; listed ones: CLOSE (their sessions end,
+  // their sequences are freed) and they stay up. Workers known lost are skipped.
+  void shutdown(bool spawned, const std::vector<std::string>& tokens);
+  // After a failed step: stops using the workers at `dead` indices, collects (and drops) every reply still due
+  // from the others, forgets pending frees. The engine then undoes the step with a recovery plan.
+  void recover(const std::vector<size_t>& dead);
 
   RWorkerClient& client() { return *client_; }
   const std::string& endpoint(size_t w) const { return client_->endpoint(w); }

@@ -1,5 +1,7 @@
 #include "fastdecode/wire/rworker_client.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -16,27 +18,109 @@ void no_free(void*, void*) {}
 }  // namespace
 
 RWorkerClient::RWorkerClient(std::vector<std::string> endpoints, int timeout_ms, int io_threads)
-    : ctx_(io_threads), endpoints_(std::move(endpoints)), timeout_ms_(timeout_ms) {
+    : RWorkerClient(std::move(endpoints), RWorkerClientOptions{timeout_ms, io_threads, 0, 0, "", {}}) {}
+
+RWorkerClient::RWorkerClient(std::vector<std::string> endpoints, const RWorkerClientOptions& o)
+    : ctx_(o.io_threads), endpoints_(std::move(endpoints)), timeout_ms_(o.timeout_ms) {
   FD_CHECK(!endpoints_.empty(), "no R-worker endpoints");
+  static std::atomic<uint64_t> clients{0};
+  const uint64_t me = clients++;
   for (const auto& ep : endpoints_) {
     zmq::socket_t s(ctx_, zmq::socket_type::dealer);
     s.set(zmq::sockopt::linger, 0);
+    if (o.heartbeat_ms > 0) {
+      const int ivl = o.heartbeat_ms, to = std::max(o.heartbeat_timeout_ms, o.heartbeat_ms);
+      zmq_setsockopt(s.handle(), ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
+      zmq_setsockopt(s.handle(), ZMQ_HEARTBEAT_TIMEOUT, &to, sizeof to);
+    }
+    if (!o.curve_server_public.empty()) {
+      s.set(zmq::sockopt::curve_serverkey, o.curve_server_public);
+      s.set(zmq::sockopt::curve_publickey, o.curve_client.public_z85);
+      s.set(zmq::sockopt::curve_secretkey, o.curve_client.secret_z85);
+    }
+    // Its connection's events: dropped (the worker died, stopped answering heartbeats) or refused at the handshake.
+    const std::string mon_ep = "inproc://fd-client-" + std::to_string(me) + "-" + std::to_string(socks_.size());
+    if (zmq_socket_monitor(s.handle(), mon_ep.c_str(),
+                           ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+      FD_THROW("zmq_socket_monitor: " << zmq_strerror(zmq_errno()));
+    zmq::socket_t m(ctx_, zmq::socket_type::pair);
+    m.set(zmq::sockopt::linger, 0);
+    m.connect(mon_ep);
     try {
       s.connect(ep);
     } catch (const zmq::error_t& e) {
       FD_THROW("cannot connect to R-worker at " << ep << ": " << e.what());
     }
     socks_.push_back(std::move(s));
+    monitors_.push_back(std::move(m));
   }
+  lost_.assign(socks_.size(), "");
+  dead_.assign(socks_.size(), false);
 }
 
-RWorkerClient::~RWorkerClient() = default;
+RWorkerClient::~RWorkerClient() {
+  for (size_t w = 0; w < socks_.size(); ++w)
+    if (!dead_[w]) zmq_socket_monitor(socks_[w].handle(), nullptr, 0);
+}
 
 std::string RWorkerClient::who(size_t w) const { return "R-worker " + std::to_string(w) + " (" + endpoints_[w] + ")"; }
 
+void RWorkerClient::poll_monitors() {
+  for (size_t w = 0; w < monitors_.size(); ++w) {
+    if (dead_[w]) continue;
+    for (;;) {
+      zmq::message_t ev, addr;
+      if (!monitors_[w].recv(ev, zmq::recv_flags::dontwait)) break;
+      if (ev.more()) (void)monitors_[w].recv(addr, zmq::recv_flags::none);
+      if (ev.size() < 6 || !lost_[w].empty()) continue;
+      uint16_t event = 0;
+      std::memcpy(&event, ev.data(), 2);
+      lost_[w] = event == ZMQ_EVENT_DISCONNECTED
+                     ? "its connection dropped (the process ended, or left heartbeats unanswered)"
+                 : event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+                     ? "it refused this client's CURVE key"
+                     : "the connection handshake failed (a CURVE setting that does not match the worker's?)";
+    }
+  }
+}
+
+void RWorkerClient::throw_lost(const std::vector<size_t>& ws) const {
+  std::string what;
+  for (size_t w : ws) what += (what.empty() ? "" : "; ") + who(w) + " is lost: " + lost_[w];
+  throw RWorkerLost(ws, what);
+}
+
+void RWorkerClient::mark_dead(size_t w, const std::string& why) {
+  if (dead_.at(w)) return;
+  if (lost_[w].empty()) lost_[w] = why;
+  zmq_socket_monitor(socks_[w].handle(), nullptr, 0);
+  socks_[w].close();  // linger 0: requests still queued for it are dropped
+  monitors_[w].close();
+  dead_[w] = true;
+  for (auto it = stash_.begin(); it != stash_.end();) it = it->first.first == w ? stash_.erase(it) : std::next(it);
+  for (auto it = outstanding_.begin(); it != outstanding_.end();) it = it->first == w ? outstanding_.erase(it) : std::next(it);
+}
+
+void RWorkerClient::drain(int timeout_ms) {
+  std::vector<std::pair<size_t, uint64_t>> pending;
+  for (const auto& r : outstanding_)
+    if (!dead_[r.first] && lost_[r.first].empty()) pending.push_back(r);
+  if (pending.empty()) return;
+  try {
+    wait(pending, timeout_ms);
+  } catch (const RWorkerLost&) {
+    throw;
+  } catch (const Error&) {  // an ERROR reply to a request of the failed step: collected, nothing to do with it
+  }
+}
+
 uint64_t RWorkerClient::send(size_t w, Header h, const std::vector<ConstBuffer>& frames) {
   FD_CHECK(w < socks_.size(), "no R-worker " << w);
+  poll_monitors();
+  if (!lost_[w].empty()) throw_lost({w});
   h.request_id = next_id_++;
+  outstanding_.insert({w, h.request_id});
   h.n_frames = uint8_t(frames.size());
   const auto head = proto::encode_header(h);
   zmq::message_t hm(head.data(), head.size());
@@ -86,26 +170,53 @@ std::vector<RWorkerReply> RWorkerClient::wait(const std::vector<std::pair<size_t
       if (!stash_.count(r)) return true;
     return false;
   };
-  std::vector<zmq::pollitem_t> items;
-  for (auto& s : socks_) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
+  for (const auto& r : requests) FD_CHECK(!dead_.at(r.first), who(r.first) << " was marked dead: nothing to wait for");
+  std::vector<zmq::pollitem_t> items;  // the live workers' sockets and their monitors
+  std::vector<size_t> live;
+  for (size_t w = 0; w < socks_.size(); ++w) {
+    if (dead_[w]) continue;
+    live.push_back(w);
+    items.push_back({socks_[w].handle(), 0, ZMQ_POLLIN, 0});
+    items.push_back({monitors_[w].handle(), 0, ZMQ_POLLIN, 0});
+  }
   while (missing()) {
+    // A worker gone with one of these requests unanswered fails the wait at once, naming it (its replies already
+    // queued are taken first: a worker that answered, then exited, is not lost to this wait).
+    poll_monitors();
+    std::vector<size_t> gone;
+    for (const auto& r : requests) {
+      if (stash_.count(r) || lost_[r.first].empty() || std::find(gone.begin(), gone.end(), r.first) != gone.end()) continue;
+      while (std::optional<RWorkerReply> rep = receive(r.first)) {
+        const std::pair<size_t, uint64_t> key{r.first, rep->h.request_id};
+        if (outstanding_.count(key)) stash_[key] = std::move(*rep);
+      }
+      if (!stash_.count(r)) gone.push_back(r.first);
+    }
+    if (!gone.empty()) throw_lost(gone);
     const int64_t left_ms = (deadline - now_ns()) / 1'000'000;
     if (left_ms <= 0) {  // name every worker that missed: the first one late need not be the dead one
       std::string late;
+      std::vector<size_t> ws;
       for (const auto& r : requests)
-        if (!stash_.count(r))
+        if (!stash_.count(r)) {
           late += (late.empty() ? "" : "; ") + who(r.first) + " missed its deadline of " +
                   std::to_string(timeout_ms >= 0 ? timeout_ms : timeout_ms_) + " ms (request " + std::to_string(r.second) + ")";
-      FD_THROW(late);
+          if (std::find(ws.begin(), ws.end(), r.first) == ws.end()) ws.push_back(r.first);
+        }
+      throw RWorkerLost(ws, late);
     }
     try {
       zmq::poll(items.data(), items.size(), std::chrono::milliseconds(std::min<int64_t>(left_ms, 100)));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;
     }
-    for (size_t w = 0; w < socks_.size(); ++w) {
-      if (!(items[w].revents & ZMQ_POLLIN)) continue;
-      while (std::optional<RWorkerReply> r = receive(w)) stash_[{w, r->h.request_id}] = std::move(*r);
+    for (size_t i = 0; i < live.size(); ++i) {
+      const size_t w = live[i];
+      if (!(items[2 * i].revents & ZMQ_POLLIN)) continue;
+      while (std::optional<RWorkerReply> r = receive(w)) {
+        const std::pair<size_t, uint64_t> key{w, r->h.request_id};
+        if (outstanding_.count(key)) stash_[key] = std::move(*r);  // else a reply nobody waits for (a stale one)
+      }
     }
   }
   std::vector<RWorkerReply> out;
@@ -114,6 +225,7 @@ std::vector<RWorkerReply> RWorkerClient::wait(const std::vector<std::pair<size_t
     auto it = stash_.find(req);
     RWorkerReply r = std::move(it->second);
     stash_.erase(it);
+    outstanding_.erase(req);
     if (r.h.msg_type() == MsgType::Error && first_error.empty()) {
       const std::string text = r.frames.empty() ? "" : std::string(static_cast<const char*>(r.frames[0].data()), r.frames[0].size());
       first_error = who(req.first) + " answered ERROR (" + proto::error_code_name(proto::ErrorCode(r.h.status)) + "): " + text;
@@ -162,6 +274,17 @@ json RWorkerClient::stats(size_t w) {
   return json::parse(std::string(static_cast<const char*>(r.frames[0].data()), r.frames[0].size()));
 }
 
-void RWorkerClient::shutdown(size_t w) { call(w, ids_header(MsgType::Shutdown, 0)); }
+void RWorkerClient::shutdown(size_t w, const std::string& token) {
+  std::string t = token;
+  t.resize(proto::kShutdownTokenBytes, '\0');
+  call(w, ids_header(MsgType::Shutdown, 0), {{t.data(), t.size()}});
+}
+
+void RWorkerClient::close_session(size_t w) { call(w, ids_header(MsgType::Close, 0)); }
+
+void RWorkerClient::truncate(size_t w, const std::vector<uint64_t>& ids, const std::vector<uint32_t>& lengths) {
+  FD_CHECK(ids.size() == lengths.size(), "truncate: a length per sequence");
+  call(w, ids_header(MsgType::Truncate, ids.size()), {{ids.data(), ids.size() * 8}, {lengths.data(), lengths.size() * 4}});
+}
 
 }  // namespace fd

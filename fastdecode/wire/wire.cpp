@@ -21,6 +21,8 @@ const char* msg_type_name(MsgType t) {
     case MsgType::Shutdown: return "SHUTDOWN";
     case MsgType::Ok: return "OK";
     case MsgType::Error: return "ERROR";
+    case MsgType::Close: return "CLOSE";
+    case MsgType::Truncate: return "TRUNCATE";
   }
   return "UNKNOWN";
 }
@@ -37,6 +39,9 @@ const char* error_code_name(ErrorCode c) {
     case ErrorCode::OutOfMemory: return "out-of-memory";
     case ErrorCode::TooLarge: return "too-large";
     case ErrorCode::Internal: return "internal";
+    case ErrorCode::Forbidden: return "forbidden";
+    case ErrorCode::Busy: return "busy";
+    case ErrorCode::Unsupported: return "unsupported";
   }
   return "unknown";
 }
@@ -79,12 +84,16 @@ std::vector<size_t> expected_frame_sizes(const Header& h) {
   switch (h.msg_type()) {
     case MsgType::Hello:
     case MsgType::Stats:
-    case MsgType::Shutdown:
+    case MsgType::Close:
     case MsgType::Ok:
       return {};
+    case MsgType::Shutdown:
+      return {kShutdownTokenBytes};
     case MsgType::AddSeq:
     case MsgType::FreeSeq:
       return {ns * 8};
+    case MsgType::Truncate:
+      return {ns * 8, ns * 4};
     case MsgType::AppendKV:
       return {ns * 8, ns * 4, size_t(h.n_tokens) * K * D * es, size_t(h.n_tokens) * K * D * es};
     case MsgType::Attend:
@@ -125,7 +134,7 @@ Message decode(const Frame* parts, size_t n_parts, const Limits& lim) {
   if (h.magic != kMagic) malformed("bad magic");
   if (h.version != kVersion)
     malformed("protocol version " + std::to_string(h.version) + ", this worker speaks " + std::to_string(kVersion));
-  if (h.type < uint16_t(MsgType::Hello) || h.type > uint16_t(MsgType::Error))
+  if (h.type < uint16_t(MsgType::Hello) || h.type > kMaxMsgType)
     malformed("unknown message type " + std::to_string(h.type));
   for (uint8_t b : h.reserved)
     if (b != 0) malformed("reserved header bytes are not zero");

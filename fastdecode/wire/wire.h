@@ -13,7 +13,7 @@
 namespace fd::proto {
 
 constexpr uint32_t kMagic = 0x57524446u;  // bytes "FDRW"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;  // 2: sessions (CLOSE), TRUNCATE, SHUTDOWN carries a token
 constexpr size_t kHeaderBytes = 64;
 
 enum class MsgType : uint16_t {
@@ -26,10 +26,15 @@ enum class MsgType : uint16_t {
   FreeSeq = 7,      // S->R: ids u64[n_seq]. -> Ok
   Stats = 8,        // S->R. -> StatsReply (frame 0 = JSON)
   StatsReply = 9,
-  Shutdown = 10,    // S->R. -> Ok, then the worker exits
+  Shutdown = 10,    // S->R: frame 0 = the worker's shutdown token (kShutdownTokenBytes). -> Ok, then the worker exits
   Ok = 11,
   Error = 12,       // R->S: status = ErrorCode, frame 0 = message text
+  Close = 13,       // S->R: ends this client's session: its sequences are freed. -> Ok
+  Truncate = 14,    // S->R: ids u64[n_seq], lengths u32[n_seq]: each sequence keeps its first length tokens at every
+                    // layer (the undo of a step that failed half way). -> Ok
 };
+constexpr uint16_t kMaxMsgType = uint16_t(MsgType::Truncate);
+constexpr size_t kShutdownTokenBytes = 32;
 const char* msg_type_name(MsgType t);
 
 enum class WireDType : uint8_t { F16 = 0, F32 = 1 };
@@ -46,6 +51,9 @@ enum class ErrorCode : int32_t {
   OutOfMemory = 7,     // would exceed --memory-gb; nothing was changed
   TooLarge = 8,        // message over the worker's size limit
   Internal = 9,
+  Forbidden = 10,      // SHUTDOWN without the worker's token
+  Busy = 11,           // the worker holds its most sessions
+  Unsupported = 12,    // a TRUNCATE into a quantized block whose fp16 values are gone
 };
 const char* error_code_name(ErrorCode c);
 

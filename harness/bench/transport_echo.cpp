@@ -98,7 +98,7 @@ int transport_echo_main(int argc, char** argv) {
       std::fflush(stdout);
     };
     loop.done = [&] { return shutdown || g_stop || getppid() != parent; };  // the benchmark went away: so do we
-    loop.handle = [&](const proto::Frame* frames, size_t n) {
+    loop.handle = [&](const std::string&, const proto::Frame* frames, size_t n) {
       Header req{};
       if (frames[0].size == proto::kHeaderBytes) std::memcpy(&req, frames[0].data, proto::kHeaderBytes);
       std::vector<zmq::message_t> reply;

@@ -245,7 +245,7 @@ std::string LinkSet::why_silent() const {
 void LinkSet::close() {
   for (size_t w = 0; w < servers_.size(); ++w) {
     try {
-      client_->shutdown(w);
+      client_->shutdown(w, servers_[w]->token());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "fd-transport-bench: SHUTDOWN of echo R-worker %zu: %s\n", w, e.what());
     }

@@ -19,11 +19,14 @@ fd::RWorkerService& service() {
     cfg.threads = 1;
     cfg.isa = fd::best_isa();
     auto* s = new fd::RWorkerService(cfg);
-    // Configure it and add sequences 1..4 so mutated requests reach the deep paths.
-    for (const auto& m : fd::fuzz::seed_corpus(2, 4, 2, 32)) {
-      const auto f = m.frames();
-      s->handle(f.data(), f.size());
-    }
+    // Configure two clients' sessions and add sequences 1..4 so mutated requests reach the deep paths (a seed
+    // CLOSE ends each again: the corpus' HELLO reopens them).
+    for (const char* peer : {"", "a"})
+      for (const auto& m : fd::fuzz::seed_corpus(2, 4, 2, 32)) {
+        if (m.parts.size() > 0 && m.parts[0].size() >= 8 && m.parts[0][6] == uint8_t(fd::proto::MsgType::Close)) continue;
+        const auto f = m.frames();
+        s->handle(peer, f.data(), f.size());
+      }
     return s;
   }();
   return *svc;
@@ -35,7 +38,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (const char* dir = std::getenv("FD_FUZZ_SEED_CORPUS")) {
     int i = 0;
     for (const auto& m : fd::fuzz::seed_corpus(2, 4, 2, 32)) {
-      const auto bytes = fd::fuzz::join_frames(m);
+      auto bytes = fd::fuzz::join_frames(m);
+      bytes.insert(bytes.begin(), uint8_t(i % 3));  // the client byte (LLVMFuzzerTestOneInput)
       const std::string path = std::string(dir) + "/seed-" + std::to_string(i++);
       if (FILE* f = std::fopen(path.c_str(), "wb")) {
         std::fwrite(bytes.data(), 1, bytes.size(), f);
@@ -49,9 +53,15 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   return 0;
 }
 
+// The first byte picks the client (session) the message comes from, and with its high bit set ends that
+// client's session after the message (its connection gone); the rest is the message.
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const auto frames = fd::fuzz::split_frames(data, size);
-  auto reply = service().handle(frames.data(), frames.size());
+  if (size == 0) return 0;
+  static const std::string peers[4] = {"", "a", "b", "c"};
+  const std::string& peer = peers[data[0] & 3];
+  const auto frames = fd::fuzz::split_frames(data + 1, size - 1);
+  auto reply = service().handle(peer, frames.data(), frames.size());
   if (reply.empty() || reply[0].size() != fd::proto::kHeaderBytes) std::abort();
+  if (data[0] & 0x80) service().end_session(peer);
   return 0;
 }

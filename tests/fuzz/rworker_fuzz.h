@@ -40,6 +40,10 @@ inline Corpus seed_corpus(int n_layers, int H, int K, int D) {
     }
   }
   c.push_back(make_message(dims(MsgType::Stats, 0), {}));
+  // Sessions (issue 16): cut back, end, try to stop the worker (a token it does not hold).
+  c.push_back(make_message(dims(MsgType::Truncate, 2), {bytes_of(std::vector<uint64_t>{1, 2}), bytes_of(std::vector<uint32_t>{1, 3})}));
+  c.push_back(make_message(dims(MsgType::Close, 0), {}));
+  c.push_back(make_message(dims(MsgType::Shutdown, 0), {std::vector<uint8_t>(kShutdownTokenBytes, 7)}));
   return c;
 }
 

@@ -121,6 +121,6 @@ TEST(ParallelGroups, ListedAndOverriddenGroupsRunTheSameSteps) {
     const json st = client.stats(0);
     EXPECT_GT(st.at("attend_requests").get<int64_t>(), 0) << st.dump();
     EXPECT_EQ(st.at("sequences").get<int64_t>(), 0) << st.dump();
-    client.shutdown(0);
+    client.shutdown(0, u->token());
   }
 }

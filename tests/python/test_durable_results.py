@@ -36,9 +36,58 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def kill_a_worker_mid_run(fd_bin, cfg: Path, out: Path, sig=signal.SIGKILL):
+    """Starts fd-bench run, sends `sig` to its first spawned R-worker once a request has finished, returns the
+    process and the worker's pid."""
+    p = subprocess.Popen([fd_bin("fd-bench"), "run", str(cfg), "--out", str(out), "--quiet"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120  # hang guard
+    while time.monotonic() < deadline and p.poll() is None:
+        reqs = out / "requests.jsonl"
+        if reqs.exists() and reqs.read_text().count("\n") >= 1:
+            break
+        time.sleep(0.02)
+    assert p.poll() is None, "the run ended before a request finished and a worker could be killed"
+    victim = children(p.pid)[0]
+    os.kill(victim, sig)
+    return p, victim
+
+
+def test_a_lost_worker_is_recovered_and_the_run_completes_with_the_same_tokens(fd_bin, tmp_path):
+    """on_failure recover (the default): kill -9 or SIGSTOP of one of the two spawned workers mid-run; the run ends
+    ok, every request whole and with the tokens of the same run without the fault; the recovering step says so in
+    steps.jsonl."""
+    cfg = config(tmp_path, heartbeat_timeout_ms=1000)
+    subprocess.run([fd_bin("fd-bench"), "run", str(cfg), "--out", str(tmp_path / "clean"), "--quiet"], check=True,
+                   capture_output=True, timeout=300)
+    clean = {r["id"]: r["tokens"] for r in read_jsonl(tmp_path / "clean" / "requests.jsonl")}
+    for sig in (signal.SIGKILL, signal.SIGSTOP):
+        out = tmp_path / sig.name
+        p, victim = kill_a_worker_mid_run(fd_bin, cfg, out, sig)
+        _, err = p.communicate(timeout=300)
+        if sig == signal.SIGSTOP:
+            try:
+                os.kill(victim, signal.SIGKILL)  # the engine killed it at the end already
+            except ProcessLookupError:
+                pass
+        assert p.returncode == 0, (sig, err)
+        s = json.loads((out / "summary.json").read_text())
+        assert s["status"] == "ok"
+        got = {r["id"]: r["tokens"] for r in read_jsonl(out / "requests.jsonl")}
+        assert got == clean, sig
+        steps = read_jsonl(out / "steps.jsonl")
+        recovered = [x for x in steps if x.get("counts", {}).get("rworkers_lost")]
+        assert len(recovered) == 1 and recovered[0]["counts"]["sequences_rebuilt"] >= 1, recovered
+        assert "recovery" in recovered[0]["breakdown_ms"]
+        assert s["results"]["counts_total"]["rworkers_lost"] == 1
+        assert "lost" in err and "recovering" in err
+
+
 def test_a_run_that_loses_a_worker_keeps_what_it_did(fd_bin, tmp_path):
+    """on_failure fail: the run ends (exit 1) naming the worker, and keeps everything it finished."""
     out = tmp_path / "run"
-    p = subprocess.Popen([fd_bin("fd-bench"), "run", str(config(tmp_path, timeout_ms=3000)), "--out", str(out), "--quiet"],
+    p = subprocess.Popen([fd_bin("fd-bench"), "run", str(config(tmp_path, timeout_ms=3000, on_failure="fail")), "--out",
+                          str(out), "--quiet"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120  # hang guard
     while time.monotonic() < deadline and p.poll() is None:
@@ -53,7 +102,7 @@ def test_a_run_that_loses_a_worker_keeps_what_it_did(fd_bin, tmp_path):
     assert p.returncode == 1, (p.returncode, err)
     s = json.loads((out / "summary.json").read_text())
     assert s["status"] == "failed"
-    assert "R-worker" in s["error"] and "deadline" in s["error"], s["error"]  # names the dead worker
+    assert "R-worker" in s["error"] and ("is lost" in s["error"] or "deadline" in s["error"]), s["error"]  # names it
     finished = read_jsonl(out / "requests.jsonl")
     assert len(finished) == s["results"]["finished_requests"] >= 1
     assert all(r["output_len"] == len(r["tokens"]) >= 1 for r in finished)

@@ -328,3 +328,82 @@ TEST(KVStore, ASequenceThatDoesNotFitIsNotRegistered) {
   s.add(3);
   EXPECT_TRUE(s.has(3));
 }
+
+// TRUNCATE undoes an append exactly: a store that took n tokens and then one more, truncated back to n, holds the
+// same bytes (full blocks, tail) as one that took the n alone, so attention over it is bit-equal; at every block
+// boundary and for every dtype (int8/int4: the block that the extra token filled reopens from the tail buffer's fp16
+// values, which the extra token's quantization left in place).
+TEST(KVStore, TruncateUndoesOneAppendBitExactly) {
+  for (KVDType dt : {KVDType::F16, KVDType::I8, KVDType::I4}) {
+    for (int n : {1, 30, 31, 32, 33, 63, 64, 65}) {
+      SCOPED_TRACE(std::string(kv_dtype_name(dt)) + ", n = " + std::to_string(n));
+      KVStore a(dt, 2, kH, kD, size_t(1) << 30), b(dt, 2, kH, kD, size_t(1) << 30);
+      a.add(1), b.add(1);
+      for (int t = 0; t < n; ++t) {  // token by token, as decode steps append
+        const auto k = coded(1, t, 1), v = coded(1, t, -1);
+        for (int l = 0; l < 2; ++l) a.append_f16(1, l, k.data(), v.data(), 1), b.append_f16(1, l, k.data(), v.data(), 1);
+      }
+      const auto k = coded(1, 500, 1), v = coded(1, 500, -1);
+      b.append_f16(1, 0, k.data(), v.data(), 1);  // the failed step appended at layer 0 only
+      ASSERT_TRUE(b.can_truncate(1, n));
+      b.truncate(1, n);
+      EXPECT_EQ(b.length(1, 0), n);
+      EXPECT_EQ(b.length(1, 1), n);
+      EXPECT_EQ(b.total_tokens(), a.total_tokens());
+      EXPECT_EQ(b.bytes_used(), a.bytes_used());
+      const SeqKVView va = a.view(1, 0), vb = b.view(1, 0);
+      ASSERT_EQ(va.n_full, vb.n_full);
+      ASSERT_EQ(va.n_tail, vb.n_tail);
+      const size_t full = kv_block_bytes(dt, kH, kD);
+      for (int i = 0; i < va.n_full; ++i) EXPECT_EQ(0, std::memcmp(va.blocks[i], vb.blocks[i], full)) << "block " << i;
+      for (int r = 0; r < va.n_tail; ++r)  // the tail's rows in use (rows past n_tail are not read)
+        for (int h = 0; h < 2 * kH; ++h)
+          EXPECT_EQ(0, std::memcmp(va.tail + (size_t(h) * 32 + r) * kD, vb.tail + (size_t(h) * 32 + r) * kD, kD * 2));
+    }
+  }
+}
+
+// A quantized block whose fp16 values are gone (a token came after it filled) cannot reopen: truncate refuses and
+// changes nothing; fp16 blocks always can.
+TEST(KVStore, TruncateRefusesToReopenALostQuantizedBlock) {
+  KVStore q(KVDType::I8, 1, kH, kD, size_t(1) << 30), f(KVDType::F16, 1, kH, kD, size_t(1) << 30);
+  q.add(1), f.add(1);
+  const auto k = coded(40, 0, 1), v = coded(40, 0, -1);
+  q.append_f16(1, 0, k.data(), v.data(), 40);
+  f.append_f16(1, 0, k.data(), v.data(), 40);
+  EXPECT_TRUE(q.can_truncate(1, 33));   // within the tail
+  EXPECT_FALSE(q.can_truncate(1, 31));  // into the first block, quantized 8 tokens ago
+  EXPECT_THROW(q.truncate(1, 31), Error);
+  EXPECT_EQ(q.length(1, 0), 40);
+  EXPECT_TRUE(f.can_truncate(1, 3));
+  f.truncate(1, 3);
+  EXPECT_EQ(f.length(1, 0), 3);
+  EXPECT_EQ(f.bytes_used(), kv_fp16_block_bytes(kH, kD));
+  f.truncate(1, 0);
+  EXPECT_EQ(f.bytes_used(), 0u);
+  EXPECT_FALSE(q.can_truncate(2, 0));  // unknown sequence
+}
+
+// Stores sharing one KVMemory (a worker's sessions): each within its quota, all within the shared limit, blocks kept
+// for reuse counted too, everything given back when a store goes.
+TEST(KVStore, SharedMemoryBoundsEveryStore) {
+  const size_t blk = kv_fp16_block_bytes(kH, kD), seq = KVStore::sequence_bytes(1);
+  KVMemory mem;
+  mem.limit = 3 * blk + 2 * seq;
+  {
+    KVStore a(KVDType::F16, 1, kH, kD, 2 * blk + seq, &mem), b(KVDType::F16, 1, kH, kD, mem.limit, &mem);
+    a.add(1), b.add(1);
+    const auto k = coded(96, 0, 1), v = coded(96, 0, -1);
+    a.append_f16(1, 0, k.data(), v.data(), 64);                            // a's quota: 2 blocks
+    EXPECT_THROW(a.append_f16(1, 0, k.data(), v.data(), 1), Error);      // a third is over a's quota
+    b.append_f16(1, 0, k.data(), v.data(), 32);                            // the worker's third block
+    EXPECT_THROW(b.append_f16(1, 0, k.data(), v.data(), 1), Error);      // over the shared limit
+    EXPECT_EQ(mem.used, 3 * blk + 2 * seq);
+    a.free(1);  // a's blocks: kept for reuse by a, still within the limit
+    EXPECT_LE(mem.held(), mem.limit);
+    EXPECT_FALSE(b.fits(blk));  // a's pooled blocks are not b's
+    EXPECT_TRUE(a.fits(blk));   // but a may reuse them
+  }
+  EXPECT_EQ(mem.used, 0u);
+  EXPECT_EQ(mem.pooled, 0u);
+}

@@ -81,7 +81,8 @@ TEST(Protocol, EveryMalformationIsCaught) {
     return code_of(m);
   };
   EXPECT_EQ(mutate_header([](Header& h) { h.magic = 0; }), ErrorCode::Malformed);
-  EXPECT_EQ(mutate_header([](Header& h) { h.version = 2; }), ErrorCode::Malformed);
+  EXPECT_EQ(mutate_header([](Header& h) { h.version = kVersion + 1; }), ErrorCode::Malformed);
+  EXPECT_EQ(mutate_header([](Header& h) { h.version = kVersion - 1; }), ErrorCode::Malformed);  // version 1: no sessions
   EXPECT_EQ(mutate_header([](Header& h) { h.type = 0; }), ErrorCode::Malformed);
   EXPECT_EQ(mutate_header([](Header& h) { h.type = 99; }), ErrorCode::Malformed);
   EXPECT_EQ(mutate_header([](Header& h) { h.reserved[5] = 1; }), ErrorCode::Malformed);

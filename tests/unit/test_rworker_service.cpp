@@ -39,12 +39,14 @@ Header reply_header(const std::vector<zmq::message_t>& r) {
 struct Harness {
   RWorkerService svc;
   std::mt19937 rng{5};
+  std::string peer;  // the client its messages come from
+  // mem: what the test's one client session may hold; the session's own record costs kSessionBytes on top.
   explicit Harness(KVDType t = KVDType::F16, size_t mem = size_t(1) << 28)
-      : svc(RWorkerConfig{t, mem, 2, best_isa(), Limits{}, "test"}) {}
+      : svc(RWorkerConfig{t, mem + kSessionBytes, 2, best_isa(), Limits{}, "test"}) {}
 
   std::vector<zmq::message_t> send(const RawMessage& m) {
     const auto f = m.frames();
-    return svc.handle(f.data(), f.size());
+    return svc.handle(peer, f.data(), f.size());
   }
   MsgType send_type(const RawMessage& m) { return reply_header(send(m)).msg_type(); }
   ErrorCode send_error(const RawMessage& m) {
@@ -250,8 +252,11 @@ TEST(RWorkerService, ErrorsLeaveStateUnchanged) {
   EXPECT_EQ(w.send_error(make_message(hb, {})), ErrorCode::ShapeMismatch);
   w.hello();
   EXPECT_EQ(w.svc.stats()["tokens"], 41);
-  EXPECT_EQ(w.send_type(make_message(dims(MsgType::Shutdown), {})), MsgType::Ok);
-  EXPECT_TRUE(w.svc.shutdown_requested());
+  // SHUTDOWN needs the worker's token; this worker has none: refused whatever the frame holds (RWorkerSessions).
+  EXPECT_EQ(w.send_error(make_message(dims(MsgType::Shutdown), {})), ErrorCode::Malformed);  // no token frame
+  EXPECT_EQ(w.send_error(make_message(dims(MsgType::Shutdown), {std::vector<uint8_t>(kShutdownTokenBytes, 0)})),
+            ErrorCode::Forbidden);
+  EXPECT_FALSE(w.svc.shutdown_requested());
 }
 
 // At least 100k mutated messages: the worker answers every one (an ERROR or a valid reply), never
@@ -264,11 +269,19 @@ TEST(RWorkerService, FuzzHundredThousandMutatedMessages) {
     std::mt19937_64 rng(t == KVDType::F16 ? 1 : 2);
     size_t errors = 0, ok = 0;
     const int n = t == KVDType::F16 ? 100000 : 20000;
+    // Three clients (sessions) interleaved, one HELLO'd with another shape; now and then a connection ends.
+    const std::string peers[3] = {"", "x", "y"};
+    Header hy = dims(MsgType::Hello);
+    hy.layer = kLayers + 2;
+    const auto fy = make_message(hy, {}).frames();
+    w.svc.handle("y", fy.data(), fy.size());
     for (int i = 0; i < n; ++i) {
       const RawMessage m = fd::fuzz::mutate(corpus, rng);
       const auto f = m.frames();
+      const std::string& peer = peers[rng() % 3];
+      if (rng() % 1000 == 0) w.svc.end_session(peers[rng() % 3]);
       std::vector<zmq::message_t> r;
-      ASSERT_NO_THROW(r = w.svc.handle(f.data(), f.size())) << "message " << i;
+      ASSERT_NO_THROW(r = w.svc.handle(peer, f.data(), f.size())) << "message " << i;
       ASSERT_FALSE(r.empty());
       ASSERT_EQ(r[0].size(), kHeaderBytes);
       const Header rh = reply_header(r);
@@ -279,7 +292,11 @@ TEST(RWorkerService, FuzzHundredThousandMutatedMessages) {
     std::printf("fuzz %s: %zu error replies, %zu other replies\n", std::string(kv_dtype_name(t)).c_str(), errors, ok);
     EXPECT_GT(errors, size_t(n) / 4);  // the mutations do hit the checks
     EXPECT_GT(ok, 100u);               // and valid traffic got through
-    // A fresh sequence on the fuzzed worker still gives the reference answer.
+    EXPECT_LE(w.svc.stats()["memory_used_bytes"].get<size_t>() + w.svc.stats()["memory_pooled_bytes"].get<size_t>(),
+              (size_t(64) << 20) + kSessionBytes);  // within --memory-gb, whatever the clients did
+    // A fresh sequence on the fuzzed worker (a new client's session) still gives the reference answer.
+    w.peer = "check";
+    w.hello();
     ASSERT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, {999999})), MsgType::Ok);
     const auto q = fd::test::random_f16(kH * kD, w.rng), k = fd::test::random_f16(kKV * kD, w.rng),
                v = fd::test::random_f16(kKV * kD, w.rng);
@@ -447,14 +464,14 @@ TEST(RWorkerService, SequenceBookkeepingCountsAgainstTheMemoryLimit) {
   for (size_t i = 0; i < many.size(); ++i) many[i] = 100 + i;
   EXPECT_EQ(w.send_error(w.ids_msg(MsgType::AddSeq, many)), ErrorCode::OutOfMemory);
   EXPECT_EQ(w.svc.stats()["sequences"], 0);  // none of the 21 was added
-  EXPECT_EQ(w.svc.stats()["memory_used_bytes"], 0);
+  EXPECT_EQ(w.svc.stats()["memory_used_bytes"], kSessionBytes);  // the session alone
   many.pop_back();
   ASSERT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, many)), MsgType::Ok);
-  EXPECT_EQ(w.svc.stats()["memory_used_bytes"].get<size_t>(), 20 * per_seq);
+  EXPECT_EQ(w.svc.stats()["memory_used_bytes"].get<size_t>(), 20 * per_seq + kSessionBytes);
   EXPECT_EQ(w.svc.stats()["kv_bytes"], 0);
   EXPECT_EQ(w.send_error(w.ids_msg(MsgType::AddSeq, {7})), ErrorCode::OutOfMemory);
   ASSERT_EQ(w.send_type(w.ids_msg(MsgType::FreeSeq, many)), MsgType::Ok);
-  EXPECT_EQ(w.svc.stats()["memory_used_bytes"], 0);
+  EXPECT_EQ(w.svc.stats()["memory_used_bytes"], kSessionBytes);
   EXPECT_EQ(w.send_type(w.ids_msg(MsgType::AddSeq, {7})), MsgType::Ok);
 }
 
@@ -475,7 +492,8 @@ TEST(RWorkerServer, OversizedMessageIsRefusedFrameByFrame) {
   loop.listen = "tcp://127.0.0.1:*";
   loop.max_message_bytes = kLimit;
   loop.counters = &counters;
-  loop.handle = [&](const Frame* f, size_t n) { return svc.handle(f, n); };
+  loop.handle = [&](const std::string& peer, const Frame* f, size_t n) { return svc.handle(peer, f, n); };
+  loop.on_disconnect = [&](const std::string& peer) { svc.end_session(peer); };
   loop.done = [&] { return stop.load(); };
   loop.on_bound = [&](const std::string& ep) {
     endpoint = ep;

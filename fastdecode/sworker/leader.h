@@ -1,0 +1,80 @@
+// The FastDecode engine's leader (internal to fastdecode/sworker): the sequences, their placement on R-worker
+// indices, the step plan, the S-ranks that run it, emission, and recovery from a lost R-worker
+// (fastdecode_engine.cpp: set-up and the step; leader_recovery.cpp: recovery and shutdown). The public face is
+// make_fastdecode_engine (fastdecode_engine.h).
+#pragma once
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fastdecode/sworker/fastdecode_engine.h"
+#include "fastdecode/sworker/rworker_spawn.h"
+#include "fastdecode/sworker/srank.h"
+
+namespace fd {
+
+struct LeaderSequence {
+  Request req;
+  size_t worker = 0;
+  int64_t len = 0;  // tokens in the KV-cache
+  int64_t generated = 0;
+  int32_t last = 0;                   // the next input (its KV is not cached yet)
+  std::vector<int32_t> fed;           // the inputs decode steps have cached after the prompt (for a rebuild)
+  bool rebuilding = false;            // re-placed by a recovery that has not completed yet
+  int32_t emitted_before = -1;        // planted fault shift_tokens only: the token emitted in its place
+};
+
+class FastDecodeEngine : public Engine {
+ public:
+  FastDecodeEngine(const FastDecodeConfig& config, const EngineContext& ctx);
+  ~FastDecodeEngine() override;
+
+  std::string name() const override { return "fastdecode"; }
+  json info() const override;
+  EngineCapacity capacity(int64_t min_prompt, int64_t max_len) const override;
+  void add(const std::vector<Request>& requests) override;
+  bool done() const override { return queued_.empty() && running_.empty(); }
+  StepResult step() override;
+  void shutdown() override;
+
+ private:
+  using Sequence = LeaderSequence;
+  void plan_decode(StepPlan& plan, std::vector<std::vector<Sequence*>>& mbs);
+  void plan_prefill(StepPlan& plan, std::vector<Sequence*>& fresh);
+  // Runs the plan on every rank; a lost R-worker's index lands in *lost (and the step throws).
+  std::vector<RankStep> run_ranks(const StepPlan& plan, std::vector<size_t>* lost = nullptr);
+  void emit(const std::vector<Sequence*>& seqs, const std::vector<int32_t>& tok, const std::vector<float>& recorded,
+            StepResult& out);
+  void release_finished(const StepResult& out);
+  size_t least_loaded() const;  // the live worker index with the least projected load
+
+  // Recovery (leader_recovery.cpp): after a step failed with workers `lost`, undoes it on the survivors (the new
+  // sequences back to the queue, the running ones cut back to their length, the finished ones freed) and rebuilds
+  // the lost workers' sequences on the survivors; the step is then run again. Throws when recovery is not
+  // possible (on_failure fail, engine.parallel, no survivor), naming the workers.
+  void recover(std::vector<size_t> lost, const StepPlan& failed, const std::vector<uint64_t>& admitted,
+               const std::string& why, StepResult& out);
+  void recover_once(const StepPlan& failed, const std::vector<uint64_t>& admitted, StepResult& out);
+  std::string lost_names(const std::vector<size_t>& lost) const;
+
+  FastDecodeConfig ec_;
+  ModelConfig cfg_;
+  SamplingParams sampling_;
+  proto::WireDType wire_;
+  std::vector<std::unique_ptr<SpawnedRWorker>> spawned_;
+  std::vector<std::vector<SpawnedRWorker*>> spawned_of_;  // per group, per worker index (null: listed)
+  RankComms comms_;  // the ranks' tensor groups and stage hand-offs
+  std::vector<bool> group_spawned_;  // per group: spawned here (shut down at the end), or listed by the user
+  std::vector<std::unique_ptr<SRank>> ranks_;  // rank g = p * T + t
+  std::vector<int> devices_;  // cuda: the GPU of rank g
+  std::vector<int64_t> load_;  // projected tokens per worker index (prompt + max new of its sequences)
+  std::vector<bool> dead_;     // per worker index: lost (no sequence is placed there again)
+  std::deque<Request> queued_;
+  std::map<uint64_t, Sequence> running_;
+  std::vector<std::pair<size_t, std::vector<uint64_t>>> frees_;  // finished last step, freed at the next
+  std::vector<uint64_t> admitted_;  // the last plan's new requests, in queue order
+};
+
+}  // namespace fd
