@@ -158,7 +158,7 @@ def read_sweep(d):
                 # index.json may name dirs relative to the sweep's --out as given when run: try <point>/rep<k>
                 alt = os.path.join(d, p.get("name", ""), "rep%s" % r.get("rep"))
                 rd = alt if os.path.isfile(os.path.join(alt, "summary.json")) else rd
-            if r.get("status") == "failed" or not os.path.isfile(os.path.join(rd, "summary.json")):
+            if r.get("status") in ("failed", "incomplete") or not os.path.isfile(os.path.join(rd, "summary.json")):
                 print("compare: %s rep %s: %s, left out" % (p.get("name"), r.get("rep"),
                                                            r.get("error") or r.get("status") or "no summary.json"), file=sys.stderr)
                 continue

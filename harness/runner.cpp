@@ -228,6 +228,14 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
   if (!live_requests) FD_THROW((dir / "requests.jsonl").string() << ": cannot open for writing");
   st.loop_started = true;
   st.requests = int64_t(requests.size());
+  // What a folder says while its run goes on, and after a kill -9 that lets nothing else be written: status
+  // "incomplete" with the process that ran it; the run's end writes ok or failed over it.
+  write_json_file((dir / "summary.json").string(),
+                  {{"name", e.name}, {"status", "incomplete"}, {"pid", int64_t(getpid())}, {"config_file", e.file},
+                   {"config", e.resolved()}, {"provenance", st.provenance},
+                   {"note", "written as the run started: steps.jsonl and requests.jsonl hold what it did; a run that "
+                            "ends replaces this with status ok or failed, so incomplete means it is still running (pid) "
+                            "or was killed"}});
 
   // Time 0 is the start of the first step; request i arrives at arrivals[i] seconds.
   const int64_t t0 = now_ns();
@@ -466,10 +474,11 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
 // finished. The error is then thrown on.
 json run_experiment(const ExperimentConfig& e, const RunOptions& opt) {
   const fs::path dir = opt.out_dir;
-  if (fs::exists(dir / "summary.json")) {  // a failed run's folder may be run again (sweeps redo it)
+  if (fs::exists(dir / "summary.json")) {  // a failed or killed run's folder may be run again (sweeps redo it)
     bool failed = false;
     try {
-      failed = read_json_file((dir / "summary.json").string()).value("status", "") == "failed";
+      const std::string status = read_json_file((dir / "summary.json").string()).value("status", "");
+      failed = status == "failed" || status == "incomplete";
     } catch (const Error&) {
     }
     if (!failed) throw ConfigError(opt.out_dir + ": already holds a finished run (summary.json); choose another --out");

@@ -66,13 +66,13 @@ std::string fmt_duration(double s) {
 }
 
 // A run folder whose summary.json reads as JSON holds a finished run (run_experiment writes it last), unless
-// it says "status": "failed" (a run that failed mid-way keeps its folder and is redone).
+// it says "status": "failed" or "incomplete" (a run that failed or was killed mid-way keeps its folder and is redone).
 bool finished_run(const fs::path& dir, json* summary = nullptr) {
   const fs::path f = dir / "summary.json";
   if (!fs::is_regular_file(f)) return false;
   try {
     json j = read_json_file(f.string());
-    if (!j.is_object() || j.value("status", "ok") == "failed") return false;
+    if (!j.is_object() || j.value("status", "ok") == "failed" || j.value("status", "ok") == "incomplete") return false;
     if (summary) *summary = std::move(j);
     return true;
   } catch (const Error&) {

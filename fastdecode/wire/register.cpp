@@ -80,9 +80,10 @@ std::vector<Registration> Registrar::wait(size_t n, int timeout_ms, const std::f
   const int64_t deadline = now_ns() + int64_t(timeout_ms) * 1'000'000;
   while (out.size() < n) {
     const int64_t left = (deadline - now_ns()) / 1'000'000;
-    if (left <= 0)
-      FD_THROW("engine.rworkers.expect " << n << ": " << out.size() << " R-worker(s) registered at " << impl_->bound
-                                         << " within engine.rworkers.register_timeout_ms " << timeout_ms << " ms");
+    if (left <= 0)  // as an endpoint nothing answers at: a config error, before any work
+      throw ConfigError("engine.rworkers.expect " + std::to_string(n) + ": " + std::to_string(out.size()) +
+                        " R-worker(s) registered at " + impl_->bound + " within engine.rworkers.register_timeout_ms " +
+                        std::to_string(timeout_ms) + " ms (start them with fd-rworker --register " + impl_->bound + ")");
     zmq::pollitem_t item{impl_->sock.handle(), 0, ZMQ_POLLIN, 0};
     zmq::poll(&item, 1, std::chrono::milliseconds(std::min<int64_t>(left, 500)));
     if (!(item.revents & ZMQ_POLLIN)) continue;

@@ -5,6 +5,7 @@ refuses to start."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -48,6 +49,8 @@ def test_killed_fd_bench_leaves_no_rworker(fd_bin, tmp_path):
     assert listening == 2, "fd-bench did not start its 2 R-workers"
     workers = children(p.pid)
     assert len(workers) == 2, workers
+    while not (tmp_path / "run" / "steps.jsonl").exists() and time.monotonic() < deadline:  # its run loop started
+        time.sleep(0.02)
     p.send_signal(signal.SIGKILL)
     p.wait()
     deadline = time.monotonic() + 30  # the workers poll their parent every 100 ms; 30 s only guards a hang
@@ -57,6 +60,10 @@ def test_killed_fd_bench_leaves_no_rworker(fd_bin, tmp_path):
     for w in left:  # do not leave them behind even when the test fails
         os.kill(w, signal.SIGKILL)
     assert not left, f"R-workers {left} outlived their killed parent"
+    # The folder says what happened: the run started and did not end (no destructor ran to write more).
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["status"] == "incomplete" and s["pid"] == p.pid, s
+    assert all(json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()[:-1])
 
 
 def test_a_wrong_parent_pid_is_refused(fd_bin):
