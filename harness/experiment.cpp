@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 namespace fd {
@@ -333,6 +334,25 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
     } else {
       h.get_raw("rworkers");
     }
+    // The S-worker <-> R-worker link: a named preset or {rate_gbit, delay_ms} (docs/RELIABILITY.md, multi-host).
+    const json& net = h.get_raw("network");
+    NetworkLink& link = e.hardware.network;
+    if (net.is_string()) {
+      static const std::map<std::string, double> presets = {{"loopback", 0}, {"10gbe", 10}, {"25gbe", 25}, {"100gbe", 100},
+                                                            {"ib-hdr", 200}};
+      const auto it = presets.find(net.get<std::string>());
+      if (it == presets.end()) h.fail("network", "one of loopback, 10gbe, 25gbe, 100gbe, ib-hdr, or {rate_gbit, delay_ms}");
+      link.name = it->first;
+      link.rate_gbit = it->second;
+    } else if (net.is_object()) {
+      StrictObject n(net, h.file(), "hardware.network");
+      link.name = "custom";
+      link.rate_gbit = n.get_number("rate_gbit", 0.0, 10000.0, 0.0);
+      link.delay_ms = n.get_number("delay_ms", 0.0, 10000.0, 0.0);
+      n.finish();
+    } else if (!net.is_null()) {
+      h.fail("network", "a preset name or an object {rate_gbit, delay_ms}");
+    }
     h.finish();
   } else {
     top.get_raw("hardware");
@@ -393,6 +413,15 @@ ExperimentConfig load_experiment(const std::string& path, const std::vector<std:
   return e;
 }
 
+namespace {
+// hardware.network as a config writes it: the preset's name, or the custom rate and delay.
+json network_json(const NetworkLink& n) {
+  if (n.name.empty() || n.name == "loopback") return "loopback";
+  if (n.name != "custom") return n.name;
+  return {{"rate_gbit", n.rate_gbit}, {"delay_ms", n.delay_ms}};
+}
+}  // namespace
+
 json ExperimentConfig::resolved() const {
   const auto len = [](const LengthDist& d) -> json {
     if (d.fixed()) return d.min;
@@ -432,7 +461,8 @@ json ExperimentConfig::resolved() const {
       {"engine", engine_spec_to_json(engine)},
       {"hardware",
        {{"gpu", {{"memory_gb", hardware.gpu_memory_gb}, {"sm_count", hardware.gpu_sm_count}}},
-        {"rworkers", {{"count", hardware.rworkers}, {"threads", hardware.rworker_threads}}}}},
+        {"rworkers", {{"count", hardware.rworkers}, {"threads", hardware.rworker_threads}}},
+        {"network", network_json(hardware.network)}}},
       {"output", out},
   };
 }

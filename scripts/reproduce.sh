@@ -142,7 +142,16 @@ if has fig14; then
     step "fig14: needs 2 GPUs (${gpus:-0} answer); experiments/paper/fig14-parallel.sweep.json is the spec (scripts/parallel-bench.sh on the two-GPU machine); nothing runs"
   fi
 fi
-has fig15 && sweep fig15-breakdown
+if has fig15; then
+  sweep fig15-breakdown
+  # The same run behind emulated links (network namespaces + tc): only where this machine can make them.
+  if ip netns add "fdprobe$$" 2>/dev/null; then
+    ip netns del "fdprobe$$"
+    sweep fig15-network
+  else
+    step "fig15-network: this machine cannot make network namespaces (root and iproute2 needed); nothing runs"
+  fi
+fi
 if has balance; then
   sweep balance-map-fastdecode
   sweep balance-map-gpu-only

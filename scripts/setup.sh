@@ -12,6 +12,7 @@ PACKAGES=(
   clang libclang-rt-14-dev                                # the libFuzzer target (ASan/UBSan) in ctest
   libtorch-dev                                            # the vanilla baseline (LibTorch 1.13, CPU)
   libgloo-dev                                             # the CPU communicator between S-ranks (issue 14)
+  iproute2                                                # ip, tc: multi-host emulation (hardware.network)
 )
 
 missing=()

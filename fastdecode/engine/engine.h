@@ -124,11 +124,21 @@ class Engine {
 
 // Hardware the engine may use: the experiment's "hardware" object, the same for every engine of a run
 // (hardware-balance emulation, docs/EXPERIMENTS.md). Each engine applies what concerns it. 0 = not set.
+// The link between the S-worker and each spawned R-worker when they are to run "on other hosts" on one machine
+// (fastdecode/sworker/netemu.h: a network namespace per worker behind a veth pair shaped to this rate and delay).
+struct NetworkLink {
+  std::string name;       // "loopback" (none: the default), a preset ("10gbe", "25gbe", "100gbe", "ib-hdr") or "custom"
+  double rate_gbit = 0;   // each direction's rate (Gbit/s, tc tbf); 0 = not shaped
+  double delay_ms = 0;    // one-way delay (tc netem); 0 = none
+  bool emulated() const { return rate_gbit > 0 || delay_ms > 0; }
+};
+
 struct HardwareBalance {
   double gpu_memory_gb = 0;    // GPU memory budget (GB = 1e9 bytes) for its GPU work; 0 = the device's
   int64_t gpu_sm_count = 0;    // SMs its GPU work may use (a CUDA green context); 0 = all
   int64_t rworkers = 0;        // spawned R-workers, pinned to disjoint cores; 0 = the engine's own count
   int64_t rworker_threads = 0; // compute threads (cores) per spawned R-worker
+  NetworkLink network;         // spawned R-workers behind an emulated link (multi-host emulation)
 };
 
 // What an engine is made with besides its own config section.

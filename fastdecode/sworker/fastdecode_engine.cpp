@@ -58,6 +58,13 @@ RWorkersConfig group_config(const RWorkersConfig& r, size_t g) {
   return c;
 }
 
+// The workers per group the config asks for (spawned, listed or registered), to tell whether all are spawned.
+size_t load_size_hint(const FastDecodeConfig& ec, const std::vector<std::vector<std::string>>& registered) {
+  if (!registered.empty() && !registered[0].empty()) return registered[0].size();
+  const RWorkersConfig r = group_config(ec.rworkers, 0);
+  return r.endpoints.empty() ? size_t(r.spawn) : r.endpoints.size();
+}
+
 // The client settings of every rank's R-worker link: deadline, heartbeats, CURVE keys (read here: a bad key file
 // is a config error before any work).
 RWorkerClientOptions client_options_for(const RWorkersConfig& r) {
@@ -127,6 +134,19 @@ FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineC
       endpoints[0].push_back(r.endpoint);
   }
   spawned_of_.assign(size_t(G), {});
+  // Multi-host emulation: every spawned worker on an emulated host of its own behind the named link.
+  const NetworkLink& link = ctx.hardware.network;
+  size_t n_spawn = 0;
+  for (int64_t g = 0; g < G; ++g)
+    if (endpoints[size_t(g)].empty() && group_config(ec.rworkers, size_t(g)).endpoints.empty())
+      n_spawn += size_t(group_config(ec.rworkers, size_t(g)).spawn);
+  if (link.emulated() && n_spawn > 0) {
+    hosts_ = std::make_unique<EmulatedHosts>(n_spawn, link);
+    notes_.push_back("hardware.network: " + hosts_->describe());
+  }
+  if (link.emulated() && n_spawn < size_t(G) * load_size_hint(ec, endpoints))
+    notes_.push_back("hardware.network applies to spawned R-workers only: listed or registered ones are reached as they are");
+  size_t next_host = 0;
   int64_t next_cpu = 0;
   for (int64_t g = 0; g < G; ++g) {
     const RWorkersConfig r = group_config(ec.rworkers, size_t(g));
@@ -154,7 +174,9 @@ FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineC
         std::snprintf(cpus, sizeof cpus, "%lld-%lld", (long long)first, (long long)last);
         args.insert(args.end(), {"--cpus", cpus});
       }
-      spawned_.push_back(std::make_unique<SpawnedRWorker>(bin, args));
+      SpawnPlace where;
+      if (hosts_) where.prefix = hosts_->exec_prefix(next_host), where.listen_host = hosts_->address(next_host), ++next_host;
+      spawned_.push_back(std::make_unique<SpawnedRWorker>(bin, args, 20000, where));
       spawned_of_[size_t(g)][size_t(i)] = spawned_.back().get();
       endpoints[size_t(g)].push_back(spawned_.back()->endpoint());
     }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fastdecode/sworker/fastdecode_engine.h"
+#include "fastdecode/sworker/netemu.h"
 #include "fastdecode/sworker/rworker_spawn.h"
 #include "fastdecode/sworker/srank.h"
 
@@ -63,6 +64,7 @@ class FastDecodeEngine : public Engine {
   ModelConfig cfg_;
   SamplingParams sampling_;
   proto::WireDType wire_;
+  std::unique_ptr<EmulatedHosts> hosts_;  // hardware.network: the spawned workers' emulated hosts (outlive them)
   std::vector<std::unique_ptr<SpawnedRWorker>> spawned_;
   std::vector<std::vector<SpawnedRWorker*>> spawned_of_;  // per group, per worker index (null: listed)
   RankComms comms_;  // the ranks' tensor groups and stage hand-offs

@@ -177,6 +177,7 @@ void FastDecodeEngine::shutdown() {
       if (SpawnedRWorker* p = spawned_of_[g][w]) p->wait_exit(ranks_[g]->client().lost(w) ? 0 : 10000);
   spawned_.clear();
   spawned_of_.clear();
+  hosts_.reset();  // after the workers on them are gone
   ranks_.clear();
   comms_.clear();
   if (failed) std::rethrow_exception(failed);

@@ -37,7 +37,8 @@ std::string random_token() {
 
 }  // namespace
 
-SpawnedRWorker::SpawnedRWorker(const std::string& binary, const std::vector<std::string>& args, int timeout_ms)
+SpawnedRWorker::SpawnedRWorker(const std::string& binary, const std::vector<std::string>& args, int timeout_ms,
+                               const SpawnPlace& where)
     : token_(random_token()) {
   if (access(binary.c_str(), X_OK) != 0)
     throw ConfigError("R-worker program not found or not executable: " + binary +
@@ -48,9 +49,10 @@ SpawnedRWorker::SpawnedRWorker(const std::string& binary, const std::vector<std:
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
   posix_spawn_file_actions_addclose(&fa, out[0]);
-  std::vector<std::string> all = {binary};
+  std::vector<std::string> all = where.prefix;
+  all.push_back(binary);
   all.insert(all.end(), args.begin(), args.end());
-  for (const char* a : {"--listen", "tcp://127.0.0.1:*", "--print-endpoint"}) all.emplace_back(a);
+  all.insert(all.end(), {"--listen", "tcp://" + where.listen_host + ":*", "--print-endpoint"});
   all.insert(all.end(), {"--parent-pid", std::to_string(long(getpid()))});  // it exits when we die (no orphans)
   std::vector<char*> argv;
   for (auto& a : all) argv.push_back(a.data());
@@ -64,7 +66,9 @@ SpawnedRWorker::SpawnedRWorker(const std::string& binary, const std::vector<std:
     if (std::string(*e).rfind("FD_RWORKER_SHUTDOWN_TOKEN=", 0) != 0) envp.push_back(*e);
   envp.push_back(tok.data());
   envp.push_back(nullptr);
-  const int rc = posix_spawn(&pid_, binary.c_str(), &fa, nullptr, argv.data(), envp.data());
+  // With a prefix the first word is a tool found in PATH (ip); it execs the worker in place (the same pid).
+  const int rc = where.prefix.empty() ? posix_spawn(&pid_, binary.c_str(), &fa, nullptr, argv.data(), envp.data())
+                                      : posix_spawnp(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   close(out[1]);
   if (rc != 0) {

@@ -9,11 +9,19 @@
 
 namespace fd {
 
+// Where a spawned worker runs: `prefix` before its command line (e.g. {"ip", "netns", "exec", NS}: another emulated
+// host, fastdecode/sworker/netemu.h) and the address it listens on.
+struct SpawnPlace {
+  std::vector<std::string> prefix;
+  std::string listen_host = "127.0.0.1";
+};
+
 class SpawnedRWorker {
  public:
-  // Starts `binary` with `args` plus `--listen tcp://127.0.0.1:* --print-endpoint` and waits (up to
+  // Starts `binary` with `args` plus `--listen tcp://HOST:* --print-endpoint` and waits (up to
   // timeout_ms) for the endpoint it prints. Throws fd::Error if it cannot start or exits first.
-  SpawnedRWorker(const std::string& binary, const std::vector<std::string>& args, int timeout_ms = 20000);
+  SpawnedRWorker(const std::string& binary, const std::vector<std::string>& args, int timeout_ms = 20000,
+                 const SpawnPlace& where = {});
   ~SpawnedRWorker();
   SpawnedRWorker(const SpawnedRWorker&) = delete;
   SpawnedRWorker& operator=(const SpawnedRWorker&) = delete;
