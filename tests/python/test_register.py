@@ -10,6 +10,8 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -70,3 +72,19 @@ def test_nobody_registering_is_a_config_error(fd_bin, tmp_path):
     assert p.returncode == 2, p.stderr
     assert "0 R-worker(s) registered at " + endpoint in p.stderr and "fd-rworker --register" in p.stderr
     assert not (tmp_path / "none").exists()
+
+
+def test_the_launcher_examples_are_well_formed(fd_bin):
+    """examples/: the registered-workers experiment passes --check; the Slurm script parses (bash -n); the Kubernetes
+    manifest parses when PyYAML is installed. Neither launcher runs here."""
+    p = subprocess.run([fd_bin("fd-bench"), "run", str(REPO / "examples" / "registered.json"), "--check"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    cfg = json.loads(p.stdout)
+    assert cfg["engine"]["rworkers"]["register"] == "tcp://0.0.0.0:5600" and cfg["engine"]["rworkers"]["expect"] == 4
+    subprocess.run(["bash", "-n", str(REPO / "examples" / "slurm" / "fastdecode.sbatch")], check=True)
+    yaml = pytest.importorskip("yaml")
+    docs = list(yaml.safe_load_all((REPO / "examples" / "kubernetes" / "fastdecode.yaml").read_text()))
+    assert [d["kind"] for d in docs] == ["Service", "Job", "Job"]
+    worker = docs[2]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "--register tcp://fastdecode-sworker:5600" in worker and "--serve-once" in worker
