@@ -8,6 +8,7 @@
 #include <set>
 
 #include "baselines/gpu_only/gpu_only_engine.h"
+#include "baselines/hybrid/hybrid_engine.h"
 #include "baselines/host_offload/host_offload_engine.h"
 #include "baselines/paged_swap/paged_swap_engine.h"
 #include "baselines/reference/reference_engine.h"
@@ -40,6 +41,7 @@ const std::vector<EngineEntry>& engines() {
       entry<PagedSwapConfig>("paged-swap", make_paged_swap_engine),
       entry<VanillaConfig>("vanilla", make_vanilla_engine),
       entry<HostOffloadConfig>("host-offload", make_host_offload_engine),
+      entry<HybridConfig>("hybrid", make_hybrid_engine),
   };
   return table;
 }

@@ -64,7 +64,7 @@ class GpuOnlyRank {
  public:
   // Uploads the weights to o.device. The cache comes with allocate().
   GpuOnlyRank(const ModelWeights& w, const GoRankOptions& o);
-  ~GpuOnlyRank();
+  virtual ~GpuOnlyRank();
   GpuOnlyRank(const GpuOnlyRank&) = delete;
   GpuOnlyRank& operator=(const GpuOnlyRank&) = delete;
 
@@ -81,7 +81,7 @@ class GpuOnlyRank {
   bool sm_limited() const { return streams_->limited(); }
   bool graphs() const { return graphs_ != nullptr; }
 
- private:
+ protected:  // the hybrid engine's rank (baselines/hybrid) adds rows whose KV lives on R-workers
   bool last_stage() const { return o_.pp_rank + 1 == o_.pp_size; }
   void current() const;
   // Per-layer GPU work of a decode batch on a (inputs on the device): no host synchronisation and no allocation,

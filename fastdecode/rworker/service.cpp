@@ -18,6 +18,13 @@ using proto::MsgType;
 using proto::ProtocolError;
 using proto::WireDType;
 
+namespace {
+// memcpy of n bytes; nothing for n = 0 (an empty vector's data() may be null, which memcpy may not be given).
+void copy_bytes(void* dst, const void* src, size_t n) {
+  if (n) std::memcpy(dst, src, n);
+}
+}  // namespace
+
 RWorkerService::RWorkerService(RWorkerConfig cfg) : cfg_(std::move(cfg)) { memory_.limit = cfg_.memory_limit_bytes; }
 
 size_t RWorkerService::quota() const {
@@ -231,13 +238,13 @@ std::vector<zmq::message_t> RWorkerService::on_append(Session& s, const Message&
     // Frames may be unaligned: copy into aligned scratch first.
     if (es == 2) {
       std::vector<uint16_t> kk(n * row), vv(n * row);
-      std::memcpy(kk.data(), k, n * row * 2);
-      std::memcpy(vv.data(), v, n * row * 2);
+      copy_bytes(kk.data(), k, n * row * 2);
+      copy_bytes(vv.data(), v, n * row * 2);
       store.append_f16(ids[i], int(h.layer), kk.data(), vv.data(), n);
     } else {
       std::vector<float> kk(n * row), vv(n * row);
-      std::memcpy(kk.data(), k, n * row * 4);
-      std::memcpy(vv.data(), v, n * row * 4);
+      copy_bytes(kk.data(), k, n * row * 4);
+      copy_bytes(vv.data(), v, n * row * 4);
       store.append_f32(ids[i], int(h.layer), kk.data(), vv.data(), n);
     }
     tok += n;
@@ -262,20 +269,20 @@ std::vector<zmq::message_t> RWorkerService::on_attend(Session& s, const Message&
   // Append this step's k, v (one token per sequence), then attend over the whole cache.
   if (wd == WireDType::F16) {
     std::vector<uint16_t> kk(ns * kvrow), vv(ns * kvrow);
-    std::memcpy(kk.data(), m.frames[2].data, kk.size() * 2);
-    std::memcpy(vv.data(), m.frames[3].data, vv.size() * 2);
+    copy_bytes(kk.data(), m.frames[2].data, kk.size() * 2);
+    copy_bytes(vv.data(), m.frames[3].data, vv.size() * 2);
     for (size_t i = 0; i < ns; ++i) store.append_f16(ids[i], int(h.layer), &kk[i * kvrow], &vv[i * kvrow], 1);
     q32_.resize(ns * qrow);
     std::vector<uint16_t> qq(ns * qrow);
-    std::memcpy(qq.data(), m.frames[1].data, qq.size() * 2);
+    copy_bytes(qq.data(), m.frames[1].data, qq.size() * 2);
     convert_to_f32(DType::F16, qq.data(), q32_.data(), qq.size());
   } else {
     std::vector<float> kk(ns * kvrow), vv(ns * kvrow);
-    std::memcpy(kk.data(), m.frames[2].data, kk.size() * 4);
-    std::memcpy(vv.data(), m.frames[3].data, vv.size() * 4);
+    copy_bytes(kk.data(), m.frames[2].data, kk.size() * 4);
+    copy_bytes(vv.data(), m.frames[3].data, vv.size() * 4);
     for (size_t i = 0; i < ns; ++i) store.append_f32(ids[i], int(h.layer), &kk[i * kvrow], &vv[i * kvrow], 1);
     q32_.resize(ns * qrow);
-    std::memcpy(q32_.data(), m.frames[1].data, q32_.size() * 4);
+    copy_bytes(q32_.data(), m.frames[1].data, q32_.size() * 4);
   }
   views_.resize(ns);
   for (size_t i = 0; i < ns; ++i) views_[i] = store.view(ids[i], int(h.layer));
@@ -298,7 +305,7 @@ std::vector<zmq::message_t> RWorkerService::on_attend(Session& s, const Message&
   // o goes straight into the reply message's buffer.
   zmq::message_t o(ns * qrow * proto::wire_dtype_size(wd));
   if (wd == WireDType::F16) convert_from_f32(DType::F16, o32_.data(), o.data(), o32_.size());
-  else std::memcpy(o.data(), o32_.data(), o32_.size() * 4);
+  else copy_bytes(o.data(), o32_.data(), o32_.size() * 4);
   const uint64_t dt = uint64_t(now_ns() - t0);
   ++attends_;
   attend_seqs_ += ns;

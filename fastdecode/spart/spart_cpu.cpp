@@ -67,6 +67,7 @@ namespace {
 
 // Writes n fp32 values to host memory in dt (F32 or F16).
 void store(const float* src, size_t n, DType dt, void* dst) {
+  if (n == 0) return;
   if (dt == DType::F32) std::memcpy(dst, src, n * 4);
   else convert_from_f32(dt, src, dst, n);
 }

@@ -16,6 +16,96 @@ std::string endpoint_problem(const std::string& ep) {
   return "";
 }
 
+RWorkersConfig RWorkersConfig::parse(StrictObject& r, int64_t ranks) {
+  RWorkersConfig rw;
+  const json& eps = r.get_raw("endpoints");
+  if (!eps.is_null()) {
+    if (!eps.is_array() || eps.empty()) r.fail("endpoints", "expected a non-empty list of endpoints");
+    for (const auto& e : eps) {
+      if (!e.is_string() || e.get<std::string>().empty()) r.fail("endpoints", "every endpoint must be a string");
+      const std::string why = endpoint_problem(e.get<std::string>());
+      if (!why.empty()) r.fail("endpoints", why);
+      rw.endpoints.push_back(e.get<std::string>());
+    }
+    for (const char* k : {"spawn", "threads", "kv_dtype", "memory_gb", "binary", "pin"})
+      if (r.has(k)) r.fail(k, "applies to spawned R-workers; not allowed with endpoints");
+  }
+  rw.on_failure = r.get_enum("on_failure", {"recover", "fail"}, std::string("recover"));
+  rw.heartbeat_ms = r.get_int("heartbeat_ms", 0, 3600000, 500);
+  rw.heartbeat_timeout_ms = r.get_int("heartbeat_timeout_ms", 1, 3600000, 3000);
+  if (rw.heartbeat_ms > 0 && rw.heartbeat_timeout_ms < rw.heartbeat_ms)
+    r.fail("heartbeat_timeout_ms", "must be at least heartbeat_ms (" + std::to_string(rw.heartbeat_ms) + ")");
+  if (r.has("curve")) {
+    StrictObject cv = r.get_object("curve");
+    rw.curve_server_public = cv.get_string("server_public");
+    rw.curve_client_secret = cv.get_string("client_secret");
+    cv.finish();
+  } else {
+    r.get_raw("curve");
+  }
+  rw.register_endpoint = r.get_string("register", "");
+  rw.expect = r.get_int("expect", 1, 4096, 0);
+  rw.register_timeout_ms = r.get_int("register_timeout_ms", 100, 86400000, 120000);
+  if (!rw.register_endpoint.empty()) {
+    if (rw.expect < 1) r.fail("expect", "needed with register: how many R-workers to wait for");
+    if (rw.register_endpoint.rfind("tcp://", 0) != 0) r.fail("register", "a tcp://HOST:PORT endpoint to listen on");
+    for (const char* k : {"endpoints", "spawn", "threads", "kv_dtype", "memory_gb", "binary", "pin", "groups"})
+      if (r.has(k)) r.fail(k, "not allowed with register (the registered workers are the R-workers)");
+  } else if (rw.expect > 0) {
+    r.fail("expect", "applies with register (the endpoint registering workers announce themselves to)");
+  }
+  if (!rw.register_endpoint.empty() && ranks > 1)
+    r.fail("register", "not with engine.parallel (list each group's endpoints in engine.rworkers.groups)");
+  rw.spawn = r.get_int("spawn", 1, 256, 2);
+  rw.threads = r.get_int("threads", 1, 4096, 1);
+  rw.kv_dtype = r.get_enum("kv_dtype", {"fp16", "int8", "int4"}, std::string("fp16"));
+  rw.memory_gb = r.get_number("memory_gb", 0.001, 1e6, 1.0);
+  rw.timeout_ms = r.get_int("timeout_ms", 10, 3600000, 60000);
+  rw.binary = r.get_string("binary", "");
+  rw.pin = r.get_bool("pin", false);
+  const json& gs = r.get_raw("groups");
+  if (!gs.is_null()) {
+    if (!gs.is_array() || int64_t(gs.size()) != ranks || ranks < 2)
+      r.fail("groups", "expected a list of " + std::to_string(ranks) +
+                           " objects, one per S-rank's R-worker group (rank p*T + t), with engine.parallel of 2 or more ranks");
+    for (size_t g = 0; g < gs.size(); ++g) {
+      if (!gs[g].is_object()) r.fail("groups", "entry " + std::to_string(g) + " is not an object");
+      StrictObject go(gs[g], r.file(), "engine.rworkers.groups[" + std::to_string(g) + "]");
+      RWorkersConfig::Group grp;
+      const json& ge = go.get_raw("endpoints");
+      if (!ge.is_null()) {
+        if (!ge.is_array() || ge.empty()) go.fail("endpoints", "expected a non-empty list of endpoints");
+        for (const auto& e : ge) {
+          if (!e.is_string() || e.get<std::string>().empty()) go.fail("endpoints", "every endpoint must be a string");
+          const std::string why = endpoint_problem(e.get<std::string>());
+          if (!why.empty()) go.fail("endpoints", why);
+          grp.endpoints.push_back(e.get<std::string>());
+        }
+        for (const char* k : {"threads", "kv_dtype", "memory_gb", "pin", "first_cpu"})
+          if (go.has(k)) go.fail(k, "applies to a spawned group; not allowed with endpoints");
+      }
+      grp.threads = go.get_int("threads", 1, 4096, -1);
+      grp.kv_dtype = go.get_enum("kv_dtype", {"fp16", "int8", "int4"}, std::string());
+      grp.memory_gb = go.get_number("memory_gb", 0.001, 1e6, -1);
+      if (go.has("pin")) grp.pin = go.get_bool("pin") ? 1 : 0;
+      grp.first_cpu = go.get_int("first_cpu", 0, 1 << 20, -1);
+      go.finish();
+      rw.groups.push_back(std::move(grp));
+    }
+    size_t n = 0;  // every group's worker count must be the same
+    for (const auto& grp : rw.groups) {
+      const size_t k = grp.endpoints.empty() ? size_t(rw.spawn) : grp.endpoints.size();
+      if (n && k != n)
+        r.fail("groups", "every group needs the same number of R-workers (a sequence sits at the same worker index in "
+                         "every group): " + std::to_string(n) + " and " + std::to_string(k) +
+                         " (spawned groups have engine.rworkers.spawn)");
+      n = k;
+    }
+  }
+  r.finish();
+  return rw;
+}
+
 FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
   FastDecodeConfig c;
   c.backend = o.get_enum("backend", {"cpu", "cuda", "auto"}, std::string("cpu"));
@@ -36,92 +126,7 @@ FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
   }
   if (o.has("rworkers")) {
     StrictObject r = o.get_object("rworkers");
-    RWorkersConfig& rw = c.rworkers;
-    const json& eps = r.get_raw("endpoints");
-    if (!eps.is_null()) {
-      if (!eps.is_array() || eps.empty()) r.fail("endpoints", "expected a non-empty list of endpoints");
-      for (const auto& e : eps) {
-        if (!e.is_string() || e.get<std::string>().empty()) r.fail("endpoints", "every endpoint must be a string");
-        const std::string why = endpoint_problem(e.get<std::string>());
-        if (!why.empty()) r.fail("endpoints", why);
-        rw.endpoints.push_back(e.get<std::string>());
-      }
-      for (const char* k : {"spawn", "threads", "kv_dtype", "memory_gb", "binary", "pin"})
-        if (r.has(k)) r.fail(k, "applies to spawned R-workers; not allowed with endpoints");
-    }
-    rw.on_failure = r.get_enum("on_failure", {"recover", "fail"}, std::string("recover"));
-    rw.heartbeat_ms = r.get_int("heartbeat_ms", 0, 3600000, 500);
-    rw.heartbeat_timeout_ms = r.get_int("heartbeat_timeout_ms", 1, 3600000, 3000);
-    if (rw.heartbeat_ms > 0 && rw.heartbeat_timeout_ms < rw.heartbeat_ms)
-      r.fail("heartbeat_timeout_ms", "must be at least heartbeat_ms (" + std::to_string(rw.heartbeat_ms) + ")");
-    if (r.has("curve")) {
-      StrictObject cv = r.get_object("curve");
-      rw.curve_server_public = cv.get_string("server_public");
-      rw.curve_client_secret = cv.get_string("client_secret");
-      cv.finish();
-    } else {
-      r.get_raw("curve");
-    }
-    rw.register_endpoint = r.get_string("register", "");
-    rw.expect = r.get_int("expect", 1, 4096, 0);
-    rw.register_timeout_ms = r.get_int("register_timeout_ms", 100, 86400000, 120000);
-    if (!rw.register_endpoint.empty()) {
-      if (rw.expect < 1) r.fail("expect", "needed with register: how many R-workers to wait for");
-      if (rw.register_endpoint.rfind("tcp://", 0) != 0) r.fail("register", "a tcp://HOST:PORT endpoint to listen on");
-      for (const char* k : {"endpoints", "spawn", "threads", "kv_dtype", "memory_gb", "binary", "pin", "groups"})
-        if (r.has(k)) r.fail(k, "not allowed with register (the registered workers are the R-workers)");
-    } else if (rw.expect > 0) {
-      r.fail("expect", "applies with register (the endpoint registering workers announce themselves to)");
-    }
-    if (!rw.register_endpoint.empty() && c.parallel.ranks() > 1)
-      r.fail("register", "not with engine.parallel (list each group's endpoints in engine.rworkers.groups)");
-    rw.spawn = r.get_int("spawn", 1, 256, 2);
-    rw.threads = r.get_int("threads", 1, 4096, 1);
-    rw.kv_dtype = r.get_enum("kv_dtype", {"fp16", "int8", "int4"}, std::string("fp16"));
-    rw.memory_gb = r.get_number("memory_gb", 0.001, 1e6, 1.0);
-    rw.timeout_ms = r.get_int("timeout_ms", 10, 3600000, 60000);
-    rw.binary = r.get_string("binary", "");
-    rw.pin = r.get_bool("pin", false);
-    const json& gs = r.get_raw("groups");
-    if (!gs.is_null()) {
-      if (!gs.is_array() || int64_t(gs.size()) != c.parallel.ranks() || c.parallel.ranks() < 2)
-        r.fail("groups", "expected a list of " + std::to_string(c.parallel.ranks()) +
-                             " objects, one per S-rank's R-worker group (rank p*T + t), with engine.parallel of 2 or more ranks");
-      for (size_t g = 0; g < gs.size(); ++g) {
-        if (!gs[g].is_object()) r.fail("groups", "entry " + std::to_string(g) + " is not an object");
-        StrictObject go(gs[g], r.file(), "engine.rworkers.groups[" + std::to_string(g) + "]");
-        RWorkersConfig::Group grp;
-        const json& ge = go.get_raw("endpoints");
-        if (!ge.is_null()) {
-          if (!ge.is_array() || ge.empty()) go.fail("endpoints", "expected a non-empty list of endpoints");
-          for (const auto& e : ge) {
-            if (!e.is_string() || e.get<std::string>().empty()) go.fail("endpoints", "every endpoint must be a string");
-            const std::string why = endpoint_problem(e.get<std::string>());
-            if (!why.empty()) go.fail("endpoints", why);
-            grp.endpoints.push_back(e.get<std::string>());
-          }
-          for (const char* k : {"threads", "kv_dtype", "memory_gb", "pin", "first_cpu"})
-            if (go.has(k)) go.fail(k, "applies to a spawned group; not allowed with endpoints");
-        }
-        grp.threads = go.get_int("threads", 1, 4096, -1);
-        grp.kv_dtype = go.get_enum("kv_dtype", {"fp16", "int8", "int4"}, std::string());
-        grp.memory_gb = go.get_number("memory_gb", 0.001, 1e6, -1);
-        if (go.has("pin")) grp.pin = go.get_bool("pin") ? 1 : 0;
-        grp.first_cpu = go.get_int("first_cpu", 0, 1 << 20, -1);
-        go.finish();
-        rw.groups.push_back(std::move(grp));
-      }
-      size_t n = 0;  // every group's worker count must be the same
-      for (const auto& grp : rw.groups) {
-        const size_t k = grp.endpoints.empty() ? size_t(rw.spawn) : grp.endpoints.size();
-        if (n && k != n)
-          r.fail("groups", "every group needs the same number of R-workers (a sequence sits at the same worker index in "
-                           "every group): " + std::to_string(n) + " and " + std::to_string(k) +
-                           " (spawned groups have engine.rworkers.spawn)");
-        n = k;
-      }
-    }
-    r.finish();
+    c.rworkers = RWorkersConfig::parse(r, c.parallel.ranks());
   } else {
     o.get_raw("rworkers");
   }
@@ -131,25 +136,20 @@ FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
   return c;
 }
 
-json FastDecodeConfig::to_json() const {
-  json j = {{"backend", backend}, {"mini_batches", mini_batches},
-            {"wire_dtype", wire_dtype.empty() ? (backend == "cpu" ? "fp32" : backend == "cuda" ? "fp16" : "auto") : wire_dtype},
-            {"prefill_tokens", prefill_tokens}};
-  if (backend != "cpu") j["dtype"] = dtype, j["cuda_graphs"] = cuda_graphs;
-  if (parallel.ranks() > 1 || parallel.waves > 0) j["parallel"] = parallel.to_json();
-  const RWorkersConfig& r = rworkers;
-  j["rworkers"] = !r.register_endpoint.empty()
+json RWorkersConfig::to_json() const {
+  const RWorkersConfig& r = *this;
+  json j = !r.register_endpoint.empty()
                       ? json{{"register", r.register_endpoint}, {"expect", r.expect}, {"register_timeout_ms", r.register_timeout_ms},
                              {"timeout_ms", r.timeout_ms}}
                   : r.endpoints.empty()
                       ? json{{"spawn", r.spawn}, {"threads", r.threads}, {"kv_dtype", r.kv_dtype}, {"memory_gb", r.memory_gb},
                              {"timeout_ms", r.timeout_ms}, {"binary", r.binary}, {"pin", r.pin}}
                       : json{{"endpoints", r.endpoints}, {"timeout_ms", r.timeout_ms}};
-  j["rworkers"]["on_failure"] = r.on_failure;
-  j["rworkers"]["heartbeat_ms"] = r.heartbeat_ms;
-  j["rworkers"]["heartbeat_timeout_ms"] = r.heartbeat_timeout_ms;
+  j["on_failure"] = r.on_failure;
+  j["heartbeat_ms"] = r.heartbeat_ms;
+  j["heartbeat_timeout_ms"] = r.heartbeat_timeout_ms;
   if (!r.curve_server_public.empty())
-    j["rworkers"]["curve"] = {{"server_public", r.curve_server_public}, {"client_secret", r.curve_client_secret}};
+    j["curve"] = {{"server_public", r.curve_server_public}, {"client_secret", r.curve_client_secret}};
   if (!r.groups.empty()) {
     json gs = json::array();
     for (const auto& g : r.groups) {
@@ -162,8 +162,18 @@ json FastDecodeConfig::to_json() const {
       if (g.first_cpu >= 0) e["first_cpu"] = g.first_cpu;
       gs.push_back(e);
     }
-    j["rworkers"]["groups"] = gs;
+    j["groups"] = gs;
   }
+  return j;
+}
+
+json FastDecodeConfig::to_json() const {
+  json j = {{"backend", backend}, {"mini_batches", mini_batches},
+            {"wire_dtype", wire_dtype.empty() ? (backend == "cpu" ? "fp32" : backend == "cuda" ? "fp16" : "auto") : wire_dtype},
+            {"prefill_tokens", prefill_tokens}};
+  if (backend != "cpu") j["dtype"] = dtype, j["cuda_graphs"] = cuda_graphs;
+  if (parallel.ranks() > 1 || parallel.waves > 0) j["parallel"] = parallel.to_json();
+  j["rworkers"] = rworkers.to_json();
   return j;
 }
 

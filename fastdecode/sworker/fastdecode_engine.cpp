@@ -370,10 +370,13 @@ StepResult FastDecodeEngine::step() {
 // owning worker. Wave w is mini-batches [w * mini_batches, (w + 1) * mini_batches).
 void FastDecodeEngine::plan_decode(StepPlan& plan, std::vector<std::vector<Sequence*>>& mbs) {
   const int64_t per_wave = ec_.mini_batches, M = per_wave * ec_.parallel.wave_count();
-  const size_t n_mb = size_t(std::min<int64_t>(M, int64_t(running_.size())));
-  mbs.assign(n_mb, {});
+  mbs.assign(size_t(std::min<int64_t>(M, int64_t(running_.size()))), {});
+  const size_t n_slots = mbs.size();
   std::vector<size_t> turn(load_.size(), 0);
-  for (auto& [id, s] : running_) mbs[turn[s.worker]++ % n_mb].push_back(&s);
+  for (auto& [id, s] : running_) mbs[turn[s.worker]++ % n_slots].push_back(&s);
+  // Every worker holding fewer sequences than there are mini-batches can leave one empty: it goes.
+  mbs.erase(std::remove_if(mbs.begin(), mbs.end(), [](const auto& mb) { return mb.empty(); }), mbs.end());
+  const size_t n_mb = mbs.size();
   for (size_t m = 0; m < n_mb; ++m) {
     std::stable_sort(mbs[m].begin(), mbs[m].end(), [](const Sequence* a, const Sequence* b) { return a->worker < b->worker; });
     PlanBatch pb;

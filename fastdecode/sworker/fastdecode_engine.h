@@ -46,6 +46,9 @@ struct RWorkersConfig {
     int64_t first_cpu = -1;    // pinned: the group's first core (-1: after the groups before it)
   };
   std::vector<Group> groups;
+  // The "rworkers" object of an engine section (ranks: the engine's S-ranks, for `groups`), and its echo.
+  static RWorkersConfig parse(StrictObject& r, int64_t ranks);
+  json to_json() const;
 };
 
 struct FastDecodeConfig {

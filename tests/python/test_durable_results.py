@@ -18,10 +18,10 @@ def read_jsonl(path: Path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def config(tmp_path: Path, **engine) -> Path:
+def config(tmp_path: Path, gen_max: int = 400, **engine) -> Path:
     cfg = json.loads((REPO / "experiments" / "quickstart.json").read_text())
     cfg["model"]["config"] = str(REPO / "experiments" / "models" / "small-llama.json")
-    cfg["workload"]["gen_len"] = {"dist": "uniform", "min": 4, "max": 400}
+    cfg["workload"]["gen_len"] = {"dist": "uniform", "min": 4, "max": gen_max}
     cfg["engine"]["backend"] = "cpu"
     cfg["engine"]["rworkers"].update(engine)
     p = tmp_path / "cfg.json"
@@ -57,7 +57,7 @@ def test_a_lost_worker_is_recovered_and_the_run_completes_with_the_same_tokens(f
     """on_failure recover (the default): kill -9 or SIGSTOP of one of the two spawned workers mid-run; the run ends
     ok, every request whole and with the tokens of the same run without the fault; the recovering step says so in
     steps.jsonl."""
-    cfg = config(tmp_path, heartbeat_timeout_ms=1000)
+    cfg = config(tmp_path, gen_max=80, heartbeat_timeout_ms=1000)
     subprocess.run([fd_bin("fd-bench"), "run", str(cfg), "--out", str(tmp_path / "clean"), "--quiet"], check=True,
                    capture_output=True, timeout=300)
     clean = {r["id"]: r["tokens"] for r in read_jsonl(tmp_path / "clean" / "requests.jsonl")}

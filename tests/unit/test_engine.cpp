@@ -1,5 +1,6 @@
 #include "baselines/gpu_only/gpu_only_engine.h"
 #include "fastdecode/model/shard.h"
+#include "baselines/hybrid/hybrid_engine.h"
 #include "baselines/reference/reference_engine.h"
 #include "fastdecode/sworker/fastdecode_engine.h"
 
@@ -313,4 +314,26 @@ TEST(FastDecodeEngine, GpuBudgetMustHoldTheFullDepthWeights) {
   hw.gpu_memory_gb = 24;
   EXPECT_THAT(fd::test::error_message<Error>([&] { make_fastdecode_engine(f, EngineContext{m, *src, {}, hw}); }),
               ::testing::HasSubstr("do not hold the full-depth fp16 weights of llama-2-13b"));
+}
+
+// The hybrid engine's section (baselines/hybrid): the controller's keys, R-workers as the fastdecode engine's,
+// migration refused (not built), registration refused; without CUDA the engine says what the build lacks.
+TEST(HybridConfig, ParsesAndRefuses) {
+  auto parse = [](json j) { return parse_engine_spec(StrictObject(j, "x.json", "engine")); };
+  const auto h = std::any_cast<HybridConfig>(
+      parse(json{{"type", "hybrid"}, {"max_context", 300}, {"controller", {{"mode", "fixed-fraction"}, {"cpu_fraction", 0.25}}},
+                 {"rworkers", {{"spawn", 3}, {"memory_gb", 2}}}})
+          .config);
+  EXPECT_EQ(h.max_context, 300);
+  EXPECT_EQ(h.controller.mode, HybridMode::FixedFraction);
+  EXPECT_DOUBLE_EQ(h.controller.cpu_fraction, 0.25);
+  EXPECT_EQ(h.controller.max_moves_per_step, 0);
+  EXPECT_EQ(h.rworkers.spawn, 3);
+  EXPECT_THROW(parse(json{{"type", "hybrid"}, {"controller", {{"max_moves_per_step", 2}}}}), ConfigError);
+  EXPECT_THROW(parse(json{{"type", "hybrid"}, {"controller", {{"mode", "sometimes"}}}}), ConfigError);
+  EXPECT_THROW(parse(json{{"type", "hybrid"}, {"rworkers", {{"register", "tcp://0.0.0.0:5600"}, {"expect", 2}}}}), ConfigError);
+  EXPECT_THROW(parse(json{{"type", "hybrid"}, {"parallel", {{"tensor", 2}}}}), ConfigError);  // not built for hybrid
+  const json echo = engine_spec_to_json(parse(json{{"type", "hybrid"}}));
+  EXPECT_EQ(echo.at("controller").at("mode"), "auto");
+  EXPECT_EQ(echo.at("rworkers").at("spawn"), 2);
 }

@@ -273,7 +273,8 @@ TEST(RWorkerService, FuzzHundredThousandMutatedMessages) {
     const std::string peers[3] = {"", "x", "y"};
     Header hy = dims(MsgType::Hello);
     hy.layer = kLayers + 2;
-    const auto fy = make_message(hy, {}).frames();
+    const RawMessage my = make_message(hy, {});
+    const auto fy = my.frames();
     w.svc.handle("y", fy.data(), fy.size());
     for (int i = 0; i < n; ++i) {
       const RawMessage m = fd::fuzz::mutate(corpus, rng);
