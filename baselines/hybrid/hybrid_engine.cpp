@@ -88,6 +88,7 @@ class HybridEngine : public Engine {
     notes_.push_back("hybrid: migration between the sides is not built: a sequence stays on the side it was placed on");
     notes_.push_back("hybrid: the controller's prior rates were measured at start (engine_info.prior) and are corrected "
                      "by every decode step's measurement");
+    info_ = make_info();
   }
 
   ~HybridEngine() override {
@@ -98,7 +99,10 @@ class HybridEngine : public Engine {
   }
 
   std::string name() const override { return "hybrid"; }
-  json info() const override {
+  json info() const override { return info_; }  // made at construction: it outlives shutdown()
+
+ private:
+  json make_info() const {
     json prior = {{"s_part_per_layer", rates_.s_part.points()}, {"gpu_s_per_token", rates_.gpu_s_per_token},
                   {"gpu_s_per_seq", rates_.gpu_s_per_seq},      {"engage_s", rates_.engage_s},
                   {"move_s_per_token", rates_.move_s_per_token}};
@@ -113,6 +117,8 @@ class HybridEngine : public Engine {
             {"combined_capacity_tokens", ctl_->combined_capacity_tokens()}, {"rworkers", workers},
             {"cuda_graphs", rank_->graphs()}, {"sm_count", rank_->sm_count()}};
   }
+
+ public:
 
   void add(const std::vector<Request>& requests) override {
     for (const auto& r : requests) {
@@ -151,6 +157,7 @@ class HybridEngine : public Engine {
   }
 
   HybridConfig ec_;
+  json info_;
   ModelConfig cfg_;
   SamplingParams sampling_;
   std::vector<std::unique_ptr<SpawnedRWorker>> spawned_;
