@@ -6,9 +6,11 @@ summary.json's decode-only headline (all decode-only steps: a one-off step such 
 and the steady rate (the decode steps' mean batch over their median step) — each the median over the repeats; their
 mean running batch; the split the hybrid's controller chose (sequences on the CPUs in its decode steps); its modelled
 step against the measured one; and the ratio of hybrid to the better of the other two on the steady rate (the issue's
-goal: >= 0.98 in every cell, above both where GPU memory caps gpu-only's batch). Writes OUT/hybrid_grid.md, .json.
+goal: >= 0.98 in every cell, above both where GPU memory caps gpu-only's batch). Several sweep folders (the MHA and
+GQA grids, or a later --only run of the cells a first one left out) are read together; a cell is keyed by the model
+too (summary.json's model name). Writes OUT/hybrid_grid.md, .json.
 
-Usage: analysis/hybrid_grid.py SWEEP_DIR [--out DIR]
+Usage: analysis/hybrid_grid.py SWEEP_DIR... [--out DIR]
 """
 
 from __future__ import annotations
@@ -40,16 +42,19 @@ def read_jsonl(p: Path):
     return [json.loads(x) for x in text.splitlines() if x.strip()]
 
 
-def cells(root: Path) -> dict:
-    """{(mem, cores, ctx): {engine: [run folder, ...]}} of the sweep's finished runs."""
-    index = read_json(root / "index.json")
+def cells(roots: list) -> dict:
+    """{(model, mem, cores, ctx): {engine: [(headline, run folder), ...]}} of the sweeps' finished runs."""
     out: dict = {}
-    for pt in (index or {}).get("points", []):
-        parts = dict(kv.split("-", 1) for kv in pt["name"].split("_"))
-        engine, ctx = parts["run"].rsplit("-", 1)
-        key = (parts["mem"], parts["cores"], ctx)
-        for run in pt.get("runs", []):
-            if run.get("status") == "ok":
+    for root in roots:
+        index = read_json(root / "index.json")
+        for pt in (index or {}).get("points", []):
+            parts = dict(kv.split("-", 1) for kv in pt["name"].split("_"))
+            engine, ctx = parts["run"].rsplit("-", 1)
+            for run in pt.get("runs", []):
+                if run.get("status") != "ok":
+                    continue
+                model = (read_json(root / run["dir"] / "summary.json") or {}).get("model", {}).get("name", "?")
+                key = (model, parts["mem"], parts["cores"], ctx)
                 out.setdefault(key, {}).setdefault(engine, []).append((run.get("headline", {}), root / run["dir"]))
     return out
 
@@ -89,18 +94,19 @@ def hybrid_split(run: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("root", type=Path)
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("roots", type=Path, nargs="+", metavar="SWEEP_DIR")
+    ap.add_argument("--out", type=Path, help="where hybrid_grid.md, .json go (default: the first SWEEP_DIR)")
     a = ap.parse_args(argv)
-    out = a.out or a.root
-    grid = cells(a.root)
+    out = a.out or a.roots[0]
+    grid = cells(a.roots)
     if not grid:
-        print(f"hybrid_grid: no finished runs under {a.root}", file=sys.stderr)
+        print(f"hybrid_grid: no finished runs under {' '.join(map(str, a.roots))}", file=sys.stderr)
         return 1
     rows = []
-    for (mem, cores, ctx) in sorted(grid, key=lambda k: (k[0], int(k[1]), int(k[2]))):
-        runs = grid[(mem, cores, ctx)]
-        row = {"mem_gb": mem, "cores": int(cores), "context": int(ctx)}
+    for key in sorted(grid, key=lambda k: (k[0], k[1], int(k[2]), int(k[3]))):
+        model, mem, cores, ctx = key
+        runs = grid[key]
+        row = {"model": model, "mem_gb": mem, "cores": int(cores), "context": int(ctx)}
         for e in ENGINES:
             row[e] = engine_numbers(runs.get(e, []))
         if runs.get("hybrid"):
@@ -112,18 +118,19 @@ def main(argv=None) -> int:
         rows.append(row)
     fmt = lambda x, f="%.0f": "—" if x is None else f % x  # noqa: E731
     lines = ["# The hybrid grid (issue 17): decode tokens/s side by side", "",
-             f"From `{a.root}` (experiments/hybrid/grid.sweep.json; analysis/hybrid_grid.py). Per cell (GPU memory cap, "
+             f"From {', '.join(f'`{r}`' for r in a.roots)} (experiments/hybrid/*.sweep.json; analysis/hybrid_grid.py). "
+             "Per cell (model, GPU memory cap, "
              "R-worker cores, context): steady tokens/s (the decode steps' mean batch over their median step) and in "
              "brackets summary.json's decode-only headline (its mean includes one-off steps such as a CUDA graph's "
              "capture), each the median over the repeats; batch: mean running sequences; CPU seqs: the hybrid's "
              "sequences on the R-workers in its decode steps (mean, max); modelled / measured: the controller's step "
              "against the measured one (median ms); hybrid / best: on the steady rate.", "",
-             "| GPU mem | cores | context | gpu-only tok/s (headline) | batch | FastDecode tok/s (headline) | batch | hybrid tok/s (headline) | batch | hybrid / best | CPU seqs mean (max) | modelled / measured ms | repeats |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | GPU mem | cores | context | gpu-only tok/s (headline) | batch | FastDecode tok/s (headline) | batch | hybrid tok/s (headline) | batch | hybrid / best | CPU seqs mean (max) | modelled / measured ms | repeats |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         g, f, hy = r["gpu-only"], r["fastdecode"], r["hybrid"]
-        lines.append("| %s | %d | %d | %s (%s) | %s | %s (%s) | %s | %s (%s) | %s | %s%s | %s (%s) | %s / %s | %s |" % (
-            "full" if r["mem_gb"] == "full" else r["mem_gb"] + " GB", r["cores"], r["context"],
+        lines.append("| %s | %s | %d | %d | %s (%s) | %s | %s (%s) | %s | %s (%s) | %s | %s%s | %s (%s) | %s / %s | %s |" % (
+            r["model"], "full" if r["mem_gb"] == "full" else r["mem_gb"] + " GB", r["cores"], r["context"],
             fmt(g["steady_tokens_per_s"]), fmt(g["tokens_per_s"]), fmt(g["mean_batch"]),
             fmt(f["steady_tokens_per_s"]), fmt(f["tokens_per_s"]), fmt(f["mean_batch"]),
             fmt(hy["steady_tokens_per_s"]), fmt(hy["tokens_per_s"]), fmt(hy["mean_batch"]),

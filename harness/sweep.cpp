@@ -271,23 +271,50 @@ json SweepSpec::to_json() const {
   }
   // "quick": "set" above already holds the quick "set" and "axes" only the values it keeps.
   j["variant"] = quick_applied ? "quick" : "full";
+  if (!only.empty()) j["only"] = only;  // fd-bench sweep --only: "axes" holds only the values it keeps
   return j;
 }
 
-SweepSpec with_quick(const SweepSpec& s) {
-  if (!s.has_quick) throw ConfigError(s.file + ": --quick: the spec has no \"quick\" variant");
+namespace {
+
+// The spec with each named axis cut to the entries given for it (an entry matches a value equal to it or
+// whose label is it; zip keeps a point only if every named axis keeps it). `what` names the source in errors.
+SweepSpec cut_axes(const SweepSpec& s, const std::vector<std::pair<std::string, std::vector<json>>>& values,
+                   const std::string& what) {
   SweepSpec q = s;
-  q.set.insert(q.set.end(), s.quick_set.begin(), s.quick_set.end());
   std::vector<std::vector<bool>> keep;
   for (const SweepAxis& a : s.axes) keep.emplace_back(a.values.size(), true);
-  for (const auto& [name, entries] : s.quick_values) {
+  for (const auto& [name, entries] : values) {
+    bool named = false;
     for (size_t d = 0; d < s.axes.size(); ++d) {
       if (s.axes[d].name != name) continue;
+      named = true;
+      for (const json& e : entries) {
+        bool any = false;
+        for (size_t i = 0; i < s.axes[d].values.size(); ++i) any = any || quick_matches(s.axes[d], i, e);
+        if (!any) {
+          std::string labels;
+          for (size_t i = 0; i < s.axes[d].values.size(); ++i) {
+            if (i) labels += ", ";
+            labels += axis_label(s.axes[d], i);
+          }
+          throw ConfigError(s.file + ": " + what + ": " + e.dump() + " is no value of axis \"" + name + "\" (" +
+                            labels + ")");
+        }
+      }
       for (size_t i = 0; i < s.axes[d].values.size(); ++i) {
         bool k = false;
         for (const json& e : entries) k = k || quick_matches(s.axes[d], i, e);
         keep[d][i] = k;
       }
+    }
+    if (!named) {
+      std::string names;
+      for (const SweepAxis& a : s.axes) {
+        if (!names.empty()) names += ", ";
+        names += a.name;
+      }
+      throw ConfigError(s.file + ": " + what + ": no axis is named \"" + name + "\" (axes: " + names + ")");
     }
   }
   if (s.zip) {  // a zip point is one index on every axis: kept only if every axis keeps it
@@ -304,9 +331,41 @@ SweepSpec with_quick(const SweepSpec& s) {
       a.values.push_back(s.axes[d].values[i]);
       if (!s.axes[d].labels.empty()) a.labels.push_back(s.axes[d].labels[i]);
     }
-    if (a.values.empty()) throw ConfigError(s.file + ": quick: keeps no point of the zipped axes");
+    if (a.values.empty()) throw ConfigError(s.file + ": " + what + ": keeps no point of the zipped axes");
   }
+  return q;
+}
+
+}  // namespace
+
+SweepSpec with_quick(const SweepSpec& s) {
+  if (!s.has_quick) throw ConfigError(s.file + ": --quick: the spec has no \"quick\" variant");
+  SweepSpec q = cut_axes(s, s.quick_values, "quick");
+  q.set.insert(q.set.end(), s.quick_set.begin(), s.quick_set.end());
   q.quick_applied = true;
+  return q;
+}
+
+SweepSpec with_only(const SweepSpec& s, const std::vector<std::string>& only) {
+  std::vector<std::pair<std::string, std::vector<json>>> values;
+  for (const std::string& o : only) {
+    const size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == o.size())
+      throw ConfigError("--only " + o + ": expected AXIS=VALUE[,VALUE...] (a value or its label)");
+    std::vector<json> entries;
+    std::string rest = o.substr(eq + 1);
+    for (size_t p = 0; p <= rest.size();) {
+      size_t c = rest.find(',', p);
+      if (c == std::string::npos) c = rest.size();
+      const std::string v = rest.substr(p, c - p);
+      if (v.empty()) throw ConfigError("--only " + o + ": an empty value");
+      entries.push_back(v);  // a label, or a value's label; a number matches its label too
+      p = c + 1;
+    }
+    values.emplace_back(o.substr(0, eq), entries);
+  }
+  SweepSpec q = cut_axes(s, values, "--only");
+  q.only = only;
   return q;
 }
 
@@ -398,7 +457,9 @@ json sweep_headline(const json& summary) {
 }
 
 int run_sweep(const SweepSpec& spec, const SweepOptions& opt) {
-  const SweepSpec s = opt.quick ? with_quick(spec) : spec;
+  SweepSpec s = opt.quick ? with_quick(spec) : spec;
+  if (!opt.only.empty()) s = with_only(s, opt.only);
+  if (opt.repeats > 0) s.repeats = opt.repeats;
   const std::vector<SweepPoint> points = expand_points(s, opt.sets);
   const std::vector<SweepRun> order = run_order(s, points.size());
   const fs::path out = opt.out_dir;

@@ -36,6 +36,7 @@ struct SweepSpec {
   std::vector<std::string> quick_set;
   std::vector<std::pair<std::string, std::vector<json>>> quick_values;
   bool quick_applied = false;  // with_quick() made this spec
+  std::vector<std::string> only;  // with_only()'s "AXIS=VALUE[,VALUE...]" filters, if it made this spec
   json to_json() const;        // the spec as parsed, defaults filled in and base resolved (for index.json)
 };
 
@@ -63,6 +64,11 @@ SweepSpec load_sweep_spec(const std::string& path);
 // ConfigError if the spec has no "quick" or an entry matches nothing.
 SweepSpec with_quick(const SweepSpec& s);
 
+// The spec cut to the command line's --only filters, each "AXIS=VALUE[,VALUE...]" (a value's label, or
+// the value as its label is written): every named axis keeps only those values, as "quick" does. An
+// unknown axis, a value no axis has, or a malformed filter is a ConfigError naming the axes or values.
+SweepSpec with_only(const SweepSpec& s, const std::vector<std::string>& only);
+
 // The points in naming order (product: the last axis varies fastest; zip: the i-th value of every axis).
 // `extra_sets` (the command line's --set) go after each point's own. Two points with the same folder
 // name are a ConfigError naming both.
@@ -89,6 +95,8 @@ struct SweepOptions {
   std::string command_line;       // for provenance and index.json
   bool dry_run = false;           // print the points and the run count; run and write nothing
   bool quick = false;             // run the spec's "quick" variant (with_quick)
+  std::vector<std::string> only;  // --only AXIS=VALUE[,VALUE...]: run only those values (with_only)
+  int64_t repeats = 0;            // --repeats N: N repeats of each point instead of the spec's (0: the spec's)
   bool quiet = false;             // no progress on stderr
   bool fail_fast = false;         // stop at the first failed run
 };

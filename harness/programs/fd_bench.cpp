@@ -130,6 +130,11 @@ int main(int argc, char** argv) {
   sweep->add_flag("--quiet", sw.quiet, "No progress on stderr");
   sweep->add_flag("--fail-fast", sw.fail_fast, "Stop at the first failed run");
   sweep->add_flag("--quick", sw.quick, "Run the spec's \"quick\" variant (its \"set\", fewer values)");
+  sweep->add_option("--only", sw.only,
+                    "AXIS=VALUE[,VALUE...]: run only these values of an axis (labels as in folder names; repeatable)")
+      ->take_all()
+      ->allow_extra_args(false);
+  sweep->add_option("--repeats", sw.repeats, "Repeats of each point instead of the spec's")->check(CLI::Range(1, 1000000));
   return fd::guarded_main(app, argc, argv, [&]() {
     if (*workload) return write_workload(fd::load_experiment(wl_config, wl_sets), wl_out);
     if (*sweep) {

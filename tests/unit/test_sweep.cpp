@@ -242,3 +242,30 @@ TEST(Sweep, QuickVariantCutsAxesAndAddsItsSet) {
   j["quick"] = {{"repeats", 1}};
   EXPECT_THAT(spec_error(j), HasSubstr("quick.repeats: unknown key"));
 }
+
+TEST(Sweep, OnlyCutsAxesByLabelOrValue) {
+  json j = spec_json();
+  j["axes"].push_back(json::parse(R"({"keys": ["a.x", "a.y"], "values": [[1, 2], [3, 4], [5, 6]],
+                                      "labels": ["p", "q", "r"], "name": "xy"})"));
+  const SweepSpec full = parse_sweep_spec(j, kFile);
+  const SweepSpec o = with_only(full, {"layers=2", "xy=q,r"});
+  EXPECT_EQ(names(expand_points(o)),
+            (std::vector<std::string>{"layers-2_engine-fastdecode_xy-q", "layers-2_engine-fastdecode_xy-r",
+                                      "layers-2_engine-gpu-only_xy-q", "layers-2_engine-gpu-only_xy-r"}));
+  EXPECT_EQ(o.to_json()["only"], json({"layers=2", "xy=q,r"}));
+  EXPECT_FALSE(full.to_json().contains("only"));
+  // Zip: a point is kept only if every named axis keeps its index.
+  json z = spec_json();
+  z["mode"] = "zip";
+  EXPECT_EQ(names(expand_points(with_only(parse_sweep_spec(z, kFile), {"engine=gpu-only"}))),
+            (std::vector<std::string>{"layers-2_engine-gpu-only"}));
+  EXPECT_THAT(error_message<ConfigError>([&] { with_only(parse_sweep_spec(z, kFile), {"engine=gpu-only", "layers=1"}); }),
+              HasSubstr("--only: keeps no point of the zipped axes"));
+  // Errors name what exists.
+  EXPECT_THAT(error_message<ConfigError>([&] { with_only(full, {"depth=1"}); }),
+              HasSubstr("--only: no axis is named \"depth\" (axes: layers, engine, xy)"));
+  EXPECT_THAT(error_message<ConfigError>([&] { with_only(full, {"xy=s"}); }),
+              HasSubstr("--only: \"s\" is no value of axis \"xy\" (p, q, r)"));
+  EXPECT_THAT(error_message<ConfigError>([&] { with_only(full, {"xy"}); }), HasSubstr("expected AXIS=VALUE"));
+  EXPECT_THAT(error_message<ConfigError>([&] { with_only(full, {"xy=p,"}); }), HasSubstr("an empty value"));
+}
