@@ -18,9 +18,15 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
 
 ENGINES = ("gpu-only", "fastdecode", "hybrid")
 
@@ -92,16 +98,57 @@ def hybrid_split(run: Path) -> dict:
             "measured_step_ms_median": statistics.median(measured) if measured else None}
 
 
+def find_fd_bench(given):
+    """fd-bench for the modelled columns: --fd-bench, $FD_BIN_DIR, a build folder of this checkout, PATH."""
+    cands = [given] if given else []
+    if os.environ.get("FD_BIN_DIR"):
+        cands.append(str(Path(os.environ["FD_BIN_DIR"]) / "fd-bench"))
+    cands += [str(REPO / "build" / b / "bin" / "fd-bench") for b in ("cuda", "default")]
+    cands.append(shutil.which("fd-bench") or "")
+    return next((c for c in cands if c and os.access(c, os.X_OK)), None)
+
+
+def modelled(fd_bench: str, run: Path) -> dict:
+    """The static model (fd-bench plan --hybrid-prior) on the hybrid run's own measured prior, for the cell's
+    batch (requests), mean decode context, peak, GPU memory cap and R-worker memory: the split it predicts and
+    tokens/s of the three engines (MODELLED)."""
+    s = read_json(run / "summary.json")
+    c = s["config"]
+    wl, hw, rw = c["workload"], c["hardware"], c["engine"]["rworkers"]
+    gpu_mem = hw["gpu"]["memory_gb"] or s["provenance"]["gpus"][0]["memory_gb"]
+    workers = hw["rworkers"]["count"] or rw["spawn"]
+    model = REPO / "experiments" / "models" / Path(c["model"]["config"]).name
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "plan.json"
+        cmd = [fd_bench, "plan", "--model", str(model), "--layers", str(c["model"]["layers"]),
+               "--seq", str(wl["prompt_len"] + wl["gen_len"]), "--context", str(wl["prompt_len"] + wl["gen_len"] / 2),
+               "--hybrid-batch", str(wl["requests"]), "--hybrid-prior", str(run / "summary.json"),
+               "--gpu-mem-gb", str(gpu_mem), "--cpu-mem-gb", str(rw["memory_gb"] * workers), "--json", str(out)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            return {"error": r.stderr.strip()}
+        h = json.loads(out.read_text())["hybrid"]
+    return {"cpu_seqs": h["hybrid"]["cpu_seqs"], "batch": h["hybrid"]["batch"],
+            "tokens_per_s": {"hybrid": h["hybrid"]["tokens_per_s"], "gpu-only": h["gpu_only"]["tokens_per_s"],
+                             "fastdecode": h["fastdecode"]["tokens_per_s"]},
+            "batches": {"hybrid": h["hybrid"]["batch"], "gpu-only": h["gpu_only"]["batch"],
+                        "fastdecode": h["fastdecode"]["batch"]}, "command": " ".join(cmd[1:])}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("roots", type=Path, nargs="+", metavar="SWEEP_DIR")
     ap.add_argument("--out", type=Path, help="where hybrid_grid.md, .json go (default: the first SWEEP_DIR)")
+    ap.add_argument("--fd-bench", help="fd-bench for the MODELLED columns (default: $FD_BIN_DIR, build/*/bin, PATH)")
     a = ap.parse_args(argv)
     out = a.out or a.roots[0]
     grid = cells(a.roots)
     if not grid:
         print(f"hybrid_grid: no finished runs under {' '.join(map(str, a.roots))}", file=sys.stderr)
         return 1
+    fd_bench = find_fd_bench(a.fd_bench)
+    if not fd_bench:
+        print("hybrid_grid: no fd-bench found: the MODELLED columns are left out (--fd-bench PATH)", file=sys.stderr)
     rows = []
     for key in sorted(grid, key=lambda k: (k[0], k[1], int(k[2]), int(k[3]))):
         model, mem, cores, ctx = key
@@ -111,6 +158,8 @@ def main(argv=None) -> int:
             row[e] = engine_numbers(runs.get(e, []))
         if runs.get("hybrid"):
             row["hybrid"].update(hybrid_split(runs["hybrid"][0][1]))
+            if fd_bench:
+                row["modelled"] = modelled(fd_bench, runs["hybrid"][0][1])
         best = max([row[e]["steady_tokens_per_s"] or 0 for e in ("gpu-only", "fastdecode")])
         hy = row["hybrid"]["steady_tokens_per_s"]
         row["hybrid_vs_best"] = hy / best if hy and best else None
@@ -140,6 +189,30 @@ def main(argv=None) -> int:
             "/".join(str(r[e]["repeats"]) for e in ENGINES)))
     met = sum(1 for r in rows if r["meets_0.98"])
     lines += ["", f"hybrid >= 0.98 x max(gpu-only, FastDecode) (steady rate) in {met} of {len(rows)} cells."]
+    mrows = [r for r in rows if r.get("modelled")]
+    if mrows:
+        lines += ["", "## The static model against the runs (MODELLED)", "",
+                  "`fd-bench plan --hybrid-prior` (fastdecode/sched/hybrid.h's `model_hybrid`) on the hybrid run's own "
+                  "measured prior (engine_info.prior), the cell's batch (requests), mean decode context, GPU memory cap "
+                  "and R-worker memory: the split it predicts against the controller's, and each engine's MODELLED "
+                  "tokens/s with measured (steady) / modelled. The model counts no fixed per-step terms (embedding, "
+                  "LM head, sampling, launches), so measured / modelled < 1 is expected at small steps.", "",
+                  "| model | GPU mem | cores | context | split modelled (CPU seqs of batch) | split measured (CPU seqs mean) | gpu-only modelled tok/s (measured / modelled) | FastDecode modelled (measured / modelled) | hybrid modelled (measured / modelled) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in mrows:
+            m = r["modelled"]
+            if "error" in m:
+                lines.append("| %s | %s | %d | %d | %s | | | | |" % (r["model"], r["mem_gb"], r["cores"], r["context"], m["error"]))
+                continue
+            ratio = lambda e: fmt(r[e]["steady_tokens_per_s"] / m["tokens_per_s"][e] if r[e]["steady_tokens_per_s"] else None, "%.2f")  # noqa: E731
+            lines.append("| %s | %s | %d | %d | %d of %d | %s of %s | %s (%s) | %s (%s) | %s (%s) |" % (
+                r["model"], "full" if r["mem_gb"] == "full" else r["mem_gb"] + " GB", r["cores"], r["context"],
+                m["cpu_seqs"], m["batch"], fmt(r["hybrid"].get("cpu_seqs_mean"), "%.1f"), fmt(r["hybrid"]["mean_batch"]),
+                fmt(m["tokens_per_s"]["gpu-only"]), ratio("gpu-only"), fmt(m["tokens_per_s"]["fastdecode"]),
+                ratio("fastdecode"), fmt(m["tokens_per_s"]["hybrid"]), ratio("hybrid")))
+        agree = sum(1 for r in mrows if "error" not in r["modelled"] and
+                    (r["modelled"]["cpu_seqs"] > 0) == ((r["hybrid"].get("cpu_seqs_max") or 0) > 0))
+        lines += ["", f"The model and the controller agree on whether to use the CPUs in {agree} of {len(mrows)} cells."]
     out.mkdir(parents=True, exist_ok=True)
     (out / "hybrid_grid.md").write_text("\n".join(lines) + "\n")
     (out / "hybrid_grid.json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -107,7 +107,8 @@ class HybridEngine : public Engine {
                   {"gpu_s_per_seq", rates_.gpu_s_per_seq},      {"engage_s", rates_.engage_s},
                   {"move_s_per_token", rates_.move_s_per_token}};
     json w = json::array();
-    for (const auto& x : rates_.workers) w.push_back({{"s_per_token", x.s_per_token}, {"s_per_seq", x.s_per_seq}});
+    for (const auto& x : rates_.workers)
+      w.push_back({{"s_per_token", x.s_per_token}, {"s_per_seq", x.s_per_seq}, {"s_per_call", x.s_per_call}});
     prior["workers"] = w;
     json workers = json::array();
     for (size_t i = 0; i < rank_->hello().size(); ++i)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "fastdecode/core/clock.h"
@@ -345,8 +346,10 @@ HybridRates HybridRank::calibrate(int64_t max_batch) {
   const double short_ms = attn_ms(1), long_ms = attn_ms(int32_t(ctx));
   r.gpu_s_per_seq = short_ms / 1e3 / double(B);
   r.gpu_s_per_token = std::max(1e-15, (long_ms - short_ms) / 1e3 / double(B * std::max<int64_t>(ctx - 1, 1)));
-  // Each R-worker: 8 calibration sequences of 256 tokens at layer 0 (APPEND_KV: the shipping rate), then ATTENDs
-  // at 1 and 257 tokens (the worker's compute per token and per sequence; the wall time beyond it: engaging).
+  // Each R-worker: 8 calibration sequences of 256 tokens at layer 0 (APPEND_KV: the shipping rate) and 8 short
+  // ones, then ATTENDs of 1 short, 8 short and 8 long sequences, 3 rounds (medians): the worker's own compute
+  // per token (long - short), per sequence (8 short - 1 short) and per call (what is left: waking its threads);
+  // the wall time of the lone ATTEND beyond its compute is engaging the CPUs.
   const int64_t S = 8, N = 256;
   const size_t kvd = size_t(c.kv_dim()), qd = size_t(c.q_dim());
   std::mt19937 rng(1);
@@ -355,37 +358,62 @@ HybridRates HybridRank::calibrate(int64_t max_batch) {
   for (auto& v : kv) v = fp32_to_fp16(u(rng));
   for (auto& v : q) v = fp32_to_fp16(u(rng));
   for (auto& v : k1) v = fp32_to_fp16(u(rng));
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   double ship = 0, engage = 0;
   for (size_t w = 0; w < client_->size(); ++w) {
-    std::vector<uint64_t> ids, one = {uint64_t(1) << 62};
-    for (int64_t s = 0; s < S; ++s) ids.push_back((uint64_t(1) << 62) + 1 + uint64_t(s));
-    client_->add_seqs(w, ids);
-    client_->add_seqs(w, one);
+    std::vector<uint64_t> longs, shorts;
+    std::map<uint64_t, int64_t> ctx;  // each calibration sequence's tokens
+    for (int64_t s = 0; s < S; ++s) {
+      longs.push_back((uint64_t(1) << 62) + 1 + uint64_t(s));
+      shorts.push_back((uint64_t(1) << 62) + 1 + uint64_t(S + s));
+    }
+    client_->add_seqs(w, longs);
+    client_->add_seqs(w, shorts);
     Header h = header(MsgType::AppendKV, 0, size_t(S));
     h.n_tokens = uint32_t(S * N);
     const std::vector<uint32_t> counts(static_cast<size_t>(S), static_cast<uint32_t>(N));
     const int64_t ta = now_ns();
-    client_->call(w, h, {{ids.data(), ids.size() * 8}, {counts.data(), counts.size() * 4}, {kv.data(), kv.size() * 2},
+    client_->call(w, h, {{longs.data(), longs.size() * 8}, {counts.data(), counts.size() * 4}, {kv.data(), kv.size() * 2},
                          {kv.data(), kv.size() * 2}});
     ship = std::max(ship, double(now_ns() - ta) / 1e9 / double(S * N));
+    for (uint64_t id : longs) ctx[id] = N;
+    struct Sample {
+      double compute_s, wall_s;
+      int64_t tokens;
+    };
     const auto attend = [&](const std::vector<uint64_t>& which) {
       const size_t n = which.size();
       const int64_t tw = now_ns();
       const RWorkerReply rep = client_->call(w, header(MsgType::Attend, 0, n), {{which.data(), n * 8}, {q.data(), n * qd * 2},
                                                                                  {k1.data(), n * kvd * 2}, {k1.data(), n * kvd * 2}});
-      return std::pair<double, double>{double(rep.h.compute_ns) / 1e9, double(now_ns() - tw) / 1e9};
+      Sample x{double(rep.h.compute_ns) / 1e9, double(now_ns() - tw) / 1e9, 0};
+      for (uint64_t id : which) x.tokens += ++ctx[id];  // the new token is attended too
+      return x;
     };
-    attend(ids);  // a warm-up (and one more token each)
-    const auto [lone_compute, lone_wall] = attend(one);  // 1 sequence, a few tokens
-    const auto [many_compute, many_wall] = attend(ids);  // S sequences of N + 2 tokens
+    attend(longs), attend(shorts);  // warm-up
+    const std::vector<uint64_t> one = {shorts[0]};
+    std::vector<double> lone_c, lone_t, short_c, short_t, long_c, long_t, eng;
+    for (int rep = 0; rep < 3; ++rep) {
+      const Sample a1 = attend(one), as = attend(shorts), al = attend(longs);
+      lone_c.push_back(a1.compute_s), lone_t.push_back(double(a1.tokens));
+      short_c.push_back(as.compute_s), short_t.push_back(double(as.tokens));
+      long_c.push_back(al.compute_s), long_t.push_back(double(al.tokens));
+      eng.push_back(std::max(0.0, a1.wall_s - a1.compute_s));
+    }
+    const double c1 = median(lone_c), cs = median(short_c), cl = median(long_c);
+    const double t1 = median(lone_t), ts = median(short_t), tl = median(long_t);
     WorkerCost wc;
-    wc.s_per_seq = std::max(0.0, lone_compute);
-    wc.s_per_token = std::max(1e-15, (many_compute - double(S) * wc.s_per_seq) / double(S * (N + 2)));
+    wc.s_per_token = std::max(1e-15, (cl - cs) / std::max(1.0, tl - ts));
+    wc.s_per_seq = std::max(0.0, ((cs - wc.s_per_token * ts) - (c1 - wc.s_per_token * t1)) / double(S - 1));
+    wc.s_per_call = std::max(0.0, c1 - wc.s_per_token * t1 - wc.s_per_seq);
     r.workers.push_back(wc);
-    engage = std::max(engage, std::max(0.0, lone_wall - lone_compute));
-    (void)many_wall;
-    ids.push_back(one[0]);
-    client_->free_seqs(w, ids);
+    engage = std::max(engage, median(eng));
+    std::vector<uint64_t> all = longs;
+    all.insert(all.end(), shorts.begin(), shorts.end());
+    client_->free_seqs(w, all);
   }
   r.engage_s = engage;
   r.move_s_per_token = ship;

@@ -23,6 +23,8 @@ void HybridRates::validate() const {
       throw ConfigError("hybrid rates: workers[" + std::to_string(w) + "].s_per_token must be > 0");
     if (!finite_nonneg(workers[w].s_per_seq))
       throw ConfigError("hybrid rates: workers[" + std::to_string(w) + "].s_per_seq must be >= 0");
+    if (!finite_nonneg(workers[w].s_per_call))
+      throw ConfigError("hybrid rates: workers[" + std::to_string(w) + "].s_per_call must be >= 0");
   }
 }
 
@@ -44,7 +46,7 @@ StepCost step_cost(const HybridRates& r, const RateScale& k, const HybridLoad& l
     if (l.w_seqs[w] == 0) continue;
     any = true;
     const double kw = w < k.workers.size() ? k.workers[w] : 1.0;
-    cpu = std::max(cpu, kw * (r.workers[w].s_per_token * double(l.w_tokens[w]) + r.workers[w].s_per_seq * double(l.w_seqs[w])));
+    cpu = std::max(cpu, kw * r.workers[w].cost(l.w_tokens[w], l.w_seqs[w]));
   }
   c.cpu_side = any ? r.engage_s + cpu : 0;
   c.move = k.move * r.move_s_per_token * double(l.move_tokens);
@@ -175,8 +177,7 @@ int HybridController::best_worker(int64_t ctx, int64_t peak) const {
   double best_load = 0;
   for (size_t w = 0; w < pools_.size(); ++w) {
     if (!room({false, int(w)}, peak)) continue;
-    const double lw = k_.workers[w] * (r_.workers[w].s_per_token * double(load_.w_tokens[w] + ctx) +
-                                       r_.workers[w].s_per_seq * double(load_.w_seqs[w] + 1));
+    const double lw = k_.workers[w] * r_.workers[w].cost(load_.w_tokens[w] + ctx, load_.w_seqs[w] + 1);
     if (best < 0 || lw < best_load) best = int(w), best_load = lw;
   }
   return best;
@@ -208,8 +209,7 @@ bool HybridController::decide_engaged() const {
     double bl = 0;
     for (size_t w = 0; w < pools_.size(); ++w) {
       if (used[w] + pools_[w].blocks_for(s->peak) > pools_[w].blocks) continue;
-      const double lw = k_.workers[w] * (r_.workers[w].s_per_token * double(l.w_tokens[w] + s->ctx) +
-                                         r_.workers[w].s_per_seq * double(l.w_seqs[w] + 1));
+      const double lw = k_.workers[w] * r_.workers[w].cost(l.w_tokens[w] + s->ctx, l.w_seqs[w] + 1);
       if (bw < 0 || lw < bl) bw = int(w), bl = lw;
     }
     if (bw < 0) break;
@@ -380,8 +380,7 @@ void HybridController::observe(const StepMeasure& m) {
     update(k_.gpu, m.gpu_attn_s, r_.gpu_s_per_token * double(m.gpu_tokens) + r_.gpu_s_per_seq * double(m.gpu_seqs));
   for (size_t i = 0; i < m.workers.size(); ++i)
     if (m.workers[i].seqs > 0)
-      update(k_.workers[i], m.workers[i].compute_s,
-             r_.workers[i].s_per_token * double(m.workers[i].tokens) + r_.workers[i].s_per_seq * double(m.workers[i].seqs));
+      update(k_.workers[i], m.workers[i].compute_s, r_.workers[i].cost(m.workers[i].tokens, m.workers[i].seqs));
   if (m.move_tokens > 0) update(k_.move, m.move_s, r_.move_s_per_token * double(m.move_tokens));
 }
 
@@ -418,7 +417,11 @@ HybridRates HybridController::learned_rates() const {
   r.s_part = TTable(pts);
   r.gpu_s_per_token *= k_.gpu;
   r.gpu_s_per_seq *= k_.gpu;
-  for (size_t w = 0; w < r.workers.size(); ++w) r.workers[w].s_per_token *= k_.workers[w], r.workers[w].s_per_seq *= k_.workers[w];
+  for (size_t w = 0; w < r.workers.size(); ++w) {
+    r.workers[w].s_per_token *= k_.workers[w];
+    r.workers[w].s_per_seq *= k_.workers[w];
+    r.workers[w].s_per_call *= k_.workers[w];
+  }
   r.move_s_per_token *= k_.move;
   return r;
 }
@@ -429,8 +432,9 @@ HybridPlan model_hybrid(const HybridModelInput& in) {
   if (in.layers < 1 || in.batch < 1) throw ConfigError("hybrid model: layers and batch must be >= 1");
   if (!(in.context >= 0) || !(in.reserve_tokens >= in.context) || !(in.reserve_tokens > 0))
     throw ConfigError("hybrid model: need 0 <= context <= reserve_tokens, reserve_tokens > 0");
-  if (!(in.gpu_s_per_token > 0) || !(in.cpu_s_per_token > 0) || !(in.cpu_s_per_seq >= 0) || !(in.engage_s >= 0))
-    throw ConfigError("hybrid model: GPU and CPU rates must be > 0 (per-sequence and engage costs >= 0)");
+  if (!(in.gpu_s_per_token > 0) || !(in.cpu_s_per_token > 0) || !(in.cpu_s_per_seq >= 0) || !(in.engage_s >= 0) ||
+      !(in.cpu_s_per_call >= 0) || !(in.gpu_s_per_seq >= 0))
+    throw ConfigError("hybrid model: GPU and CPU rates must be > 0 (per-sequence, per-call and engage costs >= 0)");
   const double N = double(in.layers), c = in.context;
   auto cap = [&](double tokens) {
     return std::isinf(tokens) ? in.batch : std::min<int64_t>(in.batch, int64_t(std::floor(tokens / in.reserve_tokens)));
@@ -441,8 +445,8 @@ HybridPlan model_hybrid(const HybridModelInput& in) {
     p.batch = b;
     p.cpu_seqs = k;
     if (b == 0) return p;
-    const double g = in.t.at(double(b)) + in.gpu_s_per_token * double(b - k) * c;
-    const double cpu = k > 0 ? in.engage_s + (in.cpu_s_per_token * c + in.cpu_s_per_seq) * double(k) : 0;
+    const double g = in.t.at(double(b)) + (in.gpu_s_per_token * c + in.gpu_s_per_seq) * double(b - k);
+    const double cpu = k > 0 ? in.engage_s + in.cpu_s_per_call + (in.cpu_s_per_token * c + in.cpu_s_per_seq) * double(k) : 0;
     p.step_s = N * std::max(g, cpu);
     p.tokens_per_s = double(b) / p.step_s;
     p.binds = cpu > g ? "cpu" : "gpu";
@@ -463,6 +467,67 @@ HybridPlan model_hybrid(const HybridModelInput& in) {
   if (gpu_cap > 0 && !(best.tokens_per_s * (1 - in.min_gain) > plan.gpu_only.tokens_per_s)) best = plan.gpu_only;
   plan.hybrid = best;
   return plan;
+}
+
+HybridModelInput hybrid_model_input(const HybridRates& r) {
+  r.validate();
+  if (r.workers.empty()) throw ConfigError("hybrid rates: no R-worker");
+  HybridModelInput in;
+  in.t = r.s_part;
+  in.gpu_s_per_token = r.gpu_s_per_token;
+  in.gpu_s_per_seq = r.gpu_s_per_seq;
+  in.engage_s = r.engage_s;
+  double inv_tok = 0, inv_seq = 0;
+  bool seq_free = false;
+  for (const WorkerCost& w : r.workers) {
+    inv_tok += 1 / w.s_per_token;
+    if (w.s_per_seq > 0) inv_seq += 1 / w.s_per_seq; else seq_free = true;
+    in.cpu_s_per_call = std::max(in.cpu_s_per_call, w.s_per_call);
+  }
+  in.cpu_s_per_token = 1 / inv_tok;
+  in.cpu_s_per_seq = seq_free || inv_seq == 0 ? 0 : 1 / inv_seq;
+  return in;
+}
+
+HybridRates hybrid_rates_from_json(const json& j, const std::string& what) {
+  const json* p = &j;
+  if (p->is_object() && p->contains("engine_info")) p = &(*p)["engine_info"];
+  if (p->is_object() && p->contains("prior")) p = &(*p)["prior"];
+  if (!p->is_object()) throw ConfigError(what + ": expected a hybrid run's summary.json, its engine_info or its prior");
+  const auto num = [&](const json& o, const char* key, const std::string& where) {
+    if (!o.contains(key) || !o[key].is_number()) throw ConfigError(what + ": " + where + key + ": expected a number");
+    return o[key].get<double>();
+  };
+  HybridRates r;
+  if (!p->contains("s_part_per_layer") || !(*p)["s_part_per_layer"].is_array())
+    throw ConfigError(what + ": s_part_per_layer: expected [[batch, seconds], ...] (is this a hybrid run's summary?)");
+  std::vector<std::pair<double, double>> pts;
+  for (const json& x : (*p)["s_part_per_layer"]) {
+    if (!x.is_array() || x.size() != 2 || !x[0].is_number() || !x[1].is_number())
+      throw ConfigError(what + ": s_part_per_layer: expected [[batch, seconds], ...]");
+    pts.push_back({x[0].get<double>(), x[1].get<double>()});
+  }
+  r.s_part = TTable(pts);
+  r.gpu_s_per_token = num(*p, "gpu_s_per_token", "");
+  r.gpu_s_per_seq = num(*p, "gpu_s_per_seq", "");
+  r.engage_s = num(*p, "engage_s", "");
+  r.move_s_per_token = num(*p, "move_s_per_token", "");
+  if (!p->contains("workers") || !(*p)["workers"].is_array()) throw ConfigError(what + ": workers: expected a list");
+  for (size_t w = 0; w < (*p)["workers"].size(); ++w) {
+    const json& x = (*p)["workers"][w];
+    const std::string where = "workers[" + std::to_string(w) + "].";
+    WorkerCost c;
+    c.s_per_token = num(x, "s_per_token", where);
+    c.s_per_seq = num(x, "s_per_seq", where);
+    c.s_per_call = x.contains("s_per_call") ? num(x, "s_per_call", where) : 0;  // older runs: none measured
+    r.workers.push_back(c);
+  }
+  try {
+    r.validate();
+  } catch (const ConfigError& e) {
+    throw ConfigError(what + ": " + e.what());
+  }
+  return r;
 }
 
 static json point_json(const HybridModelPoint& p) {

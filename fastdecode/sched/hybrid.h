@@ -1,13 +1,14 @@
 // Hybrid GPU + CPU attention placement (issue 17; the idea after NEO, MLSys'25): every running sequence's
 // KV lives on one side, the GPU's KV pool or one R-worker; the S-Part runs over all of them as one batch.
-// This file is the placement controller the hybrid engine calls and the static model fd-bench plan
-// prints. The engine itself is not built yet (docs/SCHEDULING.md, "Hybrid placement").
+// This file is the placement controller the hybrid engine (baselines/hybrid) calls and the static model
+// fd-bench plan prints (docs/SCHEDULING.md, "Hybrid placement"; docs/HYBRID.md).
 //
 // Cost model, per layer, in seconds (n running, W_g / n_g context tokens / sequences on the GPU,
 // W_w / n_w on R-worker w, M tokens of KV moved between sides in this step):
 //   GPU side  G = k_s·T(n) + k_g·(a·W_g + a_s·n_g)       S-Part of the whole batch + GPU attention
-//   CPU side  C = e + max_w k_w·(r_w·W_w + o_w·n_w)       (0 when no sequence is on the CPUs; e = the
-//                                                        fixed cost of engaging them, per layer)
+//   CPU side  C = e + max_w k_w·(f_w + r_w·W_w + o_w·n_w) (0 when no sequence is on the CPUs; e = the
+//                                                        fixed cost of engaging them, per layer; f_w a
+//                                                        worker's fixed cost per ATTEND, counted when n_w > 0)
 //   step      = max(G, C) + m·M                           CPU attention hidden behind GPU work; a KV
 //                                                        move is serial, counted in the step it costs
 // k_s, k_g, k_w, k_m are measured / modelled ratios learned online (EWMA over steps) starting at 1
@@ -27,6 +28,11 @@ namespace fd {
 struct WorkerCost {
   double s_per_token = 0;  // r_w: attention seconds per context token per layer
   double s_per_seq = 0;    // o_w: per sequence per layer (request framing, q/k/v and output transfer)
+  double s_per_call = 0;   // f_w: per ATTEND (one layer), whatever it holds: waking the worker's threads
+  // f_w + r_w·tokens + o_w·seqs, or 0 for a worker with no sequence.
+  double cost(int64_t tokens, int64_t seqs) const {
+    return seqs > 0 ? s_per_call + s_per_token * double(tokens) + s_per_seq * double(seqs) : 0;
+  }
 };
 
 struct HybridRates {
@@ -178,6 +184,8 @@ struct HybridModelInput {
   double gpu_s_per_token = 0;  // a
   double cpu_s_per_token = 0;  // R / P: all R-worker CPUs together
   double cpu_s_per_seq = 0;
+  double cpu_s_per_call = 0;   // f: a worker's fixed cost per ATTEND (the workers run in parallel: once per layer)
+  double gpu_s_per_seq = 0;    // a_s
   double engage_s = 0;
   double gpu_capacity_tokens = std::numeric_limits<double>::infinity();
   double cpu_capacity_tokens = std::numeric_limits<double>::infinity();
@@ -193,6 +201,14 @@ struct HybridPlan {
   HybridModelPoint hybrid, gpu_only, fastdecode;
 };
 HybridPlan model_hybrid(const HybridModelInput& in);
+// The static model's rates from measured ones (the hybrid engine's engine_info.prior): T(n), a, a_s and e as
+// they are; the R-workers as one CPU side that spreads sequences evenly (per token 1 / sum 1/r_w, per
+// sequence 1 / sum 1/o_w, per call the largest f_w). Layers, batch, context and capacities are left to the caller.
+HybridModelInput hybrid_model_input(const HybridRates& r);
+// Rates from JSON: a hybrid run's summary.json, its engine_info, or engine_info.prior itself
+// ({s_part_per_layer: [[n, s], ...], gpu_s_per_token, gpu_s_per_seq, engage_s, move_s_per_token,
+// workers: [{s_per_token, s_per_seq, s_per_call}, ...]}). ConfigError naming `what` and the key.
+HybridRates hybrid_rates_from_json(const json& j, const std::string& what);
 json to_json(const HybridPlan& p);
 std::string format_hybrid_line(const HybridPlan& p);
 

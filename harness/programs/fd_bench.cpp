@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
   int64_t seq = 0, layers = 0;
   double latency_ms = 0, cpus_available = 0;
   CLI::App* plan = app.add_subcommand("plan", "Choose the batch B and the R-worker CPU count P from a profile (modelled)");
-  plan->add_option("--profile", profile_path, "profile.json: T(B) table and R per KV dtype")->required();
+  plan->add_option("--profile", profile_path, "profile.json: T(B) table and R per KV dtype (needed but for "
+                   "--hybrid-prior alone, which prints the hybrid line only)");
   plan->add_option("--model", model_path, "Model config (HF config.json); N = its layers")->required();
   plan->add_option("--seq", seq, "Generated sequence length S")->required()->check(CLI::PositiveNumber);
   plan->add_option("--layers", layers, "Override N (default: the model's full depth)")->check(CLI::PositiveNumber);
@@ -82,8 +83,13 @@ int main(int argc, char** argv) {
   plan->add_option("--json", plan_json, "Also write the plan as JSON here");
   // The hybrid line (fastdecode/sched/hybrid.h): needs the GPU's decode-attention KV read rate.
   double hy_gpu_gbps = 0, hy_gpu_mem_gb = 0, hy_cpu_mem_gb = 0, hy_context = 0;
+  int64_t hy_batch = 0;
+  std::string hy_prior;
   plan->add_option("--gpu-attn-gbps", hy_gpu_gbps, "Hybrid line: the GPU's decode attention, GB/s of fp16 KV read")
       ->check(CLI::PositiveNumber);
+  plan->add_option("--hybrid-prior", hy_prior, "Hybrid line: every rate (T(n), GPU and R-worker attention, engaging) "
+                   "from a hybrid run's summary.json (its engine_info.prior) instead of the profile and --gpu-attn-gbps");
+  plan->add_option("--hybrid-batch", hy_batch, "Hybrid line: sequences wanted (default: the plan's B)")->check(CLI::PositiveNumber);
   plan->add_option("--gpu-mem-gb", hy_gpu_mem_gb, "Hybrid line: GPU memory (default: no cap)")->check(CLI::PositiveNumber);
   plan->add_option("--cpu-mem-gb", hy_cpu_mem_gb, "Hybrid line: R-worker KV memory in all (default: no cap)")
       ->check(CLI::PositiveNumber);
@@ -151,15 +157,66 @@ int main(int argc, char** argv) {
     if (*plan) {
       if (socket_name_opt->count() > 0 && socket_cores == 0)
         throw fd::ConfigError("--socket-name '" + socket_name + "' needs --socket-cores (cores per socket)");
-      const fd::Profile prof = fd::load_profile(profile_path);
+      if (profile_path.empty() && hy_prior.empty())
+        throw fd::ConfigError("plan needs --profile (the paper's plan) or --hybrid-prior (the hybrid line alone)");
+      if (profile_path.empty() && hy_batch == 0)
+        throw fd::ConfigError("--hybrid-prior without --profile needs --hybrid-batch (no plan B to default to)");
       const fd::ModelConfig m = fd::load_model_config(model_path);
+      const int64_t n_layers = layers > 0 ? layers : m.full_num_layers;
+      fd::HybridModelInput prior_in;  // read before anything is printed: a bad file fails cleanly
+      if (!hy_prior.empty()) prior_in = fd::hybrid_model_input(fd::hybrid_rates_from_json(fd::read_json_file(hy_prior), hy_prior));
+      // The hybrid line (fastdecode/sched/hybrid.h): B sequences of mean context c, each reserving S tokens;
+      // fixed per-step terms (LM head, sampling) not counted. `prof`/`r_per_cpu`: the paper plan's, if any.
+      const auto hybrid_line = [&](const fd::Profile* prof, double r_all_cpus, int64_t plan_batch) -> fd::json {
+        if (hy_gpu_gbps <= 0 && hy_prior.empty()) {
+          std::printf("  hybrid: not modelled (give --gpu-attn-gbps, the GPU's decode-attention KV read rate, or --hybrid-prior)\n");
+          return nullptr;
+        }
+        const double kv_layer = double(m.kv_bytes_per_token(2, true)) / double(m.full_num_layers);
+        fd::HybridModelInput hi;
+        if (!hy_prior.empty()) {
+          hi = prior_in;
+        } else {
+          hi.t = prof->t;
+          hi.gpu_s_per_token = kv_layer / (hy_gpu_gbps * 1e9);
+          hi.cpu_s_per_token = r_all_cpus;
+        }
+        hi.layers = n_layers;
+        hi.batch = hy_batch > 0 ? hy_batch : plan_batch;
+        hi.context = hy_context > 0 ? hy_context : double(seq) / 2;
+        hi.reserve_tokens = std::max(double(seq), hi.context);
+        const double kv_token = kv_layer * double(m.full_num_layers);  // memory at full depth, as the engines count it
+        if (hy_gpu_mem_gb > 0)
+          hi.gpu_capacity_tokens = std::max(0.0, hy_gpu_mem_gb * 1e9 - double(fd::with_layers(m, m.full_num_layers).num_params()) * 2 -
+                                                     double(1ull << 30)) / kv_token;
+        if (hy_cpu_mem_gb > 0) hi.cpu_capacity_tokens = hy_cpu_mem_gb * 1e9 / kv_token;
+        const fd::HybridPlan hp = fd::model_hybrid(hi);
+        std::printf("  %s\n", fd::format_hybrid_line(hp).c_str());
+        fd::json j = fd::to_json(hp);
+        j["inputs"] = {{"prior", hy_prior.empty() ? fd::json(nullptr) : fd::json(hy_prior)},
+                       {"gpu_attn_gbps", hy_gpu_gbps}, {"batch", hi.batch}, {"context", hi.context},
+                       {"reserve_tokens", hi.reserve_tokens}, {"gpu_mem_gb", hy_gpu_mem_gb},
+                       {"cpu_mem_gb", hy_cpu_mem_gb}, {"layers", hi.layers},
+                       {"rates", {{"gpu_s_per_token", hi.gpu_s_per_token}, {"gpu_s_per_seq", hi.gpu_s_per_seq},
+                                  {"cpu_s_per_token", hi.cpu_s_per_token}, {"cpu_s_per_seq", hi.cpu_s_per_seq},
+                                  {"cpu_s_per_call", hi.cpu_s_per_call}, {"engage_s", hi.engage_s}}}};
+        return j;
+      };
+      if (profile_path.empty()) {  // the hybrid line alone, every rate from the run's prior
+        std::printf("MODELLED from %s (model %s, N = %lld layers, S = %lld):\n", hy_prior.c_str(), m.name.c_str(),
+                    (long long)n_layers, (long long)seq);
+        const fd::json hj = hybrid_line(nullptr, 0, 0);
+        if (!plan_json.empty()) fd::write_json_file(plan_json, {{"modelled", true}, {"hybrid", hj}});
+        return 0;
+      }
+      const fd::Profile prof = fd::load_profile(profile_path);
       auto r = prof.r_s_per_token_layer.find(kv_dtype);
       if (r == prof.r_s_per_token_layer.end())
         throw fd::ConfigError(profile_path + ": r_s_per_token_layer has no entry for kv dtype '" + kv_dtype + "'");
       fd::PlanInput in;
       in.t = prof.t;
       in.r_s_per_token_layer = r->second;
-      in.layers = layers > 0 ? layers : m.full_num_layers;
+      in.layers = n_layers;
       in.seq = seq;
       if (latency_ms > 0) in.latency_s = latency_ms / 1e3;
       if (cpus_available > 0) in.cpus_available = cpus_available;
@@ -178,26 +235,7 @@ int main(int argc, char** argv) {
         std::printf("  %s\n", fd::format_cpus_line(p).c_str());
         std::printf("  tokens/s: S-bound %.0f, R-bound %.0f -> %.0f (%s binds)\n", p.tokens_per_s_s_bound,
                     p.tokens_per_s_r_bound, p.tokens_per_s, p.binds.c_str());
-        if (hy_gpu_gbps > 0) {  // B sequences of mean context c, each reserving S tokens; fixed per-step terms not counted
-          const double kv_layer = double(m.kv_bytes_per_token(2, true)) / double(m.full_num_layers);
-          fd::HybridModelInput hi;
-          hi.t = prof.t;
-          hi.layers = in.layers;
-          hi.batch = p.batch;
-          hi.context = hy_context > 0 ? hy_context : double(seq) / 2;
-          hi.reserve_tokens = std::max(double(seq), hi.context);
-          hi.gpu_s_per_token = kv_layer / (hy_gpu_gbps * 1e9);
-          hi.cpu_s_per_token = in.r_s_per_token_layer / p.cpus_used;
-          const double kv_token = kv_layer * double(in.layers);
-          if (hy_gpu_mem_gb > 0)
-            hi.gpu_capacity_tokens = std::max(0.0, hy_gpu_mem_gb * 1e9 - double(fd::with_layers(m, m.full_num_layers).num_params()) * 2 -
-                                                       double(1ull << 30)) / kv_token;
-          if (hy_cpu_mem_gb > 0) hi.cpu_capacity_tokens = hy_cpu_mem_gb * 1e9 / kv_token;
-          hybrid_plan = fd::to_json(fd::model_hybrid(hi));
-          std::printf("  %s\n", fd::format_hybrid_line(fd::model_hybrid(hi)).c_str());
-        } else {
-          std::printf("  hybrid: not modelled (give --gpu-attn-gbps, the GPU's decode-attention KV read rate)\n");
-        }
+        hybrid_plan = hybrid_line(&prof, in.r_s_per_token_layer / p.cpus_used, p.batch);
       }
       if (!plan_json.empty()) {
         fd::json j = fd::to_json(p);

@@ -286,6 +286,43 @@ def test_plan_follows_the_formulas(fd_bin, models_dir, tmp_path):
     assert bad.returncode == 2 and "int4" in bad.stderr
 
 
+def test_plan_hybrid_line_from_a_runs_prior(fd_bin, models_dir, tmp_path):
+    """fd-bench plan --hybrid-prior (no profile): the hybrid line alone, every rate from a hybrid run's
+    engine_info.prior; the split follows step = N·max(T(b) + (a·c + a_s)·(b−k), e + f + (r·c + o)·k) with the
+    workers as one CPU side; a file that is no hybrid summary is a config error before anything is printed."""
+    prior = {"s_part_per_layer": [[1, 1e-3], [4096, 1e-3]], "gpu_s_per_token": 10e-9, "gpu_s_per_seq": 0,
+             "engage_s": 100e-6, "move_s_per_token": 1e-9,
+             "workers": [{"s_per_token": 40e-9, "s_per_seq": 0, "s_per_call": 50e-6}] * 2}
+    run = tmp_path / "summary.json"
+    run.write_text(json.dumps({"engine": "hybrid", "engine_info": {"prior": prior}}))
+    out = tmp_path / "plan.json"
+    args = ["plan", "--model", models_dir / "llama-2-7b.json", "--layers", 2, "--seq", 1024, "--context", 1000,
+            "--hybrid-prior", run, "--hybrid-batch", 64, "--json", out]
+    p = bench(fd_bin, *args)
+    assert "MODELLED" in p.stdout and "hybrid (MODELLED)" in p.stdout
+    h = json.loads(out.read_text())["hybrid"]
+    r = h["inputs"]["rates"]
+    assert r["cpu_s_per_token"] == pytest.approx(20e-9) and r["cpu_s_per_call"] == pytest.approx(50e-6)
+    N, c, b, k = 2, 1000, 64, h["hybrid"]["cpu_seqs"]
+    step = N * max(1e-3 + 10e-9 * c * (b - k), 150e-6 + 20e-9 * c * k)
+    assert k in (49, 50) and h["hybrid"]["batch"] == b  # the sides balance at k = 49.7
+    assert h["hybrid"]["tokens_per_s"] == pytest.approx(b / step)
+    assert h["hybrid"]["tokens_per_s"] > h["gpu_only"]["tokens_per_s"]
+    # Engaging dearer than the GPU's whole layer: nothing goes to the CPUs.
+    prior["engage_s"] = 5e-3
+    run.write_text(json.dumps({"engine_info": {"prior": prior}}))
+    h = json.loads((bench(fd_bin, *args), out.read_text())[1])["hybrid"]
+    assert h["hybrid"]["cpu_seqs"] == 0 and h["hybrid"]["tokens_per_s"] == h["gpu_only"]["tokens_per_s"]
+    # Bad input: not a hybrid run, no batch without a profile, neither a profile nor a prior.
+    run.write_text(json.dumps({"engine": "gpu-only", "engine_info": {"slots": 4}}))
+    bad = bench(fd_bin, *args, check=False)
+    assert bad.returncode == 2 and "s_part_per_layer" in bad.stderr and "MODELLED" not in bad.stdout
+    bad = bench(fd_bin, "plan", "--model", models_dir / "llama-2-7b.json", "--seq", 8, "--hybrid-prior", run, check=False)
+    assert bad.returncode == 2 and "--hybrid-batch" in bad.stderr
+    bad = bench(fd_bin, "plan", "--model", models_dir / "llama-2-7b.json", "--seq", 8, check=False)
+    assert bad.returncode == 2 and "--profile" in bad.stderr
+
+
 def test_profile_then_plan(fd_bin, models_dir, tmp_path):
     """fd-bench profile measures T(B) and R on this machine and writes a profile plan accepts."""
     prof = tmp_path / "profile.json"

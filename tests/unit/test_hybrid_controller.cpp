@@ -18,7 +18,7 @@ HybridRates rates(double t_ms, double gpu_ns_per_token, double cpu_ns_per_token,
   HybridRates r;
   r.s_part = TTable({{1, t_ms * 1e-3}, {4096, t_ms * 1e-3}});  // flat T(n): weight-bound
   r.gpu_s_per_token = gpu_ns_per_token * 1e-9;
-  r.workers.assign(size_t(workers), WorkerCost{cpu_ns_per_token * 1e-9, 0});
+  r.workers.assign(size_t(workers), WorkerCost{cpu_ns_per_token * 1e-9, 0, 0});
   r.move_s_per_token = 1e-9;
   return r;
 }
@@ -301,6 +301,70 @@ TEST(HybridModel, PredictsSplitAndThroughput) {
   EXPECT_NE(format_hybrid_line(p).find("MODELLED"), std::string::npos);
   in.reserve_tokens = 10;  // below the context
   EXPECT_THROW(model_hybrid(in), ConfigError);
+}
+
+// A worker's fixed cost per ATTEND counts only when it holds a sequence; with it (and engaging) larger than
+// what the CPUs could hide behind the GPU's step, the static model keeps every sequence on the GPU.
+TEST(HybridModel, PerCallAndEngageCostsCountOncePerLayer) {
+  HybridRates r = rates(1.0, 10, 10, 2);
+  r.workers[0].s_per_call = 200e-6;
+  r.workers[1].s_per_call = 300e-6;
+  r.engage_s = 100e-6;
+  HybridLoad l;
+  l.gpu_seqs = 4, l.gpu_tokens = 4000;
+  l.w_seqs = {1, 0}, l.w_tokens = {1000, 0};
+  StepCost c = step_cost(r, RateScale{}, l);
+  EXPECT_NEAR(c.cpu_side, 100e-6 + 200e-6 + 10e-9 * 1000, 1e-12);  // worker 1 holds nothing: no call cost
+  l.w_seqs = {0, 0}, l.w_tokens = {0, 0};
+  EXPECT_EQ(step_cost(r, RateScale{}, l).cpu_side, 0);
+  EXPECT_EQ(r.workers[1].cost(0, 0), 0);
+
+  // The static model's inputs from measured rates: the workers as one CPU side.
+  r.workers[0].s_per_seq = 2e-6, r.workers[1].s_per_seq = 2e-6;
+  HybridModelInput in = hybrid_model_input(r);
+  EXPECT_NEAR(in.cpu_s_per_token, 5e-9, 1e-18);  // two workers of 10 ns/token in parallel
+  EXPECT_NEAR(in.cpu_s_per_seq, 1e-6, 1e-15);
+  EXPECT_NEAR(in.cpu_s_per_call, 300e-6, 1e-15);  // the slowest worker's
+  EXPECT_NEAR(in.engage_s, 100e-6, 1e-15);
+  in.layers = 2, in.batch = 32, in.context = 512, in.reserve_tokens = 544;
+  in.gpu_capacity_tokens = 32 * 544;
+  // T = 1 ms per layer >> e + f: the CPUs hide some sequences, so the split is above GPU-only.
+  HybridPlan p = model_hybrid(in);
+  EXPECT_GT(p.hybrid.cpu_seqs, 0);
+  EXPECT_GT(p.hybrid.tokens_per_s, p.gpu_only.tokens_per_s);
+  in.t = TTable({{1, 0.15e-3}, {4096, 0.15e-3}});  // a GPU layer shorter than engaging + one call: nothing to gain
+  p = model_hybrid(in);
+  EXPECT_EQ(p.hybrid.cpu_seqs, 0);
+  EXPECT_DOUBLE_EQ(p.hybrid.tokens_per_s, p.gpu_only.tokens_per_s);
+}
+
+TEST(HybridModel, RatesFromARunsSummary) {
+  const json prior = json::parse(R"({"s_part_per_layer": [[1, 1.5e-4], [128, 1.7e-4]], "gpu_s_per_token": 4e-9,
+      "gpu_s_per_seq": 5e-7, "engage_s": 4e-4, "move_s_per_token": 3e-5,
+      "workers": [{"s_per_token": 2e-7, "s_per_seq": 1e-6, "s_per_call": 2e-4}, {"s_per_token": 2e-7, "s_per_seq": 1e-6}]})");
+  for (const json& j : {prior, json{{"prior", prior}}, json{{"engine_info", {{"prior", prior}}}}}) {
+    const HybridRates r = hybrid_rates_from_json(j, "run/summary.json");
+    ASSERT_EQ(r.workers.size(), 2u);
+    EXPECT_DOUBLE_EQ(r.workers[0].s_per_call, 2e-4);
+    EXPECT_DOUBLE_EQ(r.workers[1].s_per_call, 0);  // an older run: not measured
+    EXPECT_DOUBLE_EQ(r.s_part.at(128), 1.7e-4);
+    EXPECT_DOUBLE_EQ(r.engage_s, 4e-4);
+  }
+  const auto err = [](const json& j) {
+    try {
+      hybrid_rates_from_json(j, "run/summary.json");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(err(json{{"engine_info", {{"slots", 4}}}}).find("run/summary.json: s_part_per_layer"), std::string::npos);
+  json bad = prior;
+  bad["workers"][1].erase("s_per_token");
+  EXPECT_NE(err(bad).find("run/summary.json: workers[1].s_per_token: expected a number"), std::string::npos);
+  bad = prior;
+  bad["workers"][0]["s_per_call"] = -1;
+  EXPECT_NE(err(bad).find("workers[0].s_per_call must be >= 0"), std::string::npos);
 }
 
 }  // namespace
