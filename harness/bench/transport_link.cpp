@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/error.h"
@@ -229,6 +231,17 @@ double LinkSet::step() {
 }
 
 std::string LinkSet::why_silent() const {
+  // A worker's sockets close while it exits, a moment before the kernel makes it a zombie that waitid sees:
+  // a connection found dropped can be reported before its process has ended. Look again for up to 2 s.
+  std::string out;
+  for (int tries = 0; tries < 200 && out.empty(); ++tries) {
+    if (tries > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    out = exited_workers();
+  }
+  return out.empty() ? "" : " [" + out + "]";
+}
+
+std::string LinkSet::exited_workers() const {
   std::string out;
   for (size_t w = 0; w < servers_.size(); ++w) {
     siginfo_t info{};
@@ -239,7 +252,7 @@ std::string LinkSet::why_silent() const {
     out += (out.empty() ? "" : "; ") +
            ("echo R-worker " + std::to_string(w) + " (pid " + std::to_string(info.si_pid) + ") " + how);
   }
-  return out.empty() ? "" : " [" + out + "]";
+  return out;
 }
 
 void LinkSet::close() {

@@ -72,7 +72,8 @@ class LinkSet {
   void close();
 
  private:
-  std::string why_silent() const;
+  std::string why_silent() const;      // " [echo R-worker w (pid) exited ...]", waiting briefly for a dying one
+  std::string exited_workers() const;  // the workers that have ended, now
 
   TransportCase c_;
   LinkOptions o_;
