@@ -128,7 +128,7 @@ Plan make_plan(const PlanInput& in) {
   p.tokens_per_s_s_bound = tokens_per_s_s_bound(B, in.layers, p.t_b_s);
   p.tokens_per_s_r_bound = tokens_per_s_r_bound(p.cpus_used, in.layers, S, R);
   p.tokens_per_s = std::min(p.tokens_per_s_s_bound, p.tokens_per_s_r_bound);
-  p.binds = p.tokens_per_s_s_bound <= p.tokens_per_s_r_bound ? "S" : "R";
+  p.binds = std::string(1, p.tokens_per_s_s_bound <= p.tokens_per_s_r_bound ? 'S' : 'R');  // (a const char* here: GCC 12's -Wstringop-overflow false positive)
   return p;
 }
 

@@ -183,9 +183,13 @@ DecodeAttentionPlan make_plan(const DecodeAttentionParams& p, int n_threads, Dec
 attn::ChunkFn chunk_fn(Isa isa) {
   switch (isa) {
     case Isa::Scalar: return attn::run_chunk_scalar;
+#if !defined(FD_SCALAR_KERNELS_ONLY)
     case Isa::AVX2: return attn::run_chunk_avx2;
     case Isa::AVX512: return attn::run_chunk_avx512;
     case Isa::AVX512VNNI: return attn::run_chunk_avx512vnni;
+#else
+    default: break;  // not built (FD_CPU_SIMD_KERNELS=OFF): isa_supported() said no before this
+#endif
   }
   FD_THROW("decode_attention: unknown ISA " << int(isa));
 }
@@ -197,6 +201,9 @@ float* align64(float* p) {
 }  // namespace
 
 bool isa_supported(Isa isa) {
+#if defined(FD_SCALAR_KERNELS_ONLY)
+  if (isa != Isa::Scalar) return false;  // built with FD_CPU_SIMD_KERNELS=OFF
+#endif
   switch (isa) {
     case Isa::Scalar: return true;
     case Isa::AVX2: return cpu().avx2;
