@@ -10,7 +10,9 @@
 //     GPU named twice is refused;
 //   * the GPU-only baseline's modes the same way: P = 2 on GPU 0 bit-equal to P = 1 cut into the same waves, T = 2
 //     and T = P = 2 sharing GPU 0 within the near-tie rule, T = 2 refused without a GPU per rank.
+#ifdef FD_HAVE_CUDA  // (a CPU-only build compiles these tests too: they skip)
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdio>
 #include <cstring>
@@ -114,6 +116,7 @@ TEST(NcclComm, OneGpuGroupSumsAndGathersDeviceBuffers) {
     if (std::getenv("FD_REQUIRE_NCCL")) FAIL() << "FD_REQUIRE_NCCL is set, but this build has no NCCL communicator";
     GTEST_SKIP() << "this build has no NCCL communicator (CMake found no nccl.h / libnccl.so.2)";
   }
+#ifdef FD_HAVE_CUDA
   CommGroup g = make_nccl_group({0});
   ASSERT_EQ(g.size(), 1u);
   EXPECT_TRUE(g[0]->device_buffers());
@@ -137,6 +140,7 @@ TEST(NcclComm, OneGpuGroupSumsAndGathersDeviceBuffers) {
   cudaFree(d);
   cudaFree(out);
   EXPECT_THROW(make_nccl_group({0, 0}), ConfigError);
+#endif
 }
 
 // ---- The GPU-only baseline's parallel modes (engine.parallel of the gpu-only section) ----
