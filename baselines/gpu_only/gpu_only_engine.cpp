@@ -255,11 +255,7 @@ class GpuOnlyEngine : public Engine {
   // Emits the pick; the sequence continues with it, or with its forced token (teacher forcing). logits: the
   // row the pick was made from, when the request records them.
   void emit(Seq& s, int32_t tok, const float* logits, StepResult& out) {
-    s.last = s.req.next_input(s.generated, tok);
-    ++s.generated;
-    const bool eos = s.req.stop_at_eos && tok == cfg_.eos_token_id;
-    out.tokens.push_back({s.req.id, tok, s.generated >= s.req.max_new_tokens || eos, {}});
-    if (logits) out.tokens.back().logits.assign(logits, logits + cfg_.vocab_size);
+    emit_pick(s, tok, logits, cfg_.eos_token_id, cfg_.vocab_size, out);
   }
 
   GpuOnlyConfig ec_;

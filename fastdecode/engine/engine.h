@@ -87,6 +87,19 @@ struct StepResult {
   std::map<std::string, int64_t> counts;
 };
 
+// A sequence's sampled token `pick` into the step's result: the sequence (any struct with `req`, `generated` and
+// `last`) continues with the pick or its forced token (teacher forcing), and the request is finished at
+// max_new_tokens or at `eos_id` when it stops there. logits: the [vocab] row the pick was made from, when the
+// request records them (else null).
+template <class Seq>
+void emit_pick(Seq& s, int32_t pick, const float* logits, int32_t eos_id, int64_t vocab, StepResult& out) {
+  s.last = s.req.next_input(s.generated, pick);
+  ++s.generated;
+  const bool eos = s.req.stop_at_eos && pick == eos_id;
+  out.tokens.push_back({s.req.id, pick, s.generated >= s.req.max_new_tokens || eos, {}});
+  if (logits) out.tokens.back().logits.assign(logits, logits + vocab);
+}
+
 // How much an engine can hold, for the harness's admission: typed, so the harness needs to know nothing
 // of any engine.
 struct EngineCapacity {

@@ -16,17 +16,29 @@ std::string endpoint_problem(const std::string& ep) {
   return "";
 }
 
+namespace {
+
+// The "endpoints" list of `o` (`eps`, not null): non-empty, each a string that endpoint_problem() accepts; a
+// failure names the key in `o`.
+std::vector<std::string> endpoint_list(StrictObject& o, const json& eps) {
+  if (!eps.is_array() || eps.empty()) o.fail("endpoints", "expected a non-empty list of endpoints");
+  std::vector<std::string> out;
+  for (const auto& e : eps) {
+    if (!e.is_string() || e.get<std::string>().empty()) o.fail("endpoints", "every endpoint must be a string");
+    const std::string why = endpoint_problem(e.get<std::string>());
+    if (!why.empty()) o.fail("endpoints", why);
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+}  // namespace
+
 RWorkersConfig RWorkersConfig::parse(StrictObject& r, int64_t ranks) {
   RWorkersConfig rw;
   const json& eps = r.get_raw("endpoints");
   if (!eps.is_null()) {
-    if (!eps.is_array() || eps.empty()) r.fail("endpoints", "expected a non-empty list of endpoints");
-    for (const auto& e : eps) {
-      if (!e.is_string() || e.get<std::string>().empty()) r.fail("endpoints", "every endpoint must be a string");
-      const std::string why = endpoint_problem(e.get<std::string>());
-      if (!why.empty()) r.fail("endpoints", why);
-      rw.endpoints.push_back(e.get<std::string>());
-    }
+    rw.endpoints = endpoint_list(r, eps);
     for (const char* k : {"spawn", "threads", "kv_dtype", "memory_gb", "binary", "pin"})
       if (r.has(k)) r.fail(k, "applies to spawned R-workers; not allowed with endpoints");
   }
@@ -74,13 +86,7 @@ RWorkersConfig RWorkersConfig::parse(StrictObject& r, int64_t ranks) {
       RWorkersConfig::Group grp;
       const json& ge = go.get_raw("endpoints");
       if (!ge.is_null()) {
-        if (!ge.is_array() || ge.empty()) go.fail("endpoints", "expected a non-empty list of endpoints");
-        for (const auto& e : ge) {
-          if (!e.is_string() || e.get<std::string>().empty()) go.fail("endpoints", "every endpoint must be a string");
-          const std::string why = endpoint_problem(e.get<std::string>());
-          if (!why.empty()) go.fail("endpoints", why);
-          grp.endpoints.push_back(e.get<std::string>());
-        }
+        grp.endpoints = endpoint_list(go, ge);
         for (const char* k : {"threads", "kv_dtype", "memory_gb", "pin", "first_cpu"})
           if (go.has(k)) go.fail(k, "applies to a spawned group; not allowed with endpoints");
       }
