@@ -19,6 +19,12 @@
 //   speedup_vs_fp16  = tokens_per_second / that of fp16 at the same (isa, B, C) in this run (int8, int4)
 // Google Benchmark's own real_time is the mean of the same timed iterations.
 //
+// With --quantize, per (isa, kv dtype) one more benchmark, single-threaded (the R-worker's APPEND_KV path):
+//   kv_quantize/ISA/KV   kv_quantize_block_isa over 256 fp16 blocks (Hkv heads, D) that fill as a prompt does:
+//                        fp16_bytes_per_second = fp16 block bytes / seconds per block; ratio_to_copy = the same
+//                        run's memcpy of a block (what an fp16 store does) / quantizing it. Scalar and avx2 run
+//                        the scalar quantizer, avx512 and avx512vnni the AVX-512 one.
+//
 // Why two benchmarks and not A B A B inside one: the earlier tool alternated kernel and ceiling calls.
 // Within Google Benchmark that is honest only if one benchmark times both and reports the ceiling as
 // a counter (then the ceiling is not a benchmark of its own, with its own row and time), or if each
@@ -65,6 +71,7 @@ struct Options {
       reps = 5, warmup = 1;
   double memory_gb = 16, cold_gb = 1.0;
   bool quick = false;
+  bool quantize = false;
 };
 
 // A 2 MiB-aligned buffer that only grows; pages are touched in parallel once (first touch).
@@ -284,6 +291,48 @@ class Bench {
 
 std::unique_ptr<Bench> g_bench;
 
+// kv_quantize/ISA/KV: see the header comment.
+void register_quantize(const Options& o, const std::vector<fd::Isa>& isas, const std::vector<fd::KVDType>& dts) {
+  constexpr int kBlocks = 256;
+  const int H = o.kv_heads, D = o.head_dim;
+  const size_t f16 = fd::kv_fp16_block_bytes(H, D);
+  auto src = std::make_shared<std::vector<uint16_t>>(f16 / 2 * kBlocks);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& x : *src) x = fd::fp32_to_fp16(nd(rng));
+  for (const fd::Isa isa : isas) {
+    if (!fd::isa_supported(isa)) continue;
+    for (const fd::KVDType dt : dts) {
+      const std::string name = "kv_quantize/" + std::string(fd::isa_name(isa)) + "/" + std::string(fd::kv_dtype_name(dt));
+      benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
+        fd::bench::run_guarded(st, name, [&] {
+          const size_t out_bytes = fd::kv_block_bytes(dt, H, D);
+          std::vector<uint8_t> out(out_bytes * kBlocks), copy(f16 * kBlocks);
+          std::vector<double> tq, tc;
+          for (auto _ : st) {
+            int64_t t0 = fd::now_ns();
+            for (int b = 0; b < kBlocks; ++b) std::memcpy(copy.data() + b * f16, src->data() + b * (f16 / 2), f16);
+            int64_t t1 = fd::now_ns();
+            for (int b = 0; b < kBlocks; ++b)
+              fd::kv_quantize_block_isa(dt, src->data() + b * (f16 / 2), out.data() + b * out_bytes, H, D, isa);
+            const int64_t t2 = fd::now_ns();
+            tc.push_back(double(t1 - t0) / 1e9 / kBlocks);
+            tq.push_back(double(t2 - t1) / 1e9 / kBlocks);
+            st.SetIterationTime(double(t2 - t1) / 1e9);
+          }
+          const double q = fd::median(tq), c = fd::median(tc);
+          st.counters["fp16_bytes_per_second"] = double(f16) / q;
+          st.counters["ns_per_block"] = q * 1e9;
+          st.counters["copy_ns_per_block"] = c * 1e9;
+          st.counters["ratio_to_copy"] = c / q;
+          st.counters["n_kv_heads"] = H;
+          st.counters["head_dim"] = D;
+        });
+      })->UseManualTime()->Iterations(o.reps)->Unit(benchmark::kMicrosecond);
+    }
+  }
+}
+
 void register_all(Options& o, CLI::App& app) {
   if (o.quick) {
     if (app.count("--batch") == 0) o.batches = {1, 16, 64};
@@ -356,6 +405,7 @@ void register_all(Options& o, CLI::App& app) {
           }
         }
       }
+  if (o.quantize) register_quantize(o, isas, dts);
   benchmark::AddCustomContext("fd_tool", "fd-attn-bench");
   benchmark::AddCustomContext("fd_threads", std::to_string(o.threads));
   benchmark::AddCustomContext("fd_ceiling_isa", ceil_isa);
@@ -405,6 +455,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--cold-gb", o.cold_gb, "Replicate small caches up to this size to read from DRAM")
       ->capture_default_str();
+  app.add_flag("--quantize", o.quantize,
+               "Also time kv_quantize_block per ISA and KV dtype, one thread, against a memcpy of the block (kv_quantize/...)");
   app.add_flag("--quick", o.quick, "Small sweep for a 2-core dev machine: batch 1 16 64, context 512 2048 8192");
   return fd::bench::bench_main(
       argc, argv, app, [&] { register_all(o, app); }, [] { g_bench.reset(); });

@@ -28,7 +28,8 @@ inline size_t kv_fp16_block_bytes(int n_kv_heads, int head_dim) {
   return size_t(2) * n_kv_heads * kKVBlockTokens * head_dim * 2;
 }
 // Converts a full fp16 block (tail layout, 32 valid tokens) into a block of `dtype` at `out`
-// (kv_block_bytes bytes). For F16 it is a copy.
+// (kv_block_bytes bytes). For F16 it is a copy. Vectorised at the AVX-512 level when the CPU has it (the same
+// bytes as the scalar code: kv_quantize_block_isa, declared below Isa, runs either for the tests).
 void kv_quantize_block(KVDType dtype, const uint16_t* fp16_block, void* out, int n_kv_heads, int head_dim);
 // The inverse, for tests and debugging: writes the fp16 block the quantized block stands for.
 void kv_dequantize_block(KVDType dtype, const void* block, uint16_t* fp16_block, int n_kv_heads, int head_dim);
@@ -53,6 +54,9 @@ std::string_view isa_name(Isa isa);          // "scalar", "avx2", "avx512", "avx
 Isa isa_from_name(std::string_view name);    // throws fd::Error
 bool isa_supported(Isa isa);                 // CPUID (and OS support for the registers)
 Isa best_isa();                              // the fastest supported
+// kv_quantize_block on one ISA's code: Scalar and AVX2 run the scalar quantizer, AVX512 and AVX512VNNI the
+// AVX-512 one. Throws if the CPU lacks `isa`.
+void kv_quantize_block_isa(KVDType dtype, const uint16_t* fp16_block, void* out, int n_kv_heads, int head_dim, Isa isa);
 
 // How int8/int4 blocks take the query (fp16 blocks and the fp16 tail always use the fp32 query):
 //   F32   fp32 query, keys dequantized in registers (exact math on the stored codes)

@@ -112,11 +112,15 @@ inline int unpack_u4(const uint8_t* row, int d) {
 
 }  // namespace
 
-void kv_quantize_block(KVDType dtype, const uint16_t* src, void* out, int H, int D) {
-  const size_t bytes = kv_block_bytes(dtype, H, D);
-  FD_CHECK(src && out, "kv_quantize_block: null pointer");
+namespace kvq {
+#ifndef FD_SCALAR_KERNELS_ONLY
+void quantize_block_avx512(KVDType dtype, const uint16_t* src, void* out, int H, int D);  // kv_quant_avx512.cpp
+#endif
+
+// The scalar int8 / int4 quantizer: the definition of the codes (the AVX-512 twin matches it bit for bit).
+static void quantize_block_scalar(KVDType dtype, const uint16_t* src, void* out, int H, int D) {
   switch (dtype) {
-    case KVDType::F16: std::memcpy(out, src, bytes); return;
+    case KVDType::F16: return;
     case KVDType::I8:
       for (int h = 0; h < H; ++h) {
         const attn::I8Head hd = attn::i8_head(out, H, D, h);
@@ -163,14 +167,37 @@ void kv_quantize_block(KVDType dtype, const uint16_t* src, void* out, int H, int
           }
           pack_u4(codes[t], D, const_cast<uint8_t*>(hd.v) + size_t(t) * D / 2);
         }
-#ifdef FD_FAULT_INT4_WRONG_NIBBLE  // planted fault: head 0's first K code of the block is off by one
-        if (h == 0) const_cast<uint8_t*>(hd.k)[0] ^= 1;
-#endif
       }
       return;
     }
   }
+}
+}  // namespace kvq
+
+void kv_quantize_block_isa(KVDType dtype, const uint16_t* src, void* out, int H, int D, Isa isa) {
+  const size_t bytes = kv_block_bytes(dtype, H, D);
+  FD_CHECK(src && out, "kv_quantize_block: null pointer");
+  FD_CHECK(isa_supported(isa), "kv_quantize_block: ISA " << isa_name(isa) << " is not supported on this CPU");
+  switch (dtype) {
+    case KVDType::F16: std::memcpy(out, src, bytes); return;
+    case KVDType::I8:
+    case KVDType::I4:
+#ifndef FD_SCALAR_KERNELS_ONLY
+      if (isa >= Isa::AVX512) kvq::quantize_block_avx512(dtype, src, out, H, D);
+      else
+#endif
+        kvq::quantize_block_scalar(dtype, src, out, H, D);
+#ifdef FD_FAULT_INT4_WRONG_NIBBLE  // planted fault: head 0's first K code of the block is off by one
+      if (dtype == KVDType::I4) static_cast<uint8_t*>(out)[0] ^= 1;
+#endif
+      return;
+  }
   FD_THROW("unknown KV dtype " << int(dtype));
+}
+
+void kv_quantize_block(KVDType dtype, const uint16_t* src, void* out, int H, int D) {
+  static const Isa isa = isa_supported(Isa::AVX512) ? Isa::AVX512 : Isa::Scalar;
+  kv_quantize_block_isa(dtype, src, out, H, D, isa);
 }
 
 void kv_dequantize_block_f32(KVDType dtype, const void* block, float* out, int H, int D) {

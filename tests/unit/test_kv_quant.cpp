@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -162,6 +164,57 @@ TEST(KVQuant, AttentionOutputErrorWithOutlierKeyChannels) {
     EXPECT_LT(e8, c.max_int8) << c.what;
     EXPECT_LT(e4, c.max_int4) << c.what;
   }
+}
+
+// The AVX-512 quantizer against its scalar twin, byte for byte (codes, scales, mins), over head shapes and data
+// that reach every branch: N(0,1), outlier channels (scaled and offset), an all-zero block (scale 0), constant
+// rows and channels (hi == lo), tiny values whose int4 scale is an fp16 subnormal, huge ones near fp16's range,
+// and exact ties (x / s = k + 0.5, rounded to even). A CPU without AVX-512 skips visibly; FD_REQUIRE_ISA=avx512
+// (the GPU machine's scripts) makes that a failure.
+TEST(KVQuant, ScalarTwin) {
+  const char* req = std::getenv("FD_REQUIRE_ISA");
+  if (!fd::isa_supported(fd::Isa::AVX512)) {
+    if (req && (std::string(",") + req + ",").find(",avx512,") != std::string::npos) FAIL() << "FD_REQUIRE_ISA lists avx512";
+    GTEST_SKIP() << "ISA avx512 not supported by this CPU: the AVX-512 quantizer is not compared";
+  }
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> small(-3, 3);
+  int blocks = 0;
+  for (const int D : {32, 64, 96, 128, 160, 256})
+    for (const int H : {1, 3})
+      for (int kind = 0; kind < 8; ++kind) {
+        std::vector<uint16_t> b = random_block(rng, H, D, kind == 1 || kind == 2 ? 4 : 0, 15.f, kind == 2);
+        for (size_t i = 0; i < b.size(); ++i) {
+          const float x = fd::fp16_to_fp32(b[i]);
+          switch (kind) {
+            case 3: b[i] = 0; break;                                              // all zero
+            case 4: b[i] = fd::fp32_to_fp16(float(i / D % 5) - 2.f); break;      // constant rows
+            case 5: b[i] = fd::fp32_to_fp16(x * 1e-6f); break;                    // subnormal scales
+            case 6: b[i] = fd::fp32_to_fp16(x * 6000.f); break;                   // near fp16's max
+            case 7: b[i] = fd::fp32_to_fp16(i % D == 0 ? 127.f : float(small(rng)) + 0.5f); break;  // int8 scale 1: ties
+            default: break;
+          }
+        }
+        for (const KVDType dt : {KVDType::I8, KVDType::I4}) {
+          std::vector<uint8_t> a(fd::kv_block_bytes(dt, H, D), 0xAA), v(a.size(), 0x55);
+          fd::kv_quantize_block_isa(dt, b.data(), a.data(), H, D, fd::Isa::Scalar);
+          fd::kv_quantize_block_isa(dt, b.data(), v.data(), H, D, fd::Isa::AVX512);
+          size_t first = a.size();
+          for (size_t i = 0; i < a.size() && first == a.size(); ++i)
+            if (a[i] != v[i]) first = i;
+          ASSERT_EQ(first, a.size()) << fd::kv_dtype_name(dt) << " H=" << H << " D=" << D << " data kind " << kind
+                                     << ": first differing byte " << first << " of " << a.size() << " (scalar "
+                                     << int(a[first]) << ", avx512 " << int(v[first]) << ")";
+          ++blocks;
+        }
+      }
+  EXPECT_EQ(blocks, 6 * 2 * 8 * 2);
+  // The default dispatch is one of the two (the R-worker's store calls kv_quantize_block).
+  std::vector<uint16_t> b = random_block(rng, 2, 128, 0, 1.f);
+  std::vector<uint8_t> a(fd::kv_block_bytes(KVDType::I4, 2, 128)), v(a.size());
+  fd::kv_quantize_block(KVDType::I4, b.data(), a.data(), 2, 128);
+  fd::kv_quantize_block_isa(KVDType::I4, b.data(), v.data(), 2, 128, fd::Isa::Scalar);
+  EXPECT_EQ(a, v);
 }
 
 }  // namespace
