@@ -70,6 +70,12 @@ class SPart {
   virtual void attention_input(int slot, int layer, DType dt, void* q, void* k, void* v) = 0;
   // The slot's attention output = the given host rows, concatenated in order (T rows in all).
   virtual void set_attention(int slot, DType dt, const std::vector<HostRows>& parts) = 0;
+  // Device time of the R-Part's copies so far (cumulative, ns): q/k/v down in attention_input (d2h) and the
+  // attention rows up in set_attention (h2d). Zero for a backend whose activations are host memory (CPU).
+  struct CopyTimes {
+    int64_t d2h_ns = 0, h2d_ns = 0;
+  };
+  virtual CopyTimes copy_times() const { return {}; }
   // The slot's attention output = causal attention of the last attention_input over packed prompts:
   // rows starts[i]..starts[i+1]-1 are sequence i at positions 0..; K and V rounded to fp16 first (as
   // the R-workers will store them).

@@ -35,9 +35,11 @@ class CudaSPart : public SPart {
     streams_ = std::make_unique<cuda::SmLimitedStreams>(o.sm_count, 1, device_);
     stream_ = streams_->stream(0);
     model_ = std::make_unique<CudaModel>(w, stream_, streams_->limited() ? streams_->sm_count() : 0, o.act, tp_);
+    for (auto& e : copy_ev_) CUDA_CHECK(cudaEventCreate(&e));
   }
   ~CudaSPart() override {
     cudaSetDevice(device_);
+    for (auto& e : copy_ev_) cudaEventDestroy(e);
     graphs_.clear();
     model_.reset();
     slots_.clear();
@@ -87,11 +89,16 @@ class CudaSPart : public SPart {
     const void* dq = dt == DType::F16 ? static_cast<const void*>(a.q16.get()) : a.q.get();
     const void* dk = dt == DType::F16 ? static_cast<const void*>(a.k16.get()) : a.k.get();
     const void* dv = dt == DType::F16 ? static_cast<const void*>(a.v16.get()) : a.v.get();
+    CUDA_CHECK(cudaEventRecord(copy_ev_[0], stream_));
     if (q) CUDA_CHECK(cudaMemcpyAsync(q, dq, T * qd * es, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaMemcpyAsync(k, dk, T * kvd * es, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaMemcpyAsync(v, dv, T * kvd * es, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaEventRecord(copy_ev_[1], stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    copies_.d2h_ns += elapsed_ns(copy_ev_[0], copy_ev_[1]);
   }
+
+  CopyTimes copy_times() const override { return copies_; }
 
   void set_attention(int slot, DType dt, const std::vector<HostRows>& parts) override {
     current();
@@ -99,6 +106,7 @@ class CudaSPart : public SPart {
     const size_t qd = size_t(cfg_.q_dim()), es = dt == DType::F16 ? 2 : 4;
     const bool direct = dt == DType::F16 && model_->act_dtype() == DType::F16;
     size_t row = 0;
+    CUDA_CHECK(cudaEventRecord(copy_ev_[2], stream_));
     for (const HostRows& p : parts) {
       FD_CHECK(row + size_t(p.rows) <= size_t(a.T), "set_attention: more rows than the slot holds");
       // fp16 parts land in the act buffer directly when the model's act type is fp16, else in q16 (free
@@ -110,10 +118,12 @@ class CudaSPart : public SPart {
       row += size_t(p.rows);
     }
     FD_CHECK(row == size_t(a.T), "set_attention: " << row << " rows for a slot of " << a.T);
+    CUDA_CHECK(cudaEventRecord(copy_ev_[3], stream_));
     if (dt == DType::F32) model_->attention_from_f32(a);
     else if (!direct) cuda::cast(a.q16.get(), DType::F16, a.a16.get(), model_->act_dtype(), a.T * cfg_.q_dim(), stream_);
     // The sources may be freed once this returns (they are the R-workers' reply messages).
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    copies_.h2d_ns += elapsed_ns(copy_ev_[2], copy_ev_[3]);
   }
 
   void prefill_attention(int slot, const std::vector<int64_t>& starts) override {
@@ -246,6 +256,13 @@ class CudaSPart : public SPart {
   std::string device_name_;
   std::unique_ptr<cuda::SmLimitedStreams> streams_;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t copy_ev_[4] = {};  // around attention_input's copies down (0, 1) and set_attention's up (2, 3)
+  CopyTimes copies_;
+  static int64_t elapsed_ns(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    return int64_t(double(ms) * 1e6);
+  }
   std::unique_ptr<CudaModel> model_;
   std::vector<std::unique_ptr<DevActs>> slots_;
   bool graphs_on_ = false;

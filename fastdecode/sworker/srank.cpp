@@ -23,6 +23,7 @@ struct SRank::Batch {
     size_t begin = 0, end = 0;  // rows of this batch owned by the worker
     std::vector<uint64_t> ids;
     uint64_t request = 0;
+    int64_t sent_ns = 0;  // now_ns() once its ATTEND was handed to the socket
   };
   std::vector<Part> parts;  // per worker
 };
@@ -173,6 +174,7 @@ void SRank::launch(Batch& b, int l, RankStep& out) {
     p.request = client_->send(w, header(MsgType::Attend, l, n),
                               {{p.ids.data(), p.ids.size() * 8}, {b.q.data() + p.begin * qb, n * qb},
                                {b.k.data() + p.begin * kvb, n * kvb}, {b.v.data() + p.begin * kvb, n * kvb}});
+    p.sent_ns = now_ns();
   }
 }
 
@@ -187,6 +189,17 @@ void SRank::finish(Batch& b, int l, RankStep& out) {
   const int64_t t1 = now_ns();
   out.r_wait_ns += t1 - t0;
   std::vector<HostRows> rows;  // workers in row order: their ranges are consecutive
+  // The wire on the critical path: of this wait, what the reply it ended on (taken last) spent beyond its worker's
+  // compute — send to receipt minus compute, at most the wait (a reply that came while the S-worker was busy cost
+  // nothing; one taken late is not slower). It includes any queueing behind the worker's previous request.
+  size_t last = 0;
+  for (size_t i = 1; i < replies.size(); ++i)
+    if (replies[i].recv_ns > replies[last].recv_ns) last = i;
+  if (!replies.empty()) {
+    const RWorkerReply& r = replies[last];
+    const int64_t beyond = r.recv_ns - b.parts[reqs[last].first].sent_ns - int64_t(r.h.compute_ns);
+    out.wire_ns += std::clamp<int64_t>(beyond, 0, t1 - t0);
+  }
   for (size_t i = 0; i < reqs.size(); ++i) {
     const auto& p = b.parts[reqs[i].first];
     const RWorkerReply& r = replies[i];
@@ -207,6 +220,8 @@ void SRank::finish(Batch& b, int l, RankStep& out) {
 
 void SRank::decode(const StepPlan& plan, RankStep& out) {
   const int64_t t_start = now_ns();
+  const SPart::CopyTimes c0 = spart_->copy_times();
+  const int64_t s0 = out.s_ns;
   const int64_t L = spart_->config().num_layers, V = spart_->config().vocab_size;
   const size_t n_mb = plan.decode.size();
   const bool last_stage = o_.pp_rank + 1 == o_.pp_size;
@@ -238,6 +253,10 @@ void SRank::decode(const StepPlan& plan, RankStep& out) {
     out.s_ns += now_ns() - t1;
   }
   if (!last_stage) pp_->flush_sends();
+  const SPart::CopyTimes c1 = spart_->copy_times();
+  out.d2h_ns += c1.d2h_ns - c0.d2h_ns, out.h2d_ns += c1.h2d_ns - c0.h2d_ns;
+  out.decode_ns += now_ns() - t_start;
+  out.decode_s_ns += out.s_ns - s0;
   out.spans.push_back({"s-worker" + o_.track_suffix, "decode step", t_start, now_ns() - t_start});
 }
 

@@ -64,6 +64,9 @@ struct RankStep {
   std::vector<float> prefill_recorded;
   std::vector<Span> spans;
   int64_t s_ns = 0, r_wait_ns = 0, comm_ns = 0;
+  // Decode only: the S-Part's copies (device time, inside s_ns), the wire (per layer and mini-batch, of the wait for
+  // replies, what the reply taken last spent beyond its worker's compute) and the rank's decode wall time.
+  int64_t d2h_ns = 0, h2d_ns = 0, wire_ns = 0, decode_ns = 0, decode_s_ns = 0;  // decode_s_ns: s_ns's decode part
   std::vector<int64_t> worker_ns;  // compute per R-worker of this rank's group
 };
 

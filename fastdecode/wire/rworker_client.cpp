@@ -144,6 +144,7 @@ std::optional<RWorkerReply> RWorkerClient::receive(size_t w) {
   lim.max_message_bytes = SIZE_MAX;  // a reply's size follows from what this client asked for
   lim.max_seqs = UINT32_MAX, lim.max_tokens = UINT32_MAX;
   RWorkerReply r;
+  r.recv_ns = now_ns();
   try {
     r.h = proto::decode(frames.data(), frames.size(), lim).h;
   } catch (const proto::ProtocolError& e) {

@@ -23,6 +23,7 @@ namespace fd {
 struct RWorkerReply {
   proto::Header h;
   std::vector<zmq::message_t> frames;  // after the header
+  int64_t recv_ns = 0;                 // now_ns() when this client took it off the socket
 };
 
 // A tensor frame to send without copying: the bytes must stay valid until the reply has arrived.

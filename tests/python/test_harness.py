@@ -216,6 +216,14 @@ def test_fastdecode_engine_run_folder(fd_bin, models_dir, tmp_path):
     assert a == b
     steps = read_jsonl(tmp_path / "fd" / "steps.jsonl")
     assert all({"s_compute", "r_wait", "r_compute_max"} <= set(s["breakdown_ms"]) for s in steps)
+    # Decode steps split the S side: the CPU S-Part copies nothing (d2h = h2d = 0); the wire and idle are
+    # measured (idle: the decode's time outside the S-Part, which holds the waits for replies).
+    dec = [s for s in steps if s["decode_tokens"] > 0]
+    assert dec and all({"d2h", "h2d", "wire", "idle"} <= set(s["breakdown_ms"]) for s in dec)
+    assert all(s["breakdown_ms"]["d2h"] == 0 and s["breakdown_ms"]["h2d"] == 0 for s in dec)
+    assert all(0 <= s["breakdown_ms"]["wire"] <= s["step_ms"] for s in dec)
+    assert all(0 < s["breakdown_ms"]["idle"] <= s["step_ms"] for s in dec)
+    assert sum(s["breakdown_ms"]["wire"] for s in dec) > 0
     summary = json.loads((tmp_path / "fd" / "summary.json").read_text())
     assert summary["engine"] == "fastdecode"
     assert summary["config"]["engine"]["rworkers"]["spawn"] == 2
