@@ -18,13 +18,23 @@ the fraction of its HBM roofline GPU-only reaches (1 = the roofline; the measure
 and used for the "calibrated" curve). FastDecode's S-Part and the transfers are not in the R-bound term: where
 they bind the measured point falls below the curve.
 
+The hybrid (docs/HYBRID.md; beyond the paper), MODELLED with the same bytes: its GPU side is GPU-only's batch and
+its CPU side runs, in the GPU's shadow, as many more sequences as the CPUs read in one GPU step, so per step the
+GPU reads w + B_go * ctx * kv and the CPUs k * ctx * kv with k = x * (w + B_go * ctx * kv) / (ctx * kv):
+
+    hybrid / GPU-only = (B_go + k) / B_go = 1 + FastDecode / GPU-only      (never below 1: k = 0 is GPU-only)
+
+The cost of engaging the CPUs at all (the measured engage_s of the hybrid's prior) is not in it; where it exceeds
+the GPU's layer the controller places nothing and the measured point sits at 1. Hybrid points: the hybrid grid's
+cells (artifacts/hybrid/*/, analysis/hybrid_grid.py) at the x of the same cell's FastDecode run.
+
 Measured points: every FastDecode run with a gpu-only run at the same balance, model, window and B in the
 baselines grid (analysis/fig_baselines.py layout), and the strong-scaling sweep's points (fewer R-worker
 cores) against the gpu-only run of the same workload. x is measured too: the run's CPU KV bandwidth = KV bytes
 its R-workers read per decode step / the busiest R-worker's compute time; BW_gpu = the HBM read rate of that SM
 count (fd-kernel-bench --only balance).
 
-usage: analysis/balance_map.py [--baselines ROOT...] [--paper ROOT] [--balance-bench FILE] --out DIR
+usage: analysis/balance_map.py [--baselines ROOT...] [--paper ROOT] [--hybrid ROOT...] [--balance-bench FILE] --out DIR
 writes DIR/balance_map.png and DIR/BALANCE_MAP.md (the crossover table for named GPUs and models)
 """
 import argparse
@@ -46,6 +56,7 @@ from shapes import SHAPES, SOCKET_BW, layer_weight_bytes  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BASELINES = [os.path.join(REPO, "artifacts", "baselines", r) for r in ("run1-a40a146", "run3-4bf4e28")]
 DEFAULT_PAPER = os.path.join(REPO, "artifacts", "paper", "runs")
+DEFAULT_HYBRID = [os.path.join(REPO, "artifacts", "hybrid", m) for m in ("llama-2-7b", "llama-3-8b")]
 DEFAULT_BALANCE = os.path.join(REPO, "artifacts", "baselines", "run1-a40a146", "balance_bench.json")
 # GPUs of the crossover table: HBM bandwidth (datasheets) and memory; the socket bandwidth is analysis/shapes.py's.
 GPUS = [("A10", 600e9, 24e9), ("A100-80GB", 2039e9, 80e9), ("H100-SXM", 3350e9, 80e9), ("H200", 4800e9, 141e9)]
@@ -109,6 +120,40 @@ def run_point(fd, go, hbm, label):
             "ratio": fd["tok_s"] / go["tok_s"], "fd_tok_s": fd["tok_s"], "go_tok_s": go["tok_s"], "b_go": go_b,
             "ctx": go_ctx, "eta": roof_ms / go_ms, "fd_dir": os.path.relpath(fd["dir"], REPO),
             "go_dir": os.path.relpath(go["dir"], REPO)}
+
+
+def modelled_hybrid(model, ctx, b_go, x, eta=1.0):
+    """hybrid / GPU-only: GPU-only plus what the CPUs read in the GPU's step (module docstring)."""
+    return 1.0 + modelled_ratio(model, ctx, b_go, x, eta)
+
+
+def hybrid_points(roots, hbm):
+    """The hybrid grid's cells whose three engines' run folders are here: x from the cell's FastDecode run, the
+    measured hybrid / gpu-only and FastDecode / gpu-only (steady rates, analysis/hybrid_grid.py)."""
+    import hybrid_grid
+    from pathlib import Path
+    out = []
+    for key, runs in sorted(hybrid_grid.cells([Path(r) for r in roots if os.path.isdir(r)]).items()):
+        model, mem, cores, ctx = key
+        if not all(runs.get(e) for e in hybrid_grid.ENGINES):
+            continue
+        nums = {e: hybrid_grid.engine_numbers(runs[e]) for e in hybrid_grid.ENGINES}
+        if not all(nums[e]["steady_tokens_per_s"] for e in hybrid_grid.ENGINES):
+            continue
+        def load(e):
+            d = runs[e][0][1]
+            return {"summary": hybrid_grid.read_json(d / "summary.json"), "steps": hybrid_grid.read_jsonl(d / "steps.jsonl"),
+                    "tok_s": nums[e]["steady_tokens_per_s"], "dir": str(d)}
+        label = "%s, %s, ctx %s, %s cores" % (model, "full memory" if mem == "full" else mem + " GB", ctx, cores)
+        p = run_point(load("fastdecode"), load("gpu-only"), hbm, label)
+        if not p:
+            continue
+        split = hybrid_grid.hybrid_split(runs["hybrid"][0][1])
+        p.update({"hybrid_ratio": nums["hybrid"]["steady_tokens_per_s"] / nums["gpu-only"]["steady_tokens_per_s"],
+                  "hy_tok_s": nums["hybrid"]["steady_tokens_per_s"], "cpu_seqs_max": split.get("cpu_seqs_max"),
+                  "hy_dir": os.path.relpath(str(runs["hybrid"][0][1]), REPO)})
+        out.append(p)
+    return out
 
 
 def with_steps(r):
@@ -197,7 +242,7 @@ def measured_points(a, hbm):
     return pts
 
 
-def draw(pts, a, eta):
+def draw(pts, a, eta, hpts=()):
     """One curve per (model, balance), at the GPU-only batch of that group's largest-B point; the measured points in
     the group's colour (marker by B)."""
     fig, ax = plt.subplots(figsize=(12, 6))
@@ -222,6 +267,14 @@ def draw(pts, a, eta):
             cores = p["label"].split(", ")[-1]
             ax.plot([p["x"]], [p["ratio"]], markers.get(B, "o"), color=c, ms=7, mec="black", mew=0.5,
                     label="measured %s, %s, B = %d, %s: %.0f GB/s CPU / %.2f TB/s GPU" % (model, bal, B, cores, p["bw_cpu"] / 1e9, p["bw_gpu"] / 1e12))
+    for i, p in enumerate(hpts):
+        c = "black"
+        if i == 0:  # one MODELLED hybrid curve, at the first hybrid cell's GPU-only batch and context
+            b, ctx = round(p["b_go"]), round(p["ctx"])
+            ax.plot(xs, [modelled_hybrid(p["model"], ctx, b, x) for x in xs], ":", lw=1.4, color=c,
+                    label="MODELLED hybrid / GPU-only = 1 + FastDecode / GPU-only, %s (GPU-only B = %d, ctx %d)" % (p["model"], b, ctx))
+        ax.plot([p["x"]], [p["hybrid_ratio"]], "*", color="gold", ms=11, mec="black", mew=0.6,
+                label="measured hybrid / GPU-only, %s: %.3f (%d seqs on the CPUs)" % (p["label"], p["hybrid_ratio"], p["cpu_seqs_max"] or 0))
     ax.axhline(1.0, color="0.3", lw=0.8)
     paper_x = 8 * SOCKET_BW / 600e9
     ax.axvline(paper_x, color="0.6", ls=":", lw=1)
@@ -234,7 +287,7 @@ def draw(pts, a, eta):
     ax.set_ylabel("FastDecode / GPU-only decode tokens/s")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.suptitle("The balance map: where offloading attention to CPUs wins (FastDecode over GPU-only; 2-layer runs, measured)", fontsize=11)
+    fig.suptitle("The balance map: where offloading attention to CPUs wins (FastDecode and the hybrid over GPU-only; 2-layer runs, measured)", fontsize=11)
     fig.text(0.01, 0.005, "Measured points: %s (x measured from each run: KV bytes per decode step / the busiest R-worker's compute; "
              "GPU: fd-kernel-bench --only balance). Curves MODELLED (analysis/balance_map.py's docstring); BALANCE_MAP.md checks "
              "each point against the model with that run's own GPU-only efficiency." % ", ".join(
@@ -247,7 +300,7 @@ def draw(pts, a, eta):
     print("wrote %s" % path)
 
 
-def table(pts, eta, a):
+def table(pts, eta, a, hpts=()):
     eta = eta or 1.0
     out = ["# The balance map (analysis/balance_map.py)", "",
            "## Measured points", "",
@@ -261,6 +314,17 @@ def table(pts, eta, a):
         out.append("| %s | %s | %.1f | %.2f | %.4f | %.3f (%.0f / %.0f tok/s) | %.3f | %.2f | %.3f | %.2f |" % (
             p["label"], p["model"], p["bw_cpu"] / 1e9, p["bw_gpu"] / 1e12, p["x"], p["ratio"], p["fd_tok_s"], p["go_tok_s"],
             mod, p["eta"], mod_e, p["ratio"] / mod_e))
+    if hpts:
+        out += ["", "## The hybrid (beyond the paper)", "",
+                "The hybrid grid's cells (2 layers, steady rates; analysis/hybrid_grid.py) at the x of the cell's own FastDecode "
+                "run. MODELLED hybrid / GPU-only = 1 + FastDecode / GPU-only (roofline; module docstring): the CPUs add what "
+                "they read in the GPU's step, and the cost of engaging them is not counted.", "",
+                "| cell | x (FastDecode run) | FastDecode / GPU-only (measured) | hybrid / GPU-only (measured) | MODELLED hybrid / GPU-only | CPU seqs (max) |",
+                "|---|---|---|---|---|---|"]
+        for p in hpts:
+            out.append("| %s | %.4f | %.3f | %.3f | %.3f | %s |" % (p["label"], p["x"], p["ratio"], p["hybrid_ratio"],
+                                                                 modelled_hybrid(p["model"], p["ctx"], p["b_go"], p["x"]), p["cpu_seqs_max"]))
+        out += ["", "Hybrid runs: " + "; ".join(p["hy_dir"] for p in hpts)]
     out += ["", "Run folders: " + "; ".join(sorted({"%s vs %s" % (p["fd_dir"], p["go_dir"]) for p in pts})), "",
             "## Crossover: the CPU bandwidth per GPU above which FastDecode out-generates GPU-only (MODELLED)", "",
             "x* = η·B_go·ctx·kv / (w + B_go·ctx·kv), B_go = what 90 %% of the GPU's memory holds beside the fp16 weights at "
@@ -293,6 +357,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baselines", nargs="+", default=DEFAULT_BASELINES)
     ap.add_argument("--paper", default=DEFAULT_PAPER, help="reproduce.sh's sweeps (fig13-scaling-s1024: fewer cores)")
+    ap.add_argument("--hybrid", nargs="*", default=DEFAULT_HYBRID, help="hybrid grid sweep folders (artifacts/hybrid/MODEL)")
     ap.add_argument("--balance-bench", default=DEFAULT_BALANCE, help="fd-kernel-bench --only balance JSON (HBM rate per SM count)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
@@ -306,8 +371,10 @@ def main(argv=None):
     eta = e[0] if e else None
     if e:
         print("balance_map: GPU-only per-layer efficiency %.3f (Fig. 8 slope at B = %.0f, ctx %.0f)" % e)
-    draw(pts, a, eta)
-    table(pts, eta, a)
+    hpts = hybrid_points(a.hybrid, hbm)
+    print("balance_map: %d hybrid cells" % len(hpts))
+    draw(pts, a, eta, hpts)
+    table(pts, eta, a, hpts)
     return 0
 
 

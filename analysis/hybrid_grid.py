@@ -10,7 +10,11 @@ goal: >= 0.98 in every cell, above both where GPU memory caps gpu-only's batch).
 GQA grids, or a later --only run of the cells a first one left out) are read together; a cell is keyed by the model
 too (summary.json's model name). Writes OUT/hybrid_grid.md, .json.
 
-Usage: analysis/hybrid_grid.py SWEEP_DIR... [--out DIR]
+With --online, SWEEP_DIR is experiments/hybrid/online.sweep.json's output (points run-ENGINE: the three engines on the
+same Poisson arrivals): their output tokens/s, TPOT and TTFT p50 / p99 and the hybrid's split, side by side, in
+OUT/hybrid_online.md, .json.
+
+Usage: analysis/hybrid_grid.py SWEEP_DIR... [--out DIR] [--online]
 """
 
 from __future__ import annotations
@@ -135,13 +139,66 @@ def modelled(fd_bench: str, run: Path) -> dict:
                         "fastdecode": h["fastdecode"]["batch"]}, "command": " ".join(cmd[1:])}
 
 
+def online(roots: list, out: Path) -> int:
+    """The online run's three engines side by side (one row per engine and repeat)."""
+    rows = []
+    for root in roots:
+        for pt in (read_json(root / "index.json") or {}).get("points", []):
+            engine = dict(kv.split("-", 1) for kv in pt["name"].split("_")).get("run", pt["name"])
+            for i, run in enumerate(pt.get("runs", [])):
+                if run.get("status") != "ok":
+                    rows.append({"engine": engine, "repeat": i + 1, "status": run.get("status")})
+                    continue
+                res = (read_json(root / run["dir"] / "summary.json") or {}).get("results", {})
+                row = {"engine": engine, "repeat": i + 1, "status": "ok", "dir": str(root / run["dir"]),
+                       "output_tokens_per_s": res.get("output_throughput"),
+                       "request_per_s": res.get("request_throughput"), "duration_s": res.get("duration_s"),
+                       "tpot_ms": {k: res.get("tpot_ms", {}).get(k) for k in ("p50", "p99", "mean")},
+                       "ttft_ms": {k: res.get("ttft_ms", {}).get(k) for k in ("p50", "p99", "mean")},
+                       "queue_ms_p50": res.get("queue_ms", {}).get("p50")}
+                steps = [s for s in read_jsonl(root / run["dir"] / "steps.jsonl") if s.get("decode_tokens", 0) > 0]
+                if steps:
+                    row["mean_batch"] = statistics.mean(s["decode_tokens"] for s in steps)
+                if engine == "hybrid":
+                    row.update(hybrid_split(root / run["dir"]))
+                rows.append(row)
+    if not rows:
+        print(f"hybrid_grid: no online runs under {' '.join(map(str, roots))}", file=sys.stderr)
+        return 1
+    fmt = lambda x, f="%.1f": "—" if x is None else f % x  # noqa: E731
+    lines = ["# The hybrid's online run (issue 17): the three engines on the same Poisson arrivals", "",
+             f"From {', '.join(f'`{r}`' for r in roots)} (experiments/hybrid/online.sweep.json; analysis/hybrid_grid.py "
+             "--online). Output tokens/s: every generated token over the run's duration (arrivals included); TPOT: "
+             "per request, (end - first token) / (tokens - 1); batch: the mean of the decode steps' running sequences; "
+             "CPU seqs: the hybrid's sequences on the R-workers in its decode steps.", "",
+             "| engine | repeat | output tok/s | requests/s | TPOT p50 ms | TPOT p99 ms | TTFT p50 ms | TTFT p99 ms | queue p50 ms | mean batch | CPU seqs mean (max) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['engine']} | {r['repeat']} | {r['status']} | | | | | | | | |")
+            continue
+        lines.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["engine"], r["repeat"], fmt(r["output_tokens_per_s"], "%.0f"), fmt(r["request_per_s"], "%.2f"),
+            fmt(r["tpot_ms"]["p50"], "%.2f"), fmt(r["tpot_ms"]["p99"], "%.2f"), fmt(r["ttft_ms"]["p50"], "%.0f"),
+            fmt(r["ttft_ms"]["p99"], "%.0f"), fmt(r["queue_ms_p50"], "%.0f"), fmt(r.get("mean_batch")),
+            "" if r["engine"] != "hybrid" else "%s (%s)" % (fmt(r.get("cpu_seqs_mean")), fmt(r.get("cpu_seqs_max"), "%d"))))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "hybrid_online.md").write_text("\n".join(lines) + "\n")
+    (out / "hybrid_online.json").write_text(json.dumps(rows, indent=1) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("roots", type=Path, nargs="+", metavar="SWEEP_DIR")
     ap.add_argument("--out", type=Path, help="where hybrid_grid.md, .json go (default: the first SWEEP_DIR)")
     ap.add_argument("--fd-bench", help="fd-bench for the MODELLED columns (default: $FD_BIN_DIR, build/*/bin, PATH)")
+    ap.add_argument("--online", action="store_true", help="the online sweep's three engines (hybrid_online.md)")
     a = ap.parse_args(argv)
     out = a.out or a.roots[0]
+    if a.online:
+        return online(a.roots, out)
     grid = cells(a.roots)
     if not grid:
         print(f"hybrid_grid: no finished runs under {' '.join(map(str, a.roots))}", file=sys.stderr)
