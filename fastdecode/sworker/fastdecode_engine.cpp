@@ -353,8 +353,8 @@ StepResult FastDecodeEngine::step() {
   // longest time a rank spent in stage hand-offs.
   // Decode steps also split the S side: d2h / h2d, the S-Part's copies of the R-Part's tensors (device time,
   // inside s_compute); wire, per layer and mini-batch, of the S-worker's wait for replies what the reply taken
-  // last spent beyond its worker's compute (send to receipt minus compute, capped at the wait; it includes
-  // queueing behind the worker's previous request), summed; idle, the decode's wall time outside the S-Part (the
+  // last spent beyond its worker's compute (from the later of its send and the receipt of the worker's previous
+  // reply, to its receipt, minus compute, capped at the wait), summed; idle, the decode's wall time outside the S-Part (the
   // device waits: for replies, r_wait, or for the S-worker's own host work). Each the largest over the ranks.
   int64_t s_ns = 0, r_wait = 0, busiest = 0, comm = 0, d2h = 0, h2d = 0, wire = 0, idle = 0;
   for (auto& r : res) {

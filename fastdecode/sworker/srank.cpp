@@ -190,16 +190,21 @@ void SRank::finish(Batch& b, int l, RankStep& out) {
   out.r_wait_ns += t1 - t0;
   std::vector<HostRows> rows;  // workers in row order: their ranges are consecutive
   // The wire on the critical path: of this wait, what the reply it ended on (taken last) spent beyond its worker's
-  // compute — send to receipt minus compute, at most the wait (a reply that came while the S-worker was busy cost
-  // nothing; one taken late is not slower). It includes any queueing behind the worker's previous request.
+  // compute, from the later of its send and the receipt of that worker's previous reply (before then the worker
+  // was still busy with the previous request: queueing, not wire) to its receipt, at most the wait (a reply that
+  // came while the S-worker was busy cost nothing).
   size_t last = 0;
   for (size_t i = 1; i < replies.size(); ++i)
     if (replies[i].recv_ns > replies[last].recv_ns) last = i;
   if (!replies.empty()) {
     const RWorkerReply& r = replies[last];
-    const int64_t beyond = r.recv_ns - b.parts[reqs[last].first].sent_ns - int64_t(r.h.compute_ns);
-    out.wire_ns += std::clamp<int64_t>(beyond, 0, t1 - t0);
+    const size_t w = reqs[last].first;
+    const int64_t start = std::max(b.parts[w].sent_ns, w < worker_free_ns_.size() ? worker_free_ns_[w] : 0);
+    out.wire_ns += std::clamp<int64_t>(r.recv_ns - start - int64_t(r.h.compute_ns), 0, t1 - t0);
   }
+  worker_free_ns_.resize(std::max(worker_free_ns_.size(), b.parts.size()), 0);
+  for (size_t i = 0; i < replies.size(); ++i)
+    worker_free_ns_[reqs[i].first] = std::max(worker_free_ns_[reqs[i].first], replies[i].recv_ns);
   for (size_t i = 0; i < reqs.size(); ++i) {
     const auto& p = b.parts[reqs[i].first];
     const RWorkerReply& r = replies[i];
