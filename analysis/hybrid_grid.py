@@ -117,11 +117,14 @@ def modelled(fd_bench: str, run: Path) -> dict:
     batch (requests), mean decode context, peak, GPU memory cap and R-worker memory: the split it predicts and
     tokens/s of the three engines (MODELLED)."""
     s = read_json(run / "summary.json")
-    c = s["config"]
-    wl, hw, rw = c["workload"], c["hardware"], c["engine"]["rworkers"]
-    gpu_mem = hw["gpu"]["memory_gb"] or s["provenance"]["gpus"][0]["memory_gb"]
-    workers = hw["rworkers"]["count"] or rw["spawn"]
-    model = REPO / "experiments" / "models" / Path(c["model"]["config"]).name
+    try:
+        c = s["config"]
+        wl, hw, rw = c["workload"], c["hardware"], c["engine"]["rworkers"]
+        gpu_mem = hw["gpu"]["memory_gb"] or s["provenance"]["gpus"][0]["memory_gb"]
+        workers = hw["rworkers"]["count"] or rw["spawn"]
+        model = REPO / "experiments" / "models" / Path(c["model"]["config"]).name
+    except (KeyError, IndexError, TypeError) as e:
+        return {"error": "%s/summary.json lacks %s (not a hybrid run's summary)" % (run, e)}
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "plan.json"
         cmd = [fd_bench, "plan", "--model", str(model), "--layers", str(c["model"]["layers"]),

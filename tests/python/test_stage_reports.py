@@ -1,0 +1,101 @@
+"""The analysis scripts of issues 17 and 18 on synthetic sweep folders: analysis/hybrid_grid.py (the grid and
+--online), analysis/prefill_ttft.py and analysis/pipeline_bound.py compute the ratios their reports state."""
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "analysis"))
+
+
+def module(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "analysis", name + ".py"))
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def write_sweep(root, points):
+    """points: {point name: [(summary dict, [step dicts]), ...]} -> root/index.json and root/<point>/repK/."""
+    index = {"points": []}
+    for name, runs in points.items():
+        entry = {"name": name, "runs": []}
+        for k, (summary, steps) in enumerate(runs, 1):
+            d = root / name / ("rep%d" % k)
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps(summary))
+            (d / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+            entry["runs"].append({"status": "ok", "dir": "%s/rep%d" % (name, k), "headline": {}})
+        index["points"].append(entry)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "index.json").write_text(json.dumps(index))
+
+
+def test_prefill_ttft_against_fp16(tmp_path):
+    def run(ttft, pre, dec):
+        summary = {"results": {"ttft_ms": {"p50": ttft, "mean": ttft}}}
+        steps = [{"prefill_tokens": 100, "decode_tokens": 0, "step_ms": pre},
+                 {"prefill_tokens": 0, "decode_tokens": 8, "step_ms": dec}]
+        return summary, steps
+    write_sweep(tmp_path / "s", {"kv-fp16": [run(100.0, 90.0, 10.0), run(110.0, 95.0, 10.0)],
+                                 "kv-int8": [run(105.0, 92.0, 7.0)], "kv-int4": [run(150.0, 140.0, 6.0)]})
+    assert module("prefill_ttft").main([str(tmp_path / "s")]) == 0
+    rows = {r["kv_dtype"]: r for r in json.loads((tmp_path / "s" / "prefill_ttft.json").read_text())}
+    assert rows["fp16"]["ttft_p50"] == pytest.approx(105.0)  # median of the two repeats
+    assert rows["int8"]["ttft_mean_vs_fp16"] == pytest.approx(1.0)
+    assert rows["int4"]["ttft_mean_vs_fp16"] == pytest.approx(150.0 / 105.0)
+    assert rows["int4"]["decode_step_ms_vs_fp16"] == pytest.approx(0.6)
+    assert "NOT met" in (tmp_path / "s" / "prefill_ttft.md").read_text()  # int4 at 1.43x
+
+
+def test_pipeline_bound_is_step_over_the_busier_side(tmp_path):
+    def step(ms, s, r):
+        return {"decode_tokens": 256, "prefill_tokens": 0, "step_ms": ms,
+                "breakdown_ms": {"s_compute": s, "r_compute_max": r, "r_wait": r - s, "d2h": 0.1, "h2d": 0.3,
+                                 "wire": 0.5, "idle": ms - s}}
+    write_sweep(tmp_path / "p", {
+        "layers-2": [({"model": {"layers": 2}}, [step(12.0, 2.0, 10.0), step(13.0, 2.0, 10.0), step(11.0, 2.0, 10.0)])],
+        "layers-8": [({"model": {"layers": 8}}, [step(41.0, 40.0, 30.0), step(42.0, 40.0, 30.0)])]})
+    assert module("pipeline_bound").main([str(tmp_path / "p")]) == 0
+    rows = {r["layers"]: r for r in json.loads((tmp_path / "p" / "pipeline_bound.json").read_text())}
+    assert rows[2]["ratio_median"] == pytest.approx(1.2) and rows[2]["ratio_max"] == pytest.approx(1.3)
+    assert rows[8]["ratio_median"] == pytest.approx(1.0375)  # S-Part-bound: the step over s_compute
+    assert rows[8]["wire"] == pytest.approx(0.5) and rows[8]["h2d"] == pytest.approx(0.3)
+    assert "target <= 1.05: met" in (tmp_path / "p" / "pipeline_bound.md").read_text()
+
+
+def test_hybrid_grid_cells_and_online(tmp_path):
+    hg = module("hybrid_grid")
+
+    def run(batch, step_ms, cpu=0):
+        summary = {"model": {"name": "llama-2-7b"}}
+        steps = [{"decode_tokens": batch, "prefill_tokens": 0, "step_ms": step_ms, "breakdown_ms": {"modelled_step": 1.0},
+                  "counts": {"cpu_seqs": cpu, "gpu_seqs": batch - cpu}} for _ in range(3)]
+        return summary, steps
+    write_sweep(tmp_path / "g", {"mem-24_cores-4_run-gpu-only-512": [run(32, 1.0), run(32, 1.2)],
+                                 "mem-24_cores-4_run-fastdecode-512": [run(252, 100.0)],
+                                 "mem-24_cores-4_run-hybrid-512": [run(32, 1.05, cpu=2)]})
+    assert hg.main([str(tmp_path / "g"), "--fd-bench", "/nonexistent/fd-bench"]) == 0
+    (row,) = json.loads((tmp_path / "g" / "hybrid_grid.json").read_text())
+    assert row["cores"] == 4 and row["context"] == 512
+    go = (32 / 1.0e-3 + 32 / 1.2e-3) / 2  # the median of the repeats' steady rates (two: their mean)
+    assert row["gpu-only"]["steady_tokens_per_s"] == pytest.approx(go)
+    assert row["hybrid_vs_best"] == pytest.approx((32 / 1.05e-3) / go)
+    assert row["hybrid"]["cpu_seqs_max"] == 2 and row["meets_0.98"]
+    assert "error" in row.get("modelled", {"error": "no fd-bench"})  # no prior in this summary: named, not a crash
+
+    def online_run(tok_s, tpot50, tpot99):
+        summary = {"results": {"output_throughput": tok_s, "request_throughput": 1.0, "duration_s": 10.0,
+                               "tpot_ms": {"p50": tpot50, "p99": tpot99, "mean": tpot50},
+                               "ttft_ms": {"p50": 50.0, "p99": 90.0, "mean": 60.0}, "queue_ms": {"p50": 1.0}}}
+        return summary, run(4, 1.0)[1]
+    write_sweep(tmp_path / "o", {"run-gpu-only": [online_run(3600.0, 0.5, 0.9)], "run-fastdecode": [online_run(1500.0, 33.0, 69.0)],
+                                 "run-hybrid": [online_run(3610.0, 0.51, 0.6)]})
+    assert hg.main([str(tmp_path / "o"), "--online"]) == 0
+    rows = {r["engine"]: r for r in json.loads((tmp_path / "o" / "hybrid_online.json").read_text())}
+    assert set(rows) == {"gpu-only", "fastdecode", "hybrid"}
+    assert rows["fastdecode"]["tpot_ms"]["p99"] == 69.0 and rows["hybrid"]["output_tokens_per_s"] == 3610.0
+    assert rows["hybrid"]["cpu_seqs_max"] == 0
