@@ -56,7 +56,8 @@ from shapes import SHAPES, SOCKET_BW, layer_weight_bytes  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BASELINES = [os.path.join(REPO, "artifacts", "baselines", r) for r in ("run1-a40a146", "run3-4bf4e28")]
 DEFAULT_PAPER = os.path.join(REPO, "artifacts", "paper", "runs")
-DEFAULT_HYBRID = [os.path.join(REPO, "artifacts", "hybrid", m) for m in ("llama-2-7b", "llama-3-8b")]
+DEFAULT_HYBRID = [os.path.join(REPO, "artifacts", "hybrid", m)
+                  for m in ("llama-2-7b", "llama-2-7b-4cores-a", "llama-2-7b-4cores-b", "llama-3-8b-512")]
 DEFAULT_BALANCE = os.path.join(REPO, "artifacts", "baselines", "run1-a40a146", "balance_bench.json")
 # GPUs of the crossover table: HBM bandwidth (datasheets) and memory; the socket bandwidth is analysis/shapes.py's.
 GPUS = [("A10", 600e9, 24e9), ("A100-80GB", 2039e9, 80e9), ("H100-SXM", 3350e9, 80e9), ("H200", 4800e9, 141e9)]

@@ -105,6 +105,7 @@ if has fig8; then
   for m in $models; do for e in fastdecode gpu-only; do sweep "fig8-$m-$e"; done; done
   sweep fig8-opt-175b-fastdecode   # the paper's Fig. 8 model (FastDecode only: GPU-only cannot hold it)
   sweep fig8-intercept-llama-2-7b  # the performance model's fixed per-step term (validation below)
+  sweep fig8-llama-2-7b-hybrid     # beyond the paper: the hybrid engine (docs/HYBRID.md) beside GPU-only
 fi
 if has fig9 || has fig10; then
   step "fig9/fig10: every baseline engine (scripts/baselines-bench.sh)"

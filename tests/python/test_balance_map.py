@@ -86,3 +86,16 @@ def test_committed_balance_map_is_current(tmp_path):
     assert (tmp_path / "BALANCE_MAP.md").read_text(encoding="utf-8") == \
         (REPO / "artifacts" / "paper" / "BALANCE_MAP.md").read_text(encoding="utf-8"), \
         "artifacts/paper/BALANCE_MAP.md is stale: run analysis/balance_map.py --out artifacts/paper"
+
+
+def test_modelled_hybrid_is_gpu_only_plus_the_cpus_share():
+    """The hybrid's MODELLED ratio is 1 + FastDecode's: never below GPU-only, equal to it with no CPU bandwidth, and
+    it grows with x as FastDecode's does."""
+    bm = module()
+    ctx, b = 528, 126
+    assert bm.modelled_hybrid("llama-2-7b", ctx, b, 0.0) == 1.0
+    for x in (0.01, 0.1, 1.0):
+        assert bm.modelled_hybrid("llama-2-7b", ctx, b, x) == pytest.approx(1.0 + bm.modelled_ratio("llama-2-7b", ctx, b, x))
+    assert bm.modelled_hybrid("llama-2-7b", ctx, b, 0.1) < bm.modelled_hybrid("llama-2-7b", ctx, b, 1.0)
+    # At the crossover FastDecode equals GPU-only, so the hybrid models twice GPU-only.
+    assert bm.modelled_hybrid("llama-2-7b", ctx, b, bm.crossover("llama-2-7b", ctx, b)) == pytest.approx(2.0)
