@@ -99,3 +99,14 @@ def test_hybrid_grid_cells_and_online(tmp_path):
     assert set(rows) == {"gpu-only", "fastdecode", "hybrid"}
     assert rows["fastdecode"]["tpot_ms"]["p99"] == 69.0 and rows["hybrid"]["output_tokens_per_s"] == 3610.0
     assert rows["hybrid"]["cpu_seqs_max"] == 0
+
+
+def test_gpu_roofline_formula():
+    """bytes = L*(w_layer + b*ctx*kv) + w_head, flops = 2*b*(L*p_layer + p_head) + 4*L*b*ctx*d; the larger time."""
+    gr = module("gpu_roofline")
+    t, nbytes, flops = gr.roofline("llama-2-7b", 2, 64, 528, 4.41e12, 8.94e14)
+    assert nbytes == pytest.approx(2 * (2 * 202.4e6 + 64 * 528 * 16384) + 2 * 32000 * 4096)
+    assert flops == pytest.approx(2 * 64 * (2 * 202.4e6 + 32000 * 4096) + 4 * 2 * 64 * 528 * 4096)
+    assert t == pytest.approx(nbytes / 4.41e12)  # memory-bound at B = 64
+    t2, _, _ = gr.roofline("llama-2-7b", 2, 64, 528, 4.41e12, 1e12)  # a slow tensor core: compute-bound
+    assert t2 == pytest.approx(flops / 1e12)
