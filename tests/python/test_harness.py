@@ -171,10 +171,20 @@ def test_usage_errors_exit_2(fd_bin, args):
     assert p.returncode == 2
 
 
-def test_experiment_configs_in_repo_are_valid(fd_bin, repo_root):
-    for cfg in sorted([*(repo_root / "experiments").glob("*.json"), *(repo_root / "experiments" / "gpu").glob("*.json")]):
+def test_experiment_configs_in_repo_are_valid(fd_bin, repo_root, tmp_path):
+    """Every run config of experiments/ and experiments/gpu/ passes `run --check`; every sweep spec under
+    experiments/ (each of its points) passes `sweep --dry-run`."""
+    files = sorted([*(repo_root / "experiments").glob("*.json"), *(repo_root / "experiments" / "gpu").glob("*.json")])
+    configs = [f for f in files if not f.name.endswith(".sweep.json")]
+    assert configs
+    for cfg in configs:
         p = bench(fd_bin, "run", cfg, "--check", check=False)
         assert p.returncode == 0, f"{cfg}: {p.stderr}"
+    sweeps = sorted((repo_root / "experiments").rglob("*.sweep.json"))
+    assert len(sweeps) >= 20
+    for spec in sweeps:
+        p = bench(fd_bin, "sweep", spec, "--out", tmp_path / spec.stem, "--dry-run", check=False)
+        assert p.returncode == 0, f"{spec}: {p.stderr}"
 
 
 def test_weights_dir_equals_seeded_weights(run_dir, fd_bin, models_dir, tmp_path):
