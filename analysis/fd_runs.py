@@ -59,3 +59,13 @@ def decode_steps(steps):
 
 def decode_tokens_per_s(dec):
     return sum(x["decode_tokens"] for x in dec) / (sum(x["step_ms"] for x in dec) / 1e3) if dec else 0.0
+
+
+def write_report(out, stem, lines, data):
+    """OUT/STEM.md (the lines) and OUT/STEM.json (data), OUT made if missing; the lines printed too."""
+    os.makedirs(str(out), exist_ok=True)
+    with open(os.path.join(str(out), stem + ".md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(str(out), stem + ".json"), "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=1) + "\n")
+    print("\n".join(lines))

@@ -26,7 +26,7 @@ import os
 import statistics
 import sys
 
-from fd_runs import decode_steps
+from fd_runs import decode_steps, write_report
 from hybrid_grid import read_json, read_jsonl
 from shapes import SHAPES, layer_weight_bytes
 
@@ -128,12 +128,7 @@ def main(argv=None):
                   "one layer's roofline %.4f ms, so a layer runs at %.2fx its roofline and the fixed part a = %.3f ms "
                   "(LM head, sampling, launches; its own roofline, the LM head's read, is %.3f ms) is what lifts the "
                   "2-layer steps above." % ((os.path.relpath(a.paper, REPO),) + slope)]
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "gpu_roofline.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(os.path.join(a.out, "gpu_roofline.json"), "w", encoding="utf-8") as f:
-        json.dump({"formula": FORMULA, "bw": bw, "peak": peak, "rows": rows}, f, indent=1)
-    print("\n".join(lines))
+    write_report(a.out, "gpu_roofline", lines, {"formula": FORMULA, "bw": bw, "peak": peak, "rows": rows})
     return 0
 
 

@@ -30,6 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from fd_runs import write_report
+
 REPO = Path(__file__).resolve().parent.parent
 
 ENGINES = ("gpu-only", "fastdecode", "hybrid")
@@ -185,10 +187,7 @@ def online(roots: list, out: Path) -> int:
             fmt(r["tpot_ms"]["p50"], "%.2f"), fmt(r["tpot_ms"]["p99"], "%.2f"), fmt(r["ttft_ms"]["p50"], "%.0f"),
             fmt(r["ttft_ms"]["p99"], "%.0f"), fmt(r["queue_ms_p50"], "%.0f"), fmt(r.get("mean_batch")),
             "" if r["engine"] != "hybrid" else "%s (%s)" % (fmt(r.get("cpu_seqs_mean")), fmt(r.get("cpu_seqs_max"), "%d"))))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "hybrid_online.md").write_text("\n".join(lines) + "\n")
-    (out / "hybrid_online.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print("\n".join(lines))
+    write_report(out, "hybrid_online", lines, rows)
     return 0
 
 
@@ -273,10 +272,7 @@ def main(argv=None) -> int:
         agree = sum(1 for r in mrows if "error" not in r["modelled"] and
                     (r["modelled"]["cpu_seqs"] > 0) == ((r["hybrid"].get("cpu_seqs_max") or 0) > 0))
         lines += ["", f"The model and the controller agree on whether to use the CPUs in {agree} of {len(mrows)} cells."]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "hybrid_grid.md").write_text("\n".join(lines) + "\n")
-    (out / "hybrid_grid.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print("\n".join(lines))
+    write_report(out, "hybrid_grid", lines, rows)
     return 0
 
 

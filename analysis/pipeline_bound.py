@@ -10,11 +10,11 @@ Writes OUT/pipeline_bound.md, .json.
 usage: analysis/pipeline_bound.py DIR... [--out DIR]   (DIR: a sweep folder with index.json, or a run folder)
 """
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
+from fd_runs import write_report
 from hybrid_grid import read_json, read_jsonl
 
 KEYS = ("s_compute", "d2h", "h2d", "r_compute_max", "r_wait", "wire", "idle")
@@ -70,11 +70,7 @@ def main(argv=None):
         lines += ["", "At >= 8 layers: median ratio %.3f-%.3f (target <= 1.05: %s)." % (
             min(r["ratio_median"] for r in deep), max(r["ratio_median"] for r in deep),
             "met" if all(r["ratio_median"] <= 1.05 for r in deep) else "NOT met")]
-    out = a.out or a.dirs[0]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "pipeline_bound.md").write_text("\n".join(lines) + "\n")
-    (out / "pipeline_bound.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print("\n".join(lines))
+    write_report(a.out or a.dirs[0], "pipeline_bound", lines, rows)
     return 0
 
 

@@ -7,11 +7,11 @@ in the same sweep. Target: int8 / int4 TTFT <= 1.2x fp16's. Writes OUT/prefill_t
 usage: analysis/prefill_ttft.py SWEEP_DIR [--out DIR]
 """
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
+from fd_runs import write_report
 from hybrid_grid import read_json, read_jsonl
 
 
@@ -59,10 +59,7 @@ def main(argv=None):
             r["prefill_ms_vs_fp16"], r["decode_step_ms"], r["decode_step_ms_vs_fp16"], r["repeats"]))
     met = all(r["ttft_mean_vs_fp16"] <= 1.2 for r in rows)
     lines += ["", "int8 / int4 TTFT (mean) <= 1.2x fp16: %s." % ("met" if met else "NOT met")]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "prefill_ttft.md").write_text("\n".join(lines) + "\n")
-    (out / "prefill_ttft.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print("\n".join(lines))
+    write_report(out, "prefill_ttft", lines, rows)
     return 0
 
 
