@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Issue 18's measurements on the GPU machine, each against its same-run ceiling or peer (artifacts/stages/README.md):
+#   quantize   fd-attn-bench --quantize: the KV quantizer, scalar vs AVX-512, one thread (OUT/quantize.json)
+#   attn       fd-attn-bench, MHA 32/32 and GQA 32/8, fp16/int8/int4, every SIMD ISA the CPU has, all cores, B 64,
+#              context 1024 and 4096 (OUT/attn_kv32.json, attn_kv8.json; with `perf stat` where perf exists: .perf)
+#   transport  fd-transport-bench, 1 and 4 links, IPC and TCP, 1 and 4 I/O threads, 1-32 MB (OUT/transport.json)
+#   prefill    experiments/gpu/prefill-kv-dtype.sweep.json + analysis/prefill_ttft.py (OUT/prefill/)
+#   pipeline   experiments/gpu/pipeline-layers.sweep.json at 2 and 8 layers + analysis/pipeline_bound.py
+#              (OUT/pipeline/)
+# Every step writes its provenance (commit, command, CPU, GPU, date) beside its result; sweeps' run folders are
+# packed (analysis/pack_runs.py) and the whole OUT is tarred into OUT.tar.xz at the end (the device machine copies
+# back only two folder levels). One device call runs at most 10 minutes: pick steps with --steps.
+# Usage: scripts/stages-bench.sh OUT [--steps quantize,attn,transport,prefill,pipeline] [--quick]
+#   --quick: attn at context 1024 only, transport at 4 and 16 MB only, pipeline at 8 layers only.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:?usage: scripts/stages-bench.sh OUT [--steps LIST] [--quick]}"
+shift
+steps="quantize,attn,transport,prefill,pipeline" quick=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --steps) steps="${2:?--steps needs a comma-separated list}"; shift 2 ;;
+    --quick) quick=1; shift ;;
+    *) echo "stages-bench.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+for s in ${steps//,/ }; do
+  case "$s" in quantize|attn|transport|prefill|pipeline) ;; *) echo "stages-bench.sh: unknown step $s" >&2; exit 2 ;; esac
+done
+bin=${BIN:-build/cuda/bin}
+for p in fd-attn-bench fd-transport-bench fd-bench; do
+  [ -x "$bin/$p" ] || { echo "stages-bench.sh: no $bin/$p (build it: cmake --preset cuda && cmake --build build/cuda --target fd-bench fd-rworker fd-attn-bench fd-transport-bench)" >&2; exit 2; }
+done
+mkdir -p "$out"
+has() { [[ ",$steps," == *",$1,"* ]]; }
+commit=${LOCAL_HEAD:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+prov() {  # prov FILE COMMAND...
+  local f=$1; shift
+  python3 - "$f" "$commit" "$*" <<'PY'
+import json, os, subprocess, sys, datetime
+def sh(c):
+    try:
+        return subprocess.run(c, shell=True, capture_output=True, text=True).stdout.strip()
+    except Exception:
+        return ""
+cpu = next((l.split(":", 1)[1].strip() for l in sh("lscpu").splitlines() if l.startswith("Model name")), "")
+json.dump({"commit": sys.argv[2], "command": sys.argv[3], "cpu": cpu, "cores": os.cpu_count(),
+           "gpu": sh("nvidia-smi --query-gpu=name --format=csv,noheader | head -1"),
+           "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}, open(sys.argv[1], "w"), indent=1)
+PY
+}
+rc=0 t0=$SECONDS
+step() { echo "== $1 ($((SECONDS - t0)) s)"; }
+perf_stat() {  # perf_stat FILE COMMAND...: the command under perf stat where perf works, else as it is
+  local f=$1; shift
+  if command -v perf >/dev/null && perf stat -e cycles true >/dev/null 2>&1; then
+    perf stat -e cycles,instructions,task-clock -o "$f" -- "$@"
+  else
+    "$@"
+  fi
+}
+if has quantize; then
+  step quantize
+  cmd=("$bin/fd-attn-bench" --quantize --isa scalar avx512 --kv-dtype fp16 int8 int4 --batch 1 --context 64 --threads 1
+       --reps 10 --benchmark_filter=kv_quantize --json "$out/quantize.json")
+  prov "$out/quantize_provenance.json" "${cmd[*]}"
+  "${cmd[@]}" > "$out/quantize.txt" 2>&1 || rc=1
+fi
+if has attn; then
+  step attn
+  isas=(avx2 avx512 avx512vnni)  # one the CPU lacks is skipped and listed in the JSON's context.fd_skipped
+  ctx=(1024 4096); ((quick)) && ctx=(1024)
+  for kvh in 32 8; do
+    cmd=("$bin/fd-attn-bench" --heads 32 --kv-heads "$kvh" --head-dim 128 --kv-dtype fp16 int8 int4 --isa "${isas[@]}"
+         --threads "$(nproc)" --batch 64 --context "${ctx[@]}" --json "$out/attn_kv$kvh.json")
+    prov "$out/attn_kv${kvh}_provenance.json" "${cmd[*]}"
+    perf_stat "$out/attn_kv$kvh.perf" "${cmd[@]}" > "$out/attn_kv$kvh.txt" 2>&1 || rc=1
+  done
+fi
+if has transport; then
+  step transport
+  sizes=(1M 4M 16M 32M); ((quick)) && sizes=(4M 16M)
+  cmd=("$bin/fd-transport-bench" --sizes "${sizes[@]}" --transports ipc tcp --io-threads 1 4 --links 1 4 --json "$out/transport.json")
+  prov "$out/transport_provenance.json" "${cmd[*]}"
+  "${cmd[@]}" > "$out/transport.txt" 2>&1 || rc=1
+fi
+if has prefill; then
+  step prefill
+  "$bin/fd-bench" sweep experiments/gpu/prefill-kv-dtype.sweep.json --out "$out/prefill" > "$out/prefill.log" 2>&1 || rc=1
+  python3 analysis/pack_runs.py "$out/prefill" > /dev/null || rc=1
+  python3 analysis/prefill_ttft.py "$out/prefill" || rc=1
+fi
+if has pipeline; then
+  step pipeline
+  layers="layers=2,8"; ((quick)) && layers="layers=8"
+  "$bin/fd-bench" sweep experiments/gpu/pipeline-layers.sweep.json --out "$out/pipeline" --only "$layers" > "$out/pipeline.log" 2>&1 || rc=1
+  find "$out/pipeline" -name trace.json -delete
+  python3 analysis/pack_runs.py "$out/pipeline" > /dev/null || rc=1
+  python3 analysis/pipeline_bound.py "$out/pipeline" || rc=1
+fi
+step "tar $out.tar.xz"
+tar cJf "$out.tar.xz" -C "$(dirname "$out")" "$(basename "$out")" || rc=1
+step "done (rc $rc)"
+exit $rc
