@@ -42,6 +42,7 @@ import json
 import os
 import statistics
 import sys
+from pathlib import Path
 
 import matplotlib
 
@@ -49,8 +50,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import fig_baselines  # noqa: E402
+import hybrid_grid  # noqa: E402
 import fig_paper  # noqa: E402
-from fd_runs import decode_steps  # noqa: E402
+from fd_runs import decode_steps, read_json, read_jsonl_or_none  # noqa: E402
 from shapes import SHAPES, SOCKET_BW, layer_weight_bytes  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -131,8 +133,6 @@ def modelled_hybrid(model, ctx, b_go, x, eta=1.0):
 def hybrid_points(roots, hbm):
     """The hybrid grid's cells whose three engines' run folders are here: x from the cell's FastDecode run, the
     measured hybrid / gpu-only and FastDecode / gpu-only (steady rates, analysis/hybrid_grid.py)."""
-    import hybrid_grid
-    from pathlib import Path
     out = []
     for key, runs in sorted(hybrid_grid.cells([Path(r) for r in roots if os.path.isdir(r)]).items()):
         model, mem, cores, ctx = key
@@ -143,7 +143,7 @@ def hybrid_points(roots, hbm):
             continue
         def load(e):
             d = runs[e][0][1]
-            return {"summary": hybrid_grid.read_json(d / "summary.json"), "steps": hybrid_grid.read_jsonl(d / "steps.jsonl"),
+            return {"summary": read_json(d / "summary.json"), "steps": read_jsonl_or_none(d / "steps.jsonl"),
                     "tok_s": nums[e]["steady_tokens_per_s"], "dir": str(d)}
         label = "%s, %s, ctx %s, %s cores" % (model, "full memory" if mem == "full" else mem + " GB", ctx, cores)
         p = run_point(load("fastdecode"), load("gpu-only"), hbm, label)

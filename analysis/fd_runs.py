@@ -53,6 +53,21 @@ def read_jsonl(d, name):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def read_json(p):
+    """The JSON of file p (or p.gz); None when neither exists."""
+    for q in (str(p), str(p) + ".gz"):
+        if os.path.isfile(q):
+            with (gzip.open(q, "rt") if q.endswith(".gz") else open(q)) as f:
+                return json.load(f)
+    return None
+
+
+def read_jsonl_or_none(p):
+    """The records of the JSON-lines file p (or p.gz); [] when neither exists."""
+    d, name = os.path.split(str(p))
+    return read_jsonl(d, name) if jsonl_path(d, name) else []
+
+
 def decode_steps(steps):
     return [x for x in steps if x.get("prefill_tokens", 0) == 0 and x.get("decode_tokens", 0) > 0]
 

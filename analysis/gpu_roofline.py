@@ -26,8 +26,7 @@ import os
 import statistics
 import sys
 
-from fd_runs import decode_steps, write_report
-from hybrid_grid import read_json, read_jsonl
+from fd_runs import decode_steps, read_json, read_jsonl, write_report
 from shapes import SHAPES, layer_weight_bytes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,14 +79,14 @@ def main(argv=None):
     print("gpu_roofline: %s\n  BW = %.3g B/s, PEAK = %.3g FLOP/s (%s)" % (FORMULA, bw, peak, os.path.relpath(a.balance_bench, REPO)))
     rows = []
     for engine, d in sorted(runs(a.baselines)):
-        s = read_json_path(d)
+        s = read_json(os.path.join(d, "summary.json"))
         model = s["model"]["name"]
         if model not in SHAPES or model not in HEAD:
             continue
         gpu = (s.get("config", {}).get("hardware", {}).get("gpu", {}) or {})
         if gpu.get("sm_count"):  # a green context of fewer SMs: not this device's rates
             continue
-        dec = decode_steps(read_jsonl_path(d))
+        dec = decode_steps(read_jsonl(d, "steps.jsonl"))
         if not dec:
             continue
         L = s["model"]["layers"]
@@ -152,16 +151,6 @@ def fig8_slope(paper, bw, peak):
                 (2 * B * m["layer_params"] + 4 * B * ctx * HEAD["llama-2-7b"][1]) / peak) * 1e3
     head = 2 * HEAD["llama-2-7b"][0] * HEAD["llama-2-7b"][1] / bw * 1e3
     return (a0, b0, B, ctx, layer, b0 / layer, a0, head)
-
-
-def read_json_path(d):
-    from pathlib import Path
-    return read_json(Path(d) / "summary.json")
-
-
-def read_jsonl_path(d):
-    from pathlib import Path
-    return read_jsonl(Path(d) / "steps.jsonl")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ Usage: analysis/hybrid_grid.py SWEEP_DIR... [--out DIR] [--online]
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import shutil
@@ -30,28 +29,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fd_runs import write_report
+from fd_runs import read_json, write_report
+from fd_runs import read_jsonl_or_none as read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 
 ENGINES = ("gpu-only", "fastdecode", "hybrid")
-
-
-def read_json(p: Path):
-    if p.exists():
-        return json.loads(p.read_text())
-    gz = Path(str(p) + ".gz")
-    return json.loads(gzip.decompress(gz.read_bytes())) if gz.exists() else None
-
-
-def read_jsonl(p: Path):
-    if p.exists():
-        text = p.read_text()
-    elif Path(str(p) + ".gz").exists():
-        text = gzip.decompress(Path(str(p) + ".gz").read_bytes()).decode()
-    else:
-        return []
-    return [json.loads(x) for x in text.splitlines() if x.strip()]
 
 
 def cells(roots: list) -> dict:

@@ -11,8 +11,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from fd_runs import write_report
-from hybrid_grid import read_json, read_jsonl
+from fd_runs import read_json, write_report
+from fd_runs import read_jsonl_or_none as read_jsonl
 
 
 def main(argv=None):

@@ -137,11 +137,8 @@ void quantize_block_avx512(KVDType dtype, const uint16_t* src, void* out, int H,
     for (int t = 0; t < kBT; ++t) {
       const uint16_t* x = in.v + size_t(t) * D;
       for (int g = 0; g < D / 32; ++g) {
-        const uint16_t* sp = vp + (2 * g) * kBT + t;
-        uint16_t sz[2] = {sp[0], sp[kBT]};
-        const __m512 sz_f = _mm512_cvtph_ps(_mm256_set1_epi32(int(uint32_t(sz[0]) | (uint32_t(sz[1]) << 16))));
-        const __m512 s = _mm512_permutexvar_ps(_mm512_setzero_si512(), sz_f);
-        const __m512 z = _mm512_permutexvar_ps(_mm512_set1_epi32(1), sz_f);
+        const uint16_t* sp = vp + (2 * g) * kBT + t;  // this token's stored scale; its min is kBT further
+        const __m512 s = _mm512_set1_ps(_cvtsh_ss(sp[0])), z = _mm512_set1_ps(_cvtsh_ss(sp[kBT]));
         pack_group(u4_codes(ld_h(x + 32 * g), s, z), u4_codes(ld_h(x + 32 * g + 16), s, z), vc + size_t(t) * D / 2 + 16 * g);
       }
     }

@@ -17,6 +17,7 @@
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/error.h"
 #include "kernels/cpu/decode_attention.h"
+#include "require_isa.h"
 
 namespace fd {
 // gtest's names for the parameters (found by ADL).
@@ -211,22 +212,7 @@ void PrintTo(const GridCase& c, std::ostream* os) {
   *os << "B=" << c.n_seq << " Hq=" << c.Hq << " Hkv=" << c.H << " D=" << c.D;
 }
 
-// An ISA this CPU lacks skips its cases visibly (ctest: "Skipped"); FD_REQUIRE_ISA (a comma-separated
-// list, e.g. "avx2,avx512", set by the GPU-machine scripts for its Xeon) makes a listed ISA's skip a
-// failure, so a dispatch that stopped seeing AVX-512 there cannot pass unnoticed.
-bool isa_required(Isa isa) {
-  const char* e = std::getenv("FD_REQUIRE_ISA");
-  if (!e) return false;
-  const std::string list = std::string(",") + e + ",";
-  return list.find("," + std::string(fd::isa_name(isa)) + ",") != std::string::npos;
-}
-#define FD_SKIP_UNLESS_ISA(isa)                                                                              \
-  do {                                                                                                       \
-    if (!fd::isa_supported(isa)) {                                                                           \
-      if (isa_required(isa)) FAIL() << "ISA " << fd::isa_name(isa) << " not supported here, but FD_REQUIRE_ISA lists it"; \
-      GTEST_SKIP() << "ISA " << fd::isa_name(isa) << " not supported by this CPU";                           \
-    }                                                                                                        \
-  } while (0)
+using fd::test::isa_required;  // require_isa.h: FD_REQUIRE_ISA turns a skip into a failure
 
 std::string isa_param_name(Isa isa) { return std::string(fd::isa_name(isa)); }
 

@@ -12,6 +12,7 @@
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/error.h"
 #include "kernels/cpu/decode_attention.h"
+#include "require_isa.h"
 
 namespace {
 
@@ -172,11 +173,7 @@ TEST(KVQuant, AttentionOutputErrorWithOutlierKeyChannels) {
 // and exact ties (x / s = k + 0.5, rounded to even). A CPU without AVX-512 skips visibly; FD_REQUIRE_ISA=avx512
 // (the GPU machine's scripts) makes that a failure.
 TEST(KVQuant, ScalarTwin) {
-  const char* req = std::getenv("FD_REQUIRE_ISA");
-  if (!fd::isa_supported(fd::Isa::AVX512)) {
-    if (req && (std::string(",") + req + ",").find(",avx512,") != std::string::npos) FAIL() << "FD_REQUIRE_ISA lists avx512";
-    GTEST_SKIP() << "ISA avx512 not supported by this CPU: the AVX-512 quantizer is not compared";
-  }
+  FD_SKIP_UNLESS_ISA(fd::Isa::AVX512);
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> small(-3, 3);
   int blocks = 0;
