@@ -37,7 +37,8 @@ void reserve(SPart& sp, HostBuffer& b, size_t bytes) {
 }  // namespace
 
 SRank::SRank(std::unique_ptr<SPart> spart, std::unique_ptr<RWorkerClient> client, Communicator* pp, SRankOptions o)
-    : spart_(std::move(spart)), client_(std::move(client)), pp_(pp), o_(std::move(o)) {
+    : spart_(std::move(spart)), client_(std::move(client)), pp_(pp), o_(std::move(o)),
+      worker_free_ns_(client_->size(), 0) {
   const ModelConfig& c = spart_->config();
   // Every worker answers HELLO before any work, or the run is refused as a config error (exit 2) naming it.
   for (size_t w = 0; w < client_->size(); ++w) {
@@ -199,10 +200,9 @@ void SRank::finish(Batch& b, int l, RankStep& out) {
   if (!replies.empty()) {
     const RWorkerReply& r = replies[last];
     const size_t w = reqs[last].first;
-    const int64_t start = std::max(b.parts[w].sent_ns, w < worker_free_ns_.size() ? worker_free_ns_[w] : 0);
+    const int64_t start = std::max(b.parts[w].sent_ns, worker_free_ns_[w]);
     out.wire_ns += std::clamp<int64_t>(r.recv_ns - start - int64_t(r.h.compute_ns), 0, t1 - t0);
   }
-  worker_free_ns_.resize(std::max(worker_free_ns_.size(), b.parts.size()), 0);
   for (size_t i = 0; i < replies.size(); ++i)
     worker_free_ns_[reqs[i].first] = std::max(worker_free_ns_[reqs[i].first], replies[i].recv_ns);
   for (size_t i = 0; i < reqs.size(); ++i) {

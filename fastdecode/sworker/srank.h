@@ -120,9 +120,9 @@ class SRank {
   std::unique_ptr<SPart> spart_;
   std::unique_ptr<RWorkerClient> client_;
   Communicator* pp_ = nullptr;
-  std::vector<int64_t> worker_free_ns_;  // per worker: the receipt of its latest ATTEND reply (decode's wire)
   SRankOptions o_;
   std::vector<json> hello_;
+  std::vector<int64_t> worker_free_ns_;  // per worker: the receipt of its latest ATTEND reply (decode's wire)
   std::vector<std::unique_ptr<Batch>> batches_;  // decode batches' buffers, kept between steps
   HostBuffer prefill_k_[2], prefill_v_[2];
   struct PendingFree {
