@@ -72,6 +72,20 @@ def decode_steps(steps):
     return [x for x in steps if x.get("prefill_tokens", 0) == 0 and x.get("decode_tokens", 0) > 0]
 
 
+def steady_steps(dec):
+    """The decode steps at the run's steady batch: the batch size that decoded the most tokens (steps x batch; the
+    larger batch on a tie). A run's window also holds the tail of its last wave (a few rows for as many steps),
+    whose steps mixed in would give a median step and a mean batch of no one batch: the roofline is taken at the
+    batch the steps ran."""
+    counts = {}
+    for x in dec:
+        counts[x["decode_tokens"]] = counts.get(x["decode_tokens"], 0) + 1
+    if not counts:
+        return []
+    b = max(counts, key=lambda k: (counts[k] * k, k))
+    return [x for x in dec if x["decode_tokens"] == b]
+
+
 def decode_tokens_per_s(dec):
     return sum(x["decode_tokens"] for x in dec) / (sum(x["step_ms"] for x in dec) / 1e3) if dec else 0.0
 

@@ -26,7 +26,7 @@ import os
 import statistics
 import sys
 
-from fd_runs import decode_steps, read_json, read_jsonl, write_report
+from fd_runs import decode_steps, read_json, read_jsonl, steady_steps, write_report
 from shapes import SHAPES, layer_weight_bytes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,17 +86,17 @@ def main(argv=None):
         gpu = (s.get("config", {}).get("hardware", {}).get("gpu", {}) or {})
         if gpu.get("sm_count"):  # a green context of fewer SMs: not this device's rates
             continue
-        dec = decode_steps(read_jsonl(d, "steps.jsonl"))
+        dec = steady_steps(decode_steps(read_jsonl(d, "steps.jsonl")))
         if not dec:
             continue
         L = s["model"]["layers"]
-        b = statistics.fmean(x["decode_tokens"] for x in dec)
+        b = dec[0]["decode_tokens"]
         ctx = statistics.fmean(x["total_context"] for x in dec) / b
         roof, nbytes, flops = roofline(model, L, b, ctx, bw, peak)
         step = statistics.median(x["step_ms"] for x in dec) / 1e3
         dev = [x["breakdown_ms"].get(DEVICE_TIME[engine]) for x in dec if DEVICE_TIME[engine] in x.get("breakdown_ms", {})]
         dev_s = statistics.median(dev) / 1e3 if dev else None
-        rows.append({"engine": engine, "model": model, "layers": L, "batch": b, "context": ctx,
+        rows.append({"engine": engine, "model": model, "layers": L, "batch": b, "steps": len(dec), "context": ctx,
                      "requested_batch": int(os.path.basename(d).rsplit("-b", 1)[1]), "bytes": nbytes, "flops": flops,
                      "roofline_ms": roof * 1e3, "bound": "memory" if nbytes / bw >= flops / peak else "compute",
                      "step_ms": step * 1e3, "device_ms": dev_s * 1e3 if dev_s else None, "step_vs_roofline": step / roof,
@@ -105,17 +105,17 @@ def main(argv=None):
         print("gpu_roofline: no gpu-only / paged-swap steady runs under %s" % " ".join(a.baselines), file=sys.stderr)
         return 1
     lines = ["# The GPU baselines' decode step against its roofline (issue 18; analysis/gpu_roofline.py)", "",
-             "`%s`, with L the layers run, b the mean running batch, ctx the mean context, w = fp16 bytes and p = "
+             "`%s`, with L the layers run, b the mean running batch, ctx the mean context (both over the steps at the run's steady batch: the batch that decoded the most tokens), w = fp16 bytes and p = "
              "parameters of a layer and of the LM head, kv = fp16 KV bytes per token and layer; BW = %.2f TB/s (HBM read) "
              "and PEAK = %.0f TFLOP/s (fp16 GEMM) measured on the same H200 (`%s`). The roofline is MODELLED; the steps "
              "are measured (median decode-only step; device: the engine's CUDA-event time of the step, gpu-only "
              "`gpu_decode`, paged-swap `decode`). Target: step <= 1.3x roofline at B = 64-1024." % (
                  FORMULA, bw / 1e12, peak / 1e12, os.path.relpath(a.balance_bench, REPO)), "",
-             "| engine | model | layers | B asked | batch | ctx | GB read | GFLOP | roofline ms (bound) | step ms | x roofline | device ms | x roofline |",
+             "| engine | model | layers | B asked | batch (steps) | ctx | GB read | GFLOP | roofline ms (bound) | step ms | x roofline | device ms | x roofline |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["model"], r["engine"], r["requested_batch"])):
-        lines.append("| %s | %s | %d | %d | %.0f | %.0f | %.2f | %.0f | %.3f (%s) | %.3f | %.2f | %s | %s |" % (
-            r["engine"], r["model"], r["layers"], r["requested_batch"], r["batch"], r["context"], r["bytes"] / 1e9,
+        lines.append("| %s | %s | %d | %d | %d (%d) | %.0f | %.2f | %.0f | %.3f (%s) | %.3f | %.2f | %s | %s |" % (
+            r["engine"], r["model"], r["layers"], r["requested_batch"], r["batch"], r["steps"], r["context"], r["bytes"] / 1e9,
             r["flops"] / 1e9, r["roofline_ms"], r["bound"], r["step_ms"], r["step_vs_roofline"],
             "%.3f" % r["device_ms"] if r["device_ms"] else "—", "%.2f" % r["device_vs_roofline"] if r["device_vs_roofline"] else "—"))
     target = [r for r in rows if 64 <= r["requested_batch"] <= 1024]

@@ -7,10 +7,14 @@
 #   prefill    experiments/gpu/prefill-kv-dtype.sweep.json + analysis/prefill_ttft.py (OUT/prefill/)
 #   pipeline   experiments/gpu/pipeline-layers.sweep.json at 2 and 8 layers + analysis/pipeline_bound.py
 #              (OUT/pipeline/)
+#   baselines  the GPU baselines' steady windows (gpu-only, paged-swap; Llama-2-7b, 2 layers, B 64/256/1024) and
+#              the device's rates (scripts/baselines-bench.sh), then analysis/gpu_roofline.py (OUT/baselines/)
+#   kernels    the same decode steps kernel by kernel under Nsight Compute (gpu-only B 64 and 252, paged-swap B 256)
+#              beside a run of each without it, then analysis/kernel_profile.py (OUT/kernels/)
 # Every step writes its provenance (commit, command, CPU, GPU, date) beside its result; sweeps' run folders are
 # packed (analysis/pack_runs.py) and the whole OUT is tarred into OUT.tar.xz at the end (the device machine copies
 # back only two folder levels). One device call runs at most 10 minutes: pick steps with --steps.
-# Usage: scripts/stages-bench.sh OUT [--steps quantize,attn,transport,prefill,pipeline] [--quick]
+# Usage: scripts/stages-bench.sh OUT [--steps quantize,attn,transport,prefill,pipeline,baselines,kernels] [--quick]
 #   --quick: attn at context 1024 only, transport at 4 and 16 MB only, pipeline at 8 layers only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +29,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 for s in ${steps//,/ }; do
-  case "$s" in quantize|attn|transport|prefill|pipeline) ;; *) echo "stages-bench.sh: unknown step $s" >&2; exit 2 ;; esac
+  case "$s" in quantize|attn|transport|prefill|pipeline|baselines|kernels) ;; *) echo "stages-bench.sh: unknown step $s" >&2; exit 2 ;; esac
 done
 bin=${BIN:-build/cuda/bin}
 for p in fd-attn-bench fd-transport-bench fd-bench; do
@@ -97,6 +101,37 @@ if has pipeline; then
   find "$out/pipeline" -name trace.json -delete
   python3 analysis/pack_runs.py "$out/pipeline" > /dev/null || rc=1
   python3 analysis/pipeline_bound.py "$out/pipeline" || rc=1
+fi
+if has baselines; then
+  step baselines
+  MODELS_FULL=llama-2-7b MODELS_A10="" ENGINES="gpu-only paged-swap" STEADY_BATCHES="64 256 1024" \
+    scripts/baselines-bench.sh "$out/baselines" balance steady > "$out/baselines.log" 2>&1 || rc=1
+  python3 analysis/gpu_roofline.py --baselines "$out/baselines" --balance-bench "$out/baselines/balance_bench.json" \
+    --out "$out/baselines" || rc=1
+fi
+if has kernels; then
+  step kernels
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  mkdir -p "$out/kernels"
+  csvs=() runs=()
+  for er in gpu-only:64 gpu-only:252 paged-swap:256; do
+    e=${er%%:*} B=${er##*:} cfg="experiments/baselines/llama-2-7b-${er%%:*}.json"
+    sets=(--set workload.requests="$B" --set workload.gen_len=8)
+    [ "$e" = paged-swap ] && sets+=(--set engine.max_num_seqs="$B")
+    "$bin/fd-bench" run "$cfg" "${sets[@]}" --out "$out/kernels/$e-b$B" --quiet > "$out/kernels/$e-b$B.log" 2>&1 || rc=1
+    rm -f "$out/kernels/$e-b$B/trace.json"
+    if [ -n "$ncu" ]; then
+      cmd=("$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --page raw
+           --log-file "$out/kernels/$e-b$B.csv" "$bin/fd-bench" run "$cfg" "${sets[@]}" --out "$out/kernels/ncu-$e-b$B" --quiet)
+      prov "$out/kernels/$e-b${B}_provenance.json" "${cmd[*]}"
+      "${cmd[@]}" > "$out/kernels/ncu-$e-b$B.log" 2>&1 || rc=1
+      rm -rf "$out/kernels/ncu-$e-b$B"
+      csvs+=("$out/kernels/$e-b$B.csv") runs+=("$out/kernels/$e-b$B")
+    else
+      echo "kernels: no ncu on this machine" >&2; rc=1
+    fi
+  done
+  ((${#csvs[@]})) && { python3 analysis/kernel_profile.py "${csvs[@]}" --runs "${runs[@]}" --out "$out/kernels" || rc=1; }
 fi
 step "tar $out.tar.xz"
 tar cJf "$out.tar.xz" -C "$(dirname "$out")" "$(basename "$out")" || rc=1

@@ -110,3 +110,40 @@ def test_gpu_roofline_formula():
     assert t == pytest.approx(nbytes / 4.41e12)  # memory-bound at B = 64
     t2, _, _ = gr.roofline("llama-2-7b", 2, 64, 528, 4.41e12, 1e12)  # a slow tensor core: compute-bound
     assert t2 == pytest.approx(flops / 1e12)
+
+
+def test_gpu_roofline_takes_the_steady_batch():
+    """A window of 30 steps at 252 rows and 31 steps of a 4-row tail is judged at 252, not at a mean batch of 126."""
+    from fd_runs import steady_steps
+    steps = [{"decode_tokens": 252, "step_ms": 1.7}] * 30 + [{"decode_tokens": 4, "step_ms": 0.47}] * 31
+    got = steady_steps(steps)
+    assert len(got) == 30 and {x["decode_tokens"] for x in got} == {252}
+    assert steady_steps([]) == []
+
+
+def test_kernel_profile_cuts_decode_steps_at_argmax(tmp_path):
+    """ncu's raw CSV (a units row, thousands separators): a prefill step is left out, each decode step's kernels summed
+    per name, and the step's wall time without ncu set against the kernels' sum."""
+    kp = module("kernel_profile")
+    head = '"ID","Kernel Name","gpu__time_duration.sum"\n"","","usecond"\n'
+    seq = [("prefill_kernel(float const*)", 900.0), ("void fd::cuda::decode_split_kernel<128, 1, false>(DecodeArgs)", 7.0),
+           ("argmax_kernel(float const*, long, int*)", 5.0)]  # a step with a prefill in it: not a decode step
+    for _ in range(3):
+        seq += [("void fd::cuda::rmsnorm_kernel<__half>(float*)", 4.0), ("sm90_xmma_gemm_f16f16_f32", 100.0),
+                ("void fd::cuda::decode_split_kernel<128, 1, false>(DecodeArgs)", 500.0),
+                ("void fd::cuda::rmsnorm_kernel<__half>(float*)", 4.0), ("argmax_kernel(float const*, long, int*)", 1000.0)]
+    rows = "".join('"%d","%s","%s"\n' % (i, n, ("%.1f" % t).replace("1000.0", "1,000.0")) for i, (n, t) in enumerate(seq))
+    (tmp_path / "k.csv").write_text("==PROF== Connected\n" + head + rows)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in
+                                             [{"prefill_tokens": 0, "decode_tokens": 8, "step_ms": 2.0}] * 3))
+    assert kp.main([str(tmp_path / "k.csv"), "--runs", str(run), "--out", str(tmp_path / "o")]) == 0
+    p = json.loads((tmp_path / "o" / "kernel_profile.json").read_text())[0]
+    assert p["steps"] == 3
+    k = {x["name"]: x for x in p["kernels"]}
+    assert set(k) == {"rmsnorm_kernel", "sm90_xmma_gemm_f16f16_f32", "decode_split_kernel", "argmax_kernel"}
+    assert k["rmsnorm_kernel"]["launches"] == 2 and k["rmsnorm_kernel"]["ms"] == pytest.approx(0.008)
+    assert k["argmax_kernel"]["ms"] == pytest.approx(1.0)
+    assert p["total_ms"] == pytest.approx(0.008 + 0.1 + 0.5 + 1.0)
+    assert p["step_ms"] == 2.0

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Where a GPU decode step's device time goes, kernel by kernel (issue 18): reads Nsight Compute's raw CSV of a greedy
+GPU run (`ncu --metrics gpu__time_duration.sum --csv --page raw --log-file F.csv fd-bench run ...`; scripts/
+stages-bench.sh --steps kernels), cuts the kernels into steps at each argmax (greedy sampling ends every step), keeps
+the decode steps (those with a decode attention kernel and no prefill one), and prints per kernel name its median time
+per step (all its launches in the step summed), its launches per step and its share of the step's kernel time. Under
+ncu the kernels run one at a time with nothing else on the device: the sum is the step's kernel time without launch
+gaps or overlap; set against the wall time of the same configuration's decode steps in a run without ncu (`--runs`: its
+median step at its steady batch, fd_runs.steady_steps), the difference is launch gaps and the host's work per step.
+
+usage: analysis/kernel_profile.py CSV... [--runs RUN_DIR...] [--out DIR]
+"""
+import argparse
+import csv
+import os
+import statistics
+import sys
+
+from fd_runs import decode_steps, read_jsonl, steady_steps, write_report
+
+DECODE_ATTENTION = ("decode_split_kernel", "paged_decode", "decode_combine_kernel")
+PREFILL = ("prefill_kernel",)
+END = "argmax_kernel"
+
+
+def short(name):
+    """A kernel's name without its template arguments and parameter list (cuBLAS kernels keep their own name)."""
+    base = name.split("(")[0]
+    if "<" in base:
+        base = base.split("<")[0]
+    base = base.replace("void ", "").strip()
+    return base.rsplit("::", 1)[-1] or name
+
+
+def read_kernels(path):
+    """[(kernel name, ns)] in launch order from ncu's raw CSV (a units row after the header, values may use ',')."""
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        lines = [l for l in f if l.startswith('"')]  # ncu's own log lines ("==PROF==") are not CSV
+    rows = list(csv.reader(lines))
+    if not rows:
+        return []
+    head = rows[0]
+    try:
+        ki, ti = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
+    except ValueError:
+        raise SystemExit("kernel_profile: %s has no 'Kernel Name' / 'gpu__time_duration.sum' columns" % path)
+    scale = 1.0
+    out = []
+    for r in rows[1:]:
+        if len(r) <= max(ki, ti):
+            continue
+        v = r[ti].replace(",", "")
+        if not r[ki]:  # the units row
+            scale = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6}.get(v.strip(), 1.0)
+            continue
+        try:
+            out.append((r[ki], float(v) * scale))
+        except ValueError:
+            continue
+    return out
+
+
+def steps(kernels):
+    """The decode steps: runs of kernels ending at an argmax, with a decode attention kernel and no prefill one."""
+    cur, out = [], []
+    for name, ns in kernels:
+        cur.append((short(name), ns))
+        if short(name) == END:
+            names = {n for n, _ in cur}
+            if any(n in names for n in DECODE_ATTENTION) and not any(n in names for n in PREFILL):
+                out.append(cur)
+            cur = []
+    return out
+
+
+def profile(path):
+    dec = steps(read_kernels(path))
+    if not dec:
+        return None
+    names = []
+    for s in dec:
+        for n, _ in s:
+            if n not in names:
+                names.append(n)
+    per = {n: [sum(ns for m, ns in s if m == n) for s in dec] for n in names}
+    launches = {n: statistics.median(sum(1 for m, _ in s if m == n) for s in dec) for n in names}
+    total = [sum(ns for _, ns in s) for s in dec]
+    return {"file": os.path.basename(path), "steps": len(dec), "total_ms": statistics.median(total) / 1e6,
+            "kernels": [{"name": n, "ms": statistics.median(per[n]) / 1e6, "launches": launches[n]} for n in names]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv", nargs="+")
+    ap.add_argument("--runs", nargs="*", default=[],
+                    help="a run folder of the same configuration without ncu, one per CSV (its median decode step)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    lines, data = ["# Decode step kernels (analysis/kernel_profile.py; ncu gpu__time_duration, kernels serialised)", ""], []
+    for i, path in enumerate(a.csv):
+        p = profile(path)
+        if not p:
+            print("kernel_profile: no decode step in %s" % path, file=sys.stderr)
+            continue
+        ev = None
+        if i < len(a.runs):
+            dec = steady_steps(decode_steps(read_jsonl(a.runs[i], "steps.jsonl")))
+            ev = statistics.median(x["step_ms"] for x in dec) if dec else None
+        p["step_ms"] = ev
+        data.append(p)
+        lines += ["## %s: %d decode steps, kernels %.3f ms a step%s" % (
+            p["file"], p["steps"], p["total_ms"],
+            "; the same configuration's decode step without ncu %.3f ms (launch gaps and host %.3f ms)" % (ev, ev - p["total_ms"]) if ev else ""),
+            "", "| kernel | launches / step | ms / step | share |", "|---|---|---|---|"]
+        for k in sorted(p["kernels"], key=lambda k: -k["ms"]):
+            lines.append("| `%s` | %g | %.4f | %.1f %% |" % (k["name"][:80], k["launches"], k["ms"], 100 * k["ms"] / p["total_ms"]))
+        lines.append("")
+    if not data:
+        return 1
+    if a.out:
+        write_report(a.out, "kernel_profile", lines, data)
+    else:
+        print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
