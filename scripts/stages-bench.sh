@@ -32,8 +32,12 @@ for s in ${steps//,/ }; do
   case "$s" in quantize|attn|transport|prefill|pipeline|baselines|kernels) ;; *) echo "stages-bench.sh: unknown step $s" >&2; exit 2 ;; esac
 done
 bin=${BIN:-build/cuda/bin}
-for p in fd-attn-bench fd-transport-bench fd-bench; do
-  [ -x "$bin/$p" ] || { echo "stages-bench.sh: no $bin/$p (build it: cmake --preset cuda && cmake --build build/cuda --target fd-bench fd-rworker fd-attn-bench fd-transport-bench)" >&2; exit 2; }
+need=(fd-bench)  # the programs the chosen steps run
+[[ ",$steps," == *,quantize,* || ",$steps," == *,attn,* ]] && need+=(fd-attn-bench)
+[[ ",$steps," == *,transport,* ]] && need+=(fd-transport-bench)
+[[ ",$steps," == *,baselines,* ]] && need+=(fd-kernel-bench)
+for p in "${need[@]}"; do
+  [ -x "$bin/$p" ] || { echo "stages-bench.sh: no $bin/$p (build it: cmake --preset cuda && cmake --build build/cuda --target fd-bench fd-rworker fd-attn-bench fd-transport-bench fd-kernel-bench)" >&2; exit 2; }
 done
 mkdir -p "$out"
 has() { [[ ",$steps," == *",$1,"* ]]; }
