@@ -24,12 +24,13 @@ END = "argmax_kernel"
 
 
 def short(name):
-    """A kernel's name without its template arguments and parameter list (cuBLAS kernels keep their own name)."""
-    base = name.split("(")[0]
-    if "<" in base:
-        base = base.split("<")[0]
-    base = base.replace("void ", "").strip()
-    return base.rsplit("::", 1)[-1] or name
+    """A kernel's name without its return type, namespaces, template arguments and parameters ("void
+    fd::<unnamed>::decode_split_kernel<128, 1, 0>(fd::<unnamed>::DecodeArgs)" -> "decode_split_kernel"; cuBLAS's
+    nvjet kernels keep their whole name, which says the tile)."""
+    base = name.split("(")[0].strip()
+    if base.startswith("void "):
+        base = base[5:]
+    return base.rsplit("::", 1)[-1].split("<")[0].strip() or name
 
 
 def read_kernels(path):

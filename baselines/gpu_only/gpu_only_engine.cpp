@@ -72,8 +72,7 @@ class GpuOnlyEngine : public Engine {
       weights[size_t(g)] = ModelWeights{};  // uploaded: free the host copy
     }
     // What this (reduced-layer) run allocates must also fit the real devices: per GPU, its ranks' caches of the
-    // layers run, each row's activations and the attention workspace (the CUDA graphs' own buffers, at most
-    // GraphCache::kMaxRows rows, come out of the 2 GiB kept free).
+    // layers run, each row's activations (twice with CUDA graphs: their own buffers) and the attention workspace.
     std::map<int, double> per_slot;
     for (const auto& r : ranks_) per_slot[r->device()] += r->run_bytes_per_slot();
     for (const auto& [dev, bytes] : per_slot) {

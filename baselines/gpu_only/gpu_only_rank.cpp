@@ -41,7 +41,10 @@ double GpuOnlyRank::run_bytes_per_slot() const {
   const ModelConfig& c = config();
   const double ws_row =
       4.0 * double(cuda::decode_attention_workspace_floats(1, int(c.num_heads), int(c.head_dim), o_.max_ctx));
-  return double(o_.max_ctx) * double(c.num_layers) * double(c.kv_dim()) * 2 * 2 + gpu_only_row_bytes(c) + ws_row;
+  // With CUDA graphs a row also has its place in the graphs' own buffers (graph_dec_: up to kMaxRows rows).
+  const double graph_row = o_.cuda_graphs ? gpu_only_row_bytes(c) : 0.0;
+  return double(o_.max_ctx) * double(c.num_layers) * double(c.kv_dim()) * 2 * 2 + gpu_only_row_bytes(c) + graph_row +
+         ws_row;
 }
 
 void GpuOnlyRank::allocate(int64_t slots) {
@@ -64,6 +67,9 @@ void GpuOnlyRank::allocate(int64_t slots) {
     graph_aux_.resize(size_t(3 * graph_rows_));
     model_->ensure(graph_dec_, graph_rows_);
     graph_dec_.logits.resize(size_t(graph_rows_ * c.vocab_size));
+    std::vector<int32_t> rows(static_cast<size_t>(graph_rows_));
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = int32_t(i);
+    model_->upload(graph_dec_.rows.get(), rows.data(), rows.size() * 4);  // the LM head reads every row
     graphs_ = std::make_unique<GraphCache>(stream_);
   }
 }
@@ -121,22 +127,21 @@ void GpuOnlyRank::decode_body(DevActs& a, int64_t Tb, const int32_t* d_slots, co
 }
 
 // A greedy decode wave from the graph of its padded batch size Tb (body, LM head, argmax on graph_dec_;
-// graph_aux_ holds slots, positions and lengths at 0, graph_rows_, 2 graph_rows_): rows T..Tb-1 pad the batch
-// (token 0 at position 0 of the spare slot). The logits rows in `record` come down after the replay.
+// graph_aux_ holds slots, positions and lengths at 0, graph_rows_, 2 graph_rows_; graph_dec_.rows is 0, 1, ...
+// from allocate()): rows T..Tb-1 pad the batch (token 0 at position 0 of the spare slot). The step's inputs go up
+// in one staged upload; the logits rows in `record` come down after the replay.
 void GpuOnlyRank::decode_graph(const GoRows& r, int32_t* tok, float* recorded, GoRankStep& out) {
   const int64_t T = int64_t(r.pos.size()), Tb = std::min(GraphCache::bucket(T), graph_rows_);
   const size_t n = size_t(Tb);
-  std::vector<int32_t> tokens(n, 0), slots(n, int32_t(slots_)), pos32(n, 0), lens(n, 1), rows(n, 0);
+  std::vector<int32_t> tokens(n, 0), slots(n, int32_t(slots_)), pos32(n, 0), lens(n, 1);
   std::vector<int64_t> pos(n, 0);
-  for (size_t i = 0; i < n; ++i) rows[i] = int32_t(i);
   for (size_t i = 0; i < size_t(T); ++i)
     tokens[i] = r.tokens[i], pos[i] = r.pos[i], slots[i] = r.slots[i], pos32[i] = int32_t(r.pos[i]), lens[i] = r.lens[i];
-  model_->upload(graph_dec_.tokens.get(), tokens.data(), n * 4);
-  model_->upload(graph_dec_.pos.get(), pos.data(), n * 8);
-  model_->upload(graph_dec_.rows.get(), rows.data(), n * 4);
-  model_->upload(graph_aux_.get(), slots.data(), n * 4);
-  model_->upload(graph_aux_.get() + graph_rows_, pos32.data(), n * 4);
-  model_->upload(graph_aux_.get() + 2 * graph_rows_, lens.data(), n * 4);
+  model_->upload({{graph_dec_.tokens.get(), tokens.data(), n * 4},
+                  {graph_dec_.pos.get(), pos.data(), n * 8},
+                  {graph_aux_.get(), slots.data(), n * 4},
+                  {graph_aux_.get() + graph_rows_, pos32.data(), n * 4},
+                  {graph_aux_.get() + 2 * graph_rows_, lens.data(), n * 4}});
   model_->ensure(graph_dec_, Tb);  // sized for graph_rows_ at allocate(): sets T, never reallocates
   CUDA_CHECK(cudaEventRecord(events_[0], stream_));
   graphs_->run(uint64_t(Tb), [&] {
@@ -161,8 +166,8 @@ DevActs& GpuOnlyRank::acts(size_t i) {
 void GpuOnlyRank::take_input(size_t i, DevActs& a, const GoRows& r, GoRankStep& out) {
   const int64_t T = int64_t(r.pos.size());
   model_->ensure(a, T);
-  if (o_.pp_rank == 0) model_->upload(a.tokens.get(), r.tokens.data(), size_t(T) * 4);
-  model_->upload(a.pos.get(), r.pos.data(), size_t(T) * 8);
+  model_->upload({{a.tokens.get(), r.tokens.data(), o_.pp_rank == 0 ? size_t(T) * 4 : 0},
+                  {a.pos.get(), r.pos.data(), size_t(T) * 8}});
   if (o_.pp_rank == 0) return;
   const size_t bytes = size_t(T * config().hidden_size) * 4;
   HostBuffer& h = mirror(i, bytes);

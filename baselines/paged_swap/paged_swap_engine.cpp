@@ -247,8 +247,10 @@ class PagedSwapEngine : public Engine {
     out.counts[out_to_cpu ? "swap_out_blocks" : "swap_in_blocks"] += int64_t(m.size());
   }
 
-  // Uploads per-row int32 arrays into aux_ back to back; returns each one's device pointer.
-  std::vector<const int32_t*> upload_aux(const std::vector<const std::vector<int32_t>*>& arrays) {
+  // Uploads per-row int32 arrays into aux_ back to back, with the step's other inputs (`with`) in the same staged
+  // upload; returns each array's device pointer.
+  std::vector<const int32_t*> upload_aux(const std::vector<const std::vector<int32_t>*>& arrays,
+                                         std::vector<CudaModel::Upload> with) {
     size_t total = 0;
     for (const auto* a : arrays) total += a->size();
     if (aux_.size() < total) {
@@ -259,9 +261,10 @@ class PagedSwapEngine : public Engine {
     size_t at = 0;
     for (const auto* a : arrays) {
       ptrs.push_back(aux_.get() + at);
-      if (!a->empty()) model_->upload(aux_.get() + at, a->data(), a->size() * 4);
+      with.push_back({aux_.get() + at, a->data(), a->size() * 4});
       at += a->size();
     }
+    model_->upload(with);
     return ptrs;
   }
 
@@ -300,10 +303,9 @@ class PagedSwapEngine : public Engine {
       out.total_context += p + 1;
     }
     model_->ensure(dec_, B);
-    model_->upload(dec_.tokens.get(), tokens.data(), size_t(B) * 4);
-    model_->upload(dec_.pos.get(), pos.data(), size_t(B) * 8);
-    model_->upload(dec_.rows.get(), rows.data(), size_t(B) * 4);
-    const auto d = upload_aux({&phys, &zeros, &lens, &tables});
+    const auto d = upload_aux({&phys, &zeros, &lens, &tables}, {{dec_.tokens.get(), tokens.data(), size_t(B) * 4},
+                                                                {dec_.pos.get(), pos.data(), size_t(B) * 8},
+                                                                {dec_.rows.get(), rows.data(), size_t(B) * 4}});
     const int64_t ctx = max_blocks * ec_.block_size;
     const size_t ws = cuda::decode_attention_workspace_floats(B, int(cfg_.num_heads), int(cfg_.head_dim), ctx);
     if (workspace_.size() < ws) {
@@ -360,11 +362,10 @@ class PagedSwapEngine : public Engine {
     const int64_t T = int64_t(tokens.size());
     std::vector<int32_t> zeros(size_t(T), 0);
     model_->ensure(pre_, T);
-    model_->upload(pre_.tokens.get(), tokens.data(), size_t(T) * 4);
-    model_->upload(pre_.pos.get(), pos.data(), size_t(T) * 8);
-    model_->upload(pre_.starts.get(), starts.data(), starts.size() * 4);
-    model_->upload(pre_.rows.get(), last.data(), last.size() * 4);
-    const auto d = upload_aux({&phys, &zeros});
+    const auto d = upload_aux({&phys, &zeros}, {{pre_.tokens.get(), tokens.data(), size_t(T) * 4},
+                                                {pre_.pos.get(), pos.data(), size_t(T) * 8},
+                                                {pre_.starts.get(), starts.data(), starts.size() * 4},
+                                                {pre_.rows.get(), last.data(), last.size() * 4}});
     model_->prefill_forward(pre_, int64_t(ids.size()), max_len, [&](int l) { append(pre_, T, d[0], d[1], l); });
     sample(pre_, seqs, out);
     out.prefill_tokens = T;

@@ -152,18 +152,26 @@ void CudaModel::all_gather(const float* in, float* out, int64_t n) const {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void CudaModel::upload(void* dst, const void* src, size_t bytes) const {
-  if (bytes == 0) return;
-  CUDA_CHECK(cudaStreamSynchronize(stream_));  // the staging buffer's previous copy is done
-  if (staging_bytes_ < bytes) {
+void CudaModel::upload(const std::vector<Upload>& parts) const {
+  size_t total = 0;
+  for (const Upload& u : parts) total += (u.bytes + 15) / 16 * 16;
+  if (total == 0) return;
+  CUDA_CHECK(cudaStreamSynchronize(stream_));  // the staging buffer's previous copies are done
+  if (staging_bytes_ < total) {
     if (staging_) cudaFreeHost(staging_);
     staging_ = nullptr;
     staging_bytes_ = 0;
-    CUDA_CHECK(cudaMallocHost(&staging_, std::max<size_t>(bytes, 1 << 16)));
-    staging_bytes_ = std::max<size_t>(bytes, 1 << 16);
+    CUDA_CHECK(cudaMallocHost(&staging_, std::max<size_t>(total, 1 << 16)));
+    staging_bytes_ = std::max<size_t>(total, 1 << 16);
   }
-  std::memcpy(staging_, src, bytes);
-  CUDA_CHECK(cudaMemcpyAsync(dst, staging_, bytes, cudaMemcpyHostToDevice, stream_));
+  size_t off = 0;
+  for (const Upload& u : parts) {
+    if (u.bytes == 0) continue;
+    char* at = static_cast<char*>(staging_) + off;
+    std::memcpy(at, u.src, u.bytes);
+    CUDA_CHECK(cudaMemcpyAsync(u.dst, at, u.bytes, cudaMemcpyHostToDevice, stream_));
+    off += (u.bytes + 15) / 16 * 16;
+  }
 }
 
 void CudaModel::sample(DevActs& a, int64_t n, const std::vector<SamplingParams>& params,

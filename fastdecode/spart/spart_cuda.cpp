@@ -72,8 +72,7 @@ class CudaSPart : public SPart {
     const uint64_t gen = a.generation;
     model_->ensure(a, T, graphed(T) ? GraphCache::bucket(T) : 0);  // padding rows for the graphs
     if (a.generation != gen) graphs_for(slot).clear();             // captured on the old buffers
-    upload(a.tokens.get(), tokens, size_t(T) * 4);
-    upload(a.pos.get(), pos, size_t(T) * 8);
+    model_->upload({{a.tokens.get(), tokens, size_t(T) * 4}, {a.pos.get(), pos, size_t(T) * 8}});
     model_->embed(a);
   }
 

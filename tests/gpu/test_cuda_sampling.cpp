@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -116,6 +117,42 @@ TEST(CudaSampling, GraphReplayMatchesEager) {
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
+}
+
+// argmax_rows = fd::argmax, row by row: the first of tied maxima (planted within one float4, across threads, at
+// the row's ends), NaN at index 0 (then 0) and elsewhere (ignored), all -inf, every V % 4 (the vector and the
+// scalar path), V from 1 to 128256, and a batch of 300 rows.
+TEST(CudaSampling, ArgmaxRowsIsTheHostArgmax) {
+  FD_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(20261202);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int64_t V : {1, 2, 3, 5, 17, 1000, 1001, 1002, 4099, 32000, 50272, 128256}) {
+    for (int64_t n : {int64_t(7), V == 32000 ? int64_t(300) : int64_t(1)}) {
+      std::vector<float> h(size_t(n * V));
+      for (auto& x : h) x = nd(rng);
+      for (int64_t r = 0; r < n; ++r) {
+        float* row = h.data() + r * V;
+        const float top = 100.0f + float(r);
+        switch (r % 7) {
+          case 0: row[V - 1] = top; break;                                      // the last element
+          case 1: for (int64_t i = V / 3; i < V; i += 4097) row[i] = top; break;  // tied across threads
+          case 2: row[V / 2] = top, row[V / 2 + 1 < V ? V / 2 + 1 : V / 2] = top; break;  // tied within a vector
+          case 3: row[0] = nan, row[V - 1] = top; break;                        // NaN first: index 0
+          case 4: row[V / 2] = nan, row[0] = top, row[V - 1] = top; break;      // NaN elsewhere: ignored
+          case 5: for (int64_t i = 0; i < V; ++i) row[i] = -inf; break;        // nothing beats index 0
+          default: row[0] = top, row[V - 1] = top; break;                       // tied at both ends
+        }
+      }
+      const Dev<float> logits(h);
+      Dev<int32_t> out(static_cast<size_t>(n));
+      fd::cuda::argmax_rows(logits.get(), n, V, out.get(), nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<int32_t> got = out.download();
+      for (int64_t r = 0; r < n; ++r)
+        ASSERT_EQ(got[size_t(r)], fd::argmax(h.data() + r * V, V)) << "V " << V << " row " << r << " (case " << r % 7 << ")";
+    }
+  }
 }
 
 // Checked before anything touches the device (no device needed).

@@ -9,6 +9,9 @@
 
 #include "baselines/gpu_only/gpu_only_engine.h"
 #include "baselines/reference/reference_engine.h"
+#ifdef FD_HAVE_CUDA
+#include "fastdecode/spart/cuda_model.h"
+#endif
 #include "kernels/cuda/device_info.h"
 #include "tests/gpu/require_gpu.h"
 #include "fastdecode/sworker/fastdecode_engine.h"
@@ -247,6 +250,39 @@ TEST_P(GpuEngines, GraphStepRecordsLogitsAndForces) {
   EXPECT_EQ(got.logits.size(), 2u);
 }
 
+// Past the largest power-of-two bucket: 150 running rows replay the graph of 192 (then 128, 64, ... as requests
+// finish at different lengths), the tokens equal to the eager engine's and each run teacher-forced against the
+// reference.
+TEST_P(GpuEngines, CudaGraphsPastThePowerOfTwoBuckets) {
+  const ModelConfig c = load_model_config(repo_path(std::string("experiments/models/") + GetParam() + ".json"));
+  std::vector<Request> reqs;
+  for (int i = 0; i < 150; ++i) {
+    std::vector<int32_t> prompt;
+    for (int t = 0; t < 4 + i % 7; ++t) prompt.push_back(int32_t((i * 37 + t * 11 + 3) % 200));
+    reqs.push_back({uint64_t(1000 + i), prompt, int64_t(3 + i % 4), false});
+  }
+  auto w0 = make_random_source(5, DType::F16);
+  const ModelWeights weights = load_model_weights(c, *w0);
+  auto run_with = [&](bool graphs) {
+    auto w = make_random_source(5, DType::F16);
+    GpuOnlyConfig go;
+    go.max_context = 32;
+    go.cuda_graphs = graphs;
+    auto e = make_gpu_only_engine(go, {c, *w});
+    return run_tokens(*e, reqs);
+  };
+  const Tokens eager = run_with(false), graphs = run_with(true);
+  size_t same = 0, total = 0;
+  for (const auto& [id, t] : eager)
+    for (size_t i = 0; i < t.size(); ++i, ++total) same += i < graphs.at(id).size() && graphs.at(id)[i] == t[i];
+  std::printf("%s gpu-only, 150 rows: CUDA graphs vs eager: %zu of %zu tokens equal\n", GetParam(), same, total);
+  EXPECT_EQ(graphs.size(), eager.size());
+  for (const Tokens* t : {&eager, &graphs}) {
+    const auto k = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, *t, kNearTie);
+    EXPECT_TRUE(k.ok()) << (t == &eager ? "eager: " : "graphs: ") << k.describe();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, GpuEngines, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa"));
 
 // A memory budget that leaves room for 3 sequences of Llama-2-7b-shaped (1 layer) runs: 8 requests
@@ -276,3 +312,23 @@ TEST(GpuOnly, BatchBoundedByMemoryBudget) {
   EXPECT_LE(max_running, 3);
   EXPECT_GE(max_running, 2);
 }
+
+#ifdef FD_HAVE_CUDA
+// Graph buckets (no device needed): powers of two up to 128 rows, then multiples of 64.
+TEST(GraphCacheBuckets, PowersOfTwoThenStepsOf64) {
+  using fd::GraphCache;
+  EXPECT_EQ(GraphCache::bucket(1), 1);
+  EXPECT_EQ(GraphCache::bucket(3), 4);
+  EXPECT_EQ(GraphCache::bucket(65), 128);
+  EXPECT_EQ(GraphCache::bucket(128), 128);
+  EXPECT_EQ(GraphCache::bucket(129), 192);
+  EXPECT_EQ(GraphCache::bucket(252), 256);
+  EXPECT_EQ(GraphCache::bucket(1000), 1024);
+  for (int64_t r = 1; r <= GraphCache::kMaxRows; ++r) {
+    const int64_t b = GraphCache::bucket(r);
+    ASSERT_GE(b, r);
+    ASSERT_LE(b, GraphCache::kMaxRows);
+    ASSERT_EQ(GraphCache::bucket(b), b) << r;  // a bucket is its own bucket: one graph per size
+  }
+}
+#endif

@@ -129,9 +129,9 @@ def test_kernel_profile_cuts_decode_steps_at_argmax(tmp_path):
     seq = [("prefill_kernel(float const*)", 900.0), ("void fd::cuda::decode_split_kernel<128, 1, false>(DecodeArgs)", 7.0),
            ("argmax_kernel(float const*, long, int*)", 5.0)]  # a step with a prefill in it: not a decode step
     for _ in range(3):
-        seq += [("void fd::cuda::rmsnorm_kernel<__half>(float*)", 4.0), ("sm90_xmma_gemm_f16f16_f32", 100.0),
-                ("void fd::cuda::decode_split_kernel<128, 1, false>(DecodeArgs)", 500.0),
-                ("void fd::cuda::rmsnorm_kernel<__half>(float*)", 4.0), ("argmax_kernel(float const*, long, int*)", 1000.0)]
+        seq += [("void fd::<unnamed>::rmsnorm_kernel<__half>(float *, const T1 *)", 4.0), ("sm90_xmma_gemm_f16f16_f32", 100.0),
+                ("void fd::<unnamed>::decode_split_kernel<128, 1, 0>(fd::<unnamed>::DecodeArgs)", 500.0),
+                ("void fd::<unnamed>::rmsnorm_kernel<__half>(float *, const T1 *)", 4.0), ("argmax_kernel(float const*, long, int*)", 1000.0)]
     rows = "".join('"%d","%s","%s"\n' % (i, n, ("%.1f" % t).replace("1000.0", "1,000.0")) for i, (n, t) in enumerate(seq))
     (tmp_path / "k.csv").write_text("==PROF== Connected\n" + head + rows)
     run = tmp_path / "run"
