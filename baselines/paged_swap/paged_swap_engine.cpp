@@ -163,7 +163,7 @@ class PagedSwapEngine : public Engine {
 
   StepResult step() override {
     StepResult out;
-    const StepPlan plan = sched_->schedule();
+    const PagedStepPlan plan = sched_->schedule();
     if (plan.empty() && !sched_->idle())
       FD_THROW("paged-swap: the scheduler planned nothing with " << sched_->waiting() << " waiting, " << sched_->swapped()
                                                                 << " swapped sequences");

@@ -1,7 +1,7 @@
 // The paged-swap baseline: vLLM v0.2's policy (PagedAttention over a block-paged fp16 KV-cache in GPU
 // memory, iteration-level scheduling, preemption by swapping to a pinned CPU pool or by recomputation)
 // on this project's S-Part (CudaModel), as the FastDecode paper ran vLLM. block_manager.h and
-// scheduler.h hold the policy (pure C++); the engine runs each StepPlan: swaps, then a prefill step or a
+// scheduler.h hold the policy (pure C++); the engine runs each PagedStepPlan: swaps, then a prefill step or a
 // decode step (never both, as vLLM v0.2). Block COUNTS come from full-depth accounting: GPU blocks =
 // (memory - full-depth fp16 weights - 1 GiB) / full-depth KV bytes per block, CPU blocks = swap_space_gb
 // GiB / the same; a reduced-layer run allocates (device and pinned host) only the layers it runs.

@@ -36,7 +36,7 @@ void PagedScheduler::sort_by_arrival(std::vector<uint64_t>& v) const {
   std::sort(v.begin(), v.end(), [&](uint64_t a, uint64_t b) { return seqs_.at(a).arrival < seqs_.at(b).arrival; });
 }
 
-void PagedScheduler::preempt(uint64_t seq, StepPlan& plan) {
+void PagedScheduler::preempt(uint64_t seq, PagedStepPlan& plan) {
   Preempted p{seq, cfg_.preemption, false};
   if (p.how == Preemption::kSwap && !blocks_.can_swap_out(seq)) p.how = Preemption::kRecompute, p.fallback = true;
   if (p.how == Preemption::kSwap) {
@@ -50,8 +50,8 @@ void PagedScheduler::preempt(uint64_t seq, StepPlan& plan) {
   plan.preempted.push_back(p);
 }
 
-StepPlan PagedScheduler::schedule() {
-  StepPlan plan;
+PagedStepPlan PagedScheduler::schedule() {
+  PagedStepPlan plan;
   // 1. Admission (only while nothing is swapped out: swapped sequences come back first).
   if (swapped_.empty()) {
     int64_t batched = 0;

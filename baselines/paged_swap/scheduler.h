@@ -42,7 +42,7 @@ struct Preempted {
 
 // What one step runs. Swaps are done before the step's compute (the GPU blocks a swap-out frees may be
 // written by this step's decode).
-struct StepPlan {
+struct PagedStepPlan {
   std::vector<uint64_t> prefill;  // sequences prefilled this step (over all their tokens), admission order
   std::vector<uint64_t> decode;   // sequences decoded this step (one token each), oldest first
   BlockMapping swap_in, swap_out; // (cpu -> gpu), (gpu -> cpu) block copies
@@ -61,7 +61,7 @@ class PagedScheduler {
   // The checks of add() alone (so a batch can be checked before any of it is queued).
   void check(uint64_t seq, int64_t prompt_tokens, int64_t max_tokens) const;
   // Plans the next step and applies it to the block tables (allocations, appended slots, swaps).
-  StepPlan schedule();
+  PagedStepPlan schedule();
   // The step produced a token for `seq`: one more token.
   void on_token(uint64_t seq);
   // `seq` finished: its blocks are freed and it leaves every queue.
@@ -80,7 +80,7 @@ class PagedScheduler {
     int64_t arrival = 0;  // FCFS rank
     int64_t tokens = 0;   // prompt + generated so far
   };
-  void preempt(uint64_t seq, StepPlan& plan);
+  void preempt(uint64_t seq, PagedStepPlan& plan);
   void sort_by_arrival(std::vector<uint64_t>& v) const;
 
   PagedSchedulerConfig cfg_;

@@ -16,6 +16,10 @@ Prints every violation (file:line: rule) and exits 1 if there is one, 0 otherwis
                 every program's source lives in the folder that defines it
   size          no source file over 600 lines
   stats         median / percentile are defined once, in fastdecode/core/stats.*
+  odr           no two files define a class or struct of the same name in the same named namespace (one
+                program links every engine: two layouts under one name is an ODR violation, and the linker
+                keeps one type's inline members for both; a paged-swap StepPlan beside the S-worker's crashed
+                fd-bench). Types in an anonymous namespace, and nested ones, are each file's own.
 
 ctest runs it (test `layering`); tests/python/test_layering.py plants a violation of each rule in a copy
 of the tree and checks that this script catches it.
@@ -152,6 +156,31 @@ def check(root: Path) -> list[str]:
                 m = stats_def.match(line)
                 if m:
                     bad.append(f"{rel(p)}:{n}: {m.group(1)} is defined once, in fastdecode/core/stats.h")
+    # odr: a namespace-scope type is defined in one file only
+    ns_open = re.compile(r"^namespace\s*([\w:]*)\s*\{")
+    ns_close = re.compile(r"^\}\s*//\s*namespace")
+    type_def = re.compile(r"^(?:template\s*<[^>]*>\s*)?(?:struct|class)\s+(?:\[\[\w+\]\]\s+)?(\w+)\s*(?:final\s*)?(?:\{|:(?!:))")
+    defined: dict[tuple[str, str], str] = {}
+    for top in LIB_DIRS:
+        for p in sources(root, top):
+            stack: list[str] = []
+            for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+                m = ns_open.match(line)
+                if m:
+                    stack.append(m.group(1))
+                    continue
+                if ns_close.match(line):
+                    if stack:
+                        stack.pop()
+                    continue
+                m = type_def.match(line)
+                if not m or "" in stack:
+                    continue
+                key = ("::".join(stack), m.group(1))
+                where = f"{rel(p)}:{n}"
+                first = defined.setdefault(key, where)
+                if first.split(":")[0] != rel(p):
+                    bad.append(f"{where}: one definition of {key[0]}::{key[1]} (also defined at {first})")
     return bad
 
 

@@ -62,6 +62,8 @@ PLANTS = {
         lambda t: append(t / "harness/programs/CMakeLists.txt", "fd_program(fd-extra)\n"),
     "no source file over 600 lines":
         lambda t: append(t / "fastdecode/core/error.cpp", "\n" * 700),
+    "one definition of fd::StepPlan":
+        lambda t: append(t / "baselines/paged_swap/scheduler.h", "\nnamespace fd {\nstruct StepPlan {\n  int x;\n};\n}  // namespace fd\n"),
     "median is defined once":
         lambda t: append(t / "harness/profile.cpp", "\nstatic double median(std::vector<double> v) { return v[0]; }\n"),
 }

@@ -26,15 +26,15 @@ struct Driver {
   PagedScheduler s;
   std::map<uint64_t, int64_t> prompt, gen, made;
   std::map<uint64_t, int64_t> last_prefill_tokens;  // tokens a sequence's latest prefill ran over
-  std::vector<StepPlan> plans;
+  std::vector<PagedStepPlan> plans;
   Driver(PagedSchedulerConfig c, BlockManager b) : s(c, std::move(b)) {}
   void add(uint64_t id, int64_t p, int64_t g) {
     s.add(id, p, p + g - 1);
     prompt[id] = p, gen[id] = g, made[id] = 0;
   }
   // One step; returns its plan.
-  StepPlan step() {
-    StepPlan plan = s.schedule();
+  PagedStepPlan step() {
+    PagedStepPlan plan = s.schedule();
     EXPECT_TRUE(plan.prefill.empty() || plan.decode.empty()) << "prefill and decode in one step";
     for (uint64_t id : plan.prefill.empty() ? plan.decode : plan.prefill) {
       // The table covers every token the step computes over: all of them (prefill) or up to the new one.
@@ -53,7 +53,7 @@ struct Driver {
   int64_t run(int64_t max_steps = 10000) {
     int64_t n = 0;
     while (!s.idle() && n < max_steps) {
-      const StepPlan p = step();
+      const PagedStepPlan p = step();
       EXPECT_FALSE(p.empty()) << "step " << n << " planned nothing";
       if (p.empty()) break;
       ++n;
@@ -146,7 +146,7 @@ TEST(PagedScheduler, FcfsAdmissionAndBudgets) {
   // max_num_seqs 2, 20 prompt tokens a step: 1 and 2 go first (3 would make 24 tokens and 3 running).
   Driver d(sched_config(Preemption::kSwap, 2, 20), BlockManager(4, 100, 0, 0.0));
   d.add(1, 8, 3), d.add(2, 8, 3), d.add(3, 8, 3), d.add(4, 30, 2);
-  StepPlan p = d.step();
+  PagedStepPlan p = d.step();
   EXPECT_EQ(p.prefill, (std::vector<uint64_t>{1, 2}));
   p = d.step();  // nothing fits (2 running): decode
   EXPECT_EQ(p.decode, (std::vector<uint64_t>{1, 2}));
@@ -156,7 +156,7 @@ TEST(PagedScheduler, FcfsAdmissionAndBudgets) {
   EXPECT_EQ(p.prefill, (std::vector<uint64_t>{3}));
   d.run();
   bool four_alone = false;
-  for (const StepPlan& q : d.plans) four_alone |= q.prefill == std::vector<uint64_t>{4};
+  for (const PagedStepPlan& q : d.plans) four_alone |= q.prefill == std::vector<uint64_t>{4};
   EXPECT_TRUE(four_alone) << "a prompt over max_num_batched_tokens still runs, alone";
   EXPECT_EQ(d.s.blocks().free_gpu_blocks(), 100);
 }
@@ -179,7 +179,7 @@ TEST(PagedScheduler, SwapPreemptsYoungestAndRoundTrips) {
   d.run();
   std::vector<uint64_t> victims;
   size_t swap_ins = 0;
-  for (const StepPlan& p : d.plans) {
+  for (const PagedStepPlan& p : d.plans) {
     for (const Preempted& q : p.preempted) {
       victims.push_back(q.seq);
       EXPECT_EQ(q.how, Preemption::kSwap);
@@ -203,7 +203,7 @@ TEST(PagedScheduler, RecomputeRequeuesAtTheFront) {
   bool seen = false, reprefilled = false;
   while (!d.s.idle()) {
     const std::map<uint64_t, int64_t> made_before = d.made;
-    const StepPlan p = d.step();
+    const PagedStepPlan p = d.step();
     // A recomputed sequence is prefilled over its prompt and every token generated so far (Driver::step
     // checked that its table covered exactly its tokens).
     for (uint64_t id : p.prefill)
@@ -235,7 +235,7 @@ TEST(PagedScheduler, SwapFallsBackToRecomputeWhenCpuPoolIsFull) {
   for (uint64_t id = 1; id <= 4; ++id) d.add(id, 4, 12);
   d.run();
   size_t fallbacks = 0;
-  for (const StepPlan& p : d.plans)
+  for (const PagedStepPlan& p : d.plans)
     for (const Preempted& q : p.preempted) fallbacks += q.fallback && q.how == Preemption::kRecompute;
   EXPECT_GT(fallbacks, 0u);
   EXPECT_EQ(d.s.blocks().free_gpu_blocks(), 12);
