@@ -216,8 +216,8 @@ class PagedSwapEngine : public Engine {
   static int64_t max_positions(const Request& r) { return int64_t(r.prompt.size()) + r.max_new_tokens - 1; }
 
   // Physical cache row of position t of `seq` (its block table on the GPU).
-  int32_t row_of(uint64_t seq, int64_t t) const {
-    const auto& table = sched_->blocks().table(seq);
+  int32_t row_of(uint64_t seq, int64_t t) const { return row_in(sched_->blocks().table(seq), t); }
+  int32_t row_in(const std::vector<int32_t>& table, int64_t t) const {
     return int32_t(int64_t(table[size_t(t / ec_.block_size)]) * ec_.block_size + t % ec_.block_size);
   }
 
@@ -286,10 +286,12 @@ class PagedSwapEngine : public Engine {
     const int64_t t0 = now_ns();
     const int64_t B = int64_t(ids.size());
     std::vector<Seq*> seqs;
+    std::vector<const std::vector<int32_t>*> block_tables;  // each looked up once
     int64_t max_blocks = 1;
     for (uint64_t id : ids) {
       seqs.push_back(&seqs_.at(id));
-      max_blocks = std::max<int64_t>(max_blocks, int64_t(sched_->blocks().table(id).size()));
+      block_tables.push_back(&sched_->blocks().table(id));
+      max_blocks = std::max<int64_t>(max_blocks, int64_t(block_tables.back()->size()));
     }
     std::vector<int32_t> tokens, rows, phys, zeros(size_t(B), 0), lens, tables(size_t(B * max_blocks), 0);
     std::vector<int64_t> pos;
@@ -297,8 +299,9 @@ class PagedSwapEngine : public Engine {
       const Seq& s = *seqs[size_t(b)];
       const int64_t p = int64_t(s.tokens.size()) - 1;  // the new token's position
       tokens.push_back(s.tokens.back()), pos.push_back(p), rows.push_back(int32_t(b));
-      phys.push_back(row_of(ids[size_t(b)], p)), lens.push_back(int32_t(p + 1));
-      const auto& t = sched_->blocks().table(ids[size_t(b)]);
+      const std::vector<int32_t>& t = *block_tables[size_t(b)];
+      phys.push_back(row_in(t, p));
+      lens.push_back(int32_t(p + 1));
       std::copy(t.begin(), t.end(), tables.begin() + b * max_blocks);
       out.total_context += p + 1;
     }

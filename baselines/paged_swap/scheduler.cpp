@@ -32,8 +32,15 @@ void PagedScheduler::check(uint64_t seq, int64_t prompt_tokens, int64_t max_toke
                                     << blocks_.watermark_blocks() << ") hold");
 }
 
+// Each sequence's arrival looked up once (not twice per comparison), and no sort when the order holds already (the
+// running list usually does: admission appends in arrival order).
 void PagedScheduler::sort_by_arrival(std::vector<uint64_t>& v) const {
-  std::sort(v.begin(), v.end(), [&](uint64_t a, uint64_t b) { return seqs_.at(a).arrival < seqs_.at(b).arrival; });
+  std::vector<std::pair<int64_t, uint64_t>> keyed;
+  keyed.reserve(v.size());
+  for (uint64_t s : v) keyed.emplace_back(seqs_.at(s).arrival, s);
+  if (std::is_sorted(keyed.begin(), keyed.end())) return;
+  std::sort(keyed.begin(), keyed.end());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = keyed[i].second;
 }
 
 void PagedScheduler::preempt(uint64_t seq, PagedStepPlan& plan) {
