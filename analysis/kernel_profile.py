@@ -2,7 +2,8 @@
 """Where a GPU decode step's device time goes, kernel by kernel (issue 18): reads Nsight Compute's raw CSV of a greedy
 GPU run (`ncu --metrics gpu__time_duration.sum --csv --page raw --log-file F.csv fd-bench run ...`; scripts/
 stages-bench.sh --steps kernels), cuts the kernels into steps at each argmax (greedy sampling ends every step), keeps
-the decode steps (those with a decode attention kernel and no prefill one), and prints per kernel name its median time
+the decode steps (those with a decode attention kernel and no prefill one) that ran the most common kernel sequence
+(the steady batch), and prints per kernel name its median time
 per step (all its launches in the step summed), its launches per step and its share of the step's kernel time. Under
 ncu the kernels run one at a time with nothing else on the device: the sum is the step's kernel time without launch
 gaps or overlap; set against the wall time of the same configuration's decode steps in a run without ncu (`--runs`: its
@@ -12,6 +13,7 @@ usage: analysis/kernel_profile.py CSV... [--runs RUN_DIR...] [--out DIR]
 """
 import argparse
 import csv
+import gzip
 import os
 import statistics
 import sys
@@ -34,8 +36,9 @@ def short(name):
 
 
 def read_kernels(path):
-    """[(kernel name, ns)] in launch order from ncu's raw CSV (a units row after the header, values may use ',')."""
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    """[(kernel name, ns)] in launch order from ncu's raw CSV, or its .gz (a units row after the header, values may use ',')."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", newline="", encoding="utf-8", errors="replace") as f:
         lines = [l for l in f if l.startswith('"')]  # ncu's own log lines ("==PROF==") are not CSV
     rows = list(csv.reader(lines))
     if not rows:
@@ -75,19 +78,23 @@ def steps(kernels):
 
 
 def profile(path):
-    dec = steps(read_kernels(path))
-    if not dec:
+    """The steady decode steps of one CSV: those whose kernel sequence is the most common one (a run's first decode
+    step and its tail run other batch sizes, for which cuBLAS may pick other kernels)."""
+    every = steps(read_kernels(path))
+    if not every:
         return None
+    sigs = [tuple(n for n, _ in s) for s in every]
+    common = max(set(sigs), key=lambda g: (sigs.count(g), len(g)))
+    dec = [s for s, g in zip(every, sigs) if g == common]
     names = []
-    for s in dec:
-        for n, _ in s:
-            if n not in names:
-                names.append(n)
+    for n in common:
+        if n not in names:
+            names.append(n)
     per = {n: [sum(ns for m, ns in s if m == n) for s in dec] for n in names}
-    launches = {n: statistics.median(sum(1 for m, _ in s if m == n) for s in dec) for n in names}
     total = [sum(ns for _, ns in s) for s in dec]
-    return {"file": os.path.basename(path), "steps": len(dec), "total_ms": statistics.median(total) / 1e6,
-            "kernels": [{"name": n, "ms": statistics.median(per[n]) / 1e6, "launches": launches[n]} for n in names]}
+    return {"file": os.path.basename(path), "steps": len(dec), "decode_steps": len(every),
+            "total_ms": statistics.median(total) / 1e6,
+            "kernels": [{"name": n, "ms": statistics.median(per[n]) / 1e6, "launches": common.count(n)} for n in names]}
 
 
 def main(argv=None):
@@ -109,8 +116,8 @@ def main(argv=None):
             ev = statistics.median(x["step_ms"] for x in dec) if dec else None
         p["step_ms"] = ev
         data.append(p)
-        lines += ["## %s: %d decode steps, kernels %.3f ms a step%s" % (
-            p["file"], p["steps"], p["total_ms"],
+        lines += ["## %s: %d of %d decode steps (the most common kernel sequence), kernels %.3f ms a step%s" % (
+            p["file"], p["steps"], p["decode_steps"], p["total_ms"],
             "; the same configuration's decode step without ncu %.3f ms (launch gaps and host %.3f ms)" % (ev, ev - p["total_ms"]) if ev else ""),
             "", "| kernel | launches / step | ms / step | share |", "|---|---|---|---|"]
         for k in sorted(p["kernels"], key=lambda k: -k["ms"]):

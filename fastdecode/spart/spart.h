@@ -70,9 +70,8 @@ class SPart {
   virtual void attention_input(int slot, int layer, DType dt, void* q, void* k, void* v) = 0;
   // The slot's attention output = the given host rows, concatenated in order (T rows in all).
   virtual void set_attention(int slot, DType dt, const std::vector<HostRows>& parts) = 0;
-  // Time of the R-Part's copies so far (cumulative, ns): q/k/v down in attention_input (d2h, device time) and the
-  // attention rows up in set_attention (h2d: their gather into pinned memory on the host, then the copy's device
-  // time). Zero for a backend whose activations are host memory (CPU).
+  // Device time of the R-Part's copies so far (cumulative, ns): q/k/v down in attention_input (d2h) and the
+  // attention rows up in set_attention (h2d). Zero for a backend whose activations are host memory (CPU).
   struct CopyTimes {
     int64_t d2h_ns = 0, h2d_ns = 0;
   };

@@ -132,6 +132,8 @@ def test_kernel_profile_cuts_decode_steps_at_argmax(tmp_path):
         seq += [("void fd::<unnamed>::rmsnorm_kernel<__half>(float *, const T1 *)", 4.0), ("sm90_xmma_gemm_f16f16_f32", 100.0),
                 ("void fd::<unnamed>::decode_split_kernel<128, 1, 0>(fd::<unnamed>::DecodeArgs)", 500.0),
                 ("void fd::<unnamed>::rmsnorm_kernel<__half>(float *, const T1 *)", 4.0), ("argmax_kernel(float const*, long, int*)", 1000.0)]
+    seq += [("nvjet_other_tile", 50.0), ("void fd::<unnamed>::decode_split_kernel<128, 1, 0>(fd::<unnamed>::DecodeArgs)", 9.0),
+            ("argmax_kernel(float const*, long, int*)", 1.0)]  # a tail step of another batch: other kernels, left out
     rows = "".join('"%d","%s","%s"\n' % (i, n, ("%.1f" % t).replace("1000.0", "1,000.0")) for i, (n, t) in enumerate(seq))
     (tmp_path / "k.csv").write_text("==PROF== Connected\n" + head + rows)
     run = tmp_path / "run"
@@ -140,7 +142,7 @@ def test_kernel_profile_cuts_decode_steps_at_argmax(tmp_path):
                                              [{"prefill_tokens": 0, "decode_tokens": 8, "step_ms": 2.0}] * 3))
     assert kp.main([str(tmp_path / "k.csv"), "--runs", str(run), "--out", str(tmp_path / "o")]) == 0
     p = json.loads((tmp_path / "o" / "kernel_profile.json").read_text())[0]
-    assert p["steps"] == 3
+    assert p["steps"] == 3 and p["decode_steps"] == 4
     k = {x["name"]: x for x in p["kernels"]}
     assert set(k) == {"rmsnorm_kernel", "sm90_xmma_gemm_f16f16_f32", "decode_split_kernel", "argmax_kernel"}
     assert k["rmsnorm_kernel"]["launches"] == 2 and k["rmsnorm_kernel"]["ms"] == pytest.approx(0.008)
