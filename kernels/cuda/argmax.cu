@@ -4,7 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cfloat>
+#include <type_traits>
 
 #include "kernels/cuda/act16.cuh"
 
@@ -22,6 +22,16 @@ __device__ __forceinline__ bool beats(float v2, int32_t i2, float v1, int32_t i1
   return v2 > v1 || (v2 == v1 && i2 < i1);
 }
 
+// Lane 0 ends with the warp's best (value, index) by `beats`.
+__device__ __forceinline__ void warp_best(float& best, int32_t& bi) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v2 = __shfl_down_sync(0xffffffffu, best, o);
+    const int32_t i2 = __shfl_down_sync(0xffffffffu, bi, o);
+    if (beats(v2, i2, best, bi)) best = v2, bi = i2;
+  }
+}
+
 // One block of 1024 threads per row. Every thread starts from (row[0], 0), as fd::argmax does, then visits its
 // elements in increasing index order, kBatch loads (float4 when V % 4 == 0: the rows are then 16-byte aligned) in
 // flight before it compares them, taking a strictly larger one; then a warp-shuffle and a shared-memory
@@ -37,47 +47,29 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
   const auto take = [&](float v, int32_t i) {
     if (v > best) best = v, bi = i;
   };
-  if constexpr (kVec) {
-    const float4* r4 = reinterpret_cast<const float4*>(row);
-    const int64_t n4 = V / 4, step = int64_t(kArgmaxThreads) * kBatch;
-    for (int64_t base = threadIdx.x; base < n4; base += step) {
-      float4 x[kBatch];
+  using T = std::conditional_t<kVec, float4, float>;  // what one load reads: 4 elements or 1
+  const T* r = reinterpret_cast<const T*>(row);
+  const int64_t n = kVec ? V / 4 : V, step = int64_t(kArgmaxThreads) * kBatch;
+  for (int64_t base = threadIdx.x; base < n; base += step) {
+    T x[kBatch];
 #pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int64_t j = base + int64_t(k) * kArgmaxThreads;
-        if (j < n4) x[k] = __ldg(r4 + j);
-      }
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int64_t j = base + int64_t(k) * kArgmaxThreads;
-        if (j < n4) {
-          const int32_t i = int32_t(4 * j);
-          take(x[k].x, i), take(x[k].y, i + 1), take(x[k].z, i + 2), take(x[k].w, i + 3);
-        }
-      }
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t j = base + int64_t(k) * kArgmaxThreads;
+      if (j < n) x[k] = __ldg(r + j);
     }
-  } else {
-    const int64_t step = int64_t(kArgmaxThreads) * kBatch;
-    for (int64_t base = threadIdx.x; base < V; base += step) {
-      float x[kBatch];
 #pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int64_t j = base + int64_t(k) * kArgmaxThreads;
-        if (j < V) x[k] = __ldg(row + j);
-      }
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int64_t j = base + int64_t(k) * kArgmaxThreads;
-        if (j < V) take(x[k], int32_t(j));
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t j = base + int64_t(k) * kArgmaxThreads;
+      if (j >= n) continue;
+      if constexpr (kVec) {
+        const int32_t i = int32_t(4 * j);
+        take(x[k].x, i), take(x[k].y, i + 1), take(x[k].z, i + 2), take(x[k].w, i + 3);
+      } else {
+        take(x[k], int32_t(j));
       }
     }
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v2 = __shfl_down_sync(0xffffffffu, best, o);
-    const int32_t i2 = __shfl_down_sync(0xffffffffu, bi, o);
-    if (beats(v2, i2, best, bi)) best = v2, bi = i2;
-  }
+  warp_best(best, bi);
   __shared__ float sv[kArgmaxThreads / 32];
   __shared__ int32_t si[kArgmaxThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -85,12 +77,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
   __syncthreads();
   if (warp == 0) {
     best = sv[lane], bi = si[lane];  // kArgmaxThreads / 32 == 32 warps: one per lane
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float v2 = __shfl_down_sync(0xffffffffu, best, o);
-      const int32_t i2 = __shfl_down_sync(0xffffffffu, bi, o);
-      if (beats(v2, i2, best, bi)) best = v2, bi = i2;
-    }
+    warp_best(best, bi);
     if (lane == 0) out[blockIdx.x] = bi;
   }
 }
