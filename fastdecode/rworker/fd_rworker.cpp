@@ -61,7 +61,7 @@ bool loopback_only(const std::string& ep) {
 
 int main(int argc, char** argv) {
   CLI::App app{"fd-rworker: R-worker process (KV-cache holder and CPU decode attention)", "fd-rworker"};
-  std::string listen = "tcp://127.0.0.1:5555", kv_dtype = "fp16", isa, cpus, name = "rworker";
+  std::string listen = "tcp://127.0.0.1:5555", kv_dtype = "fp16", isa, cpus, name = "rworker", query = "auto";
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
   double memory_gb = 4.0, max_message_mb = 1024;
   bool verbose = false, print_endpoint = false;
@@ -72,6 +72,12 @@ int main(int argc, char** argv) {
   app.add_option("--memory-gb", memory_gb, "KV-cache memory limit (GB = 1e9 bytes)")->check(CLI::Range(0.0, 1e6))->capture_default_str();
   app.add_option("--kv-dtype", kv_dtype, "KV storage")->check(CLI::IsMember({"fp16", "int8", "int4"}))->capture_default_str();
   app.add_option("--isa", isa, "Kernel ISA: scalar, avx2, avx512, avx512vnni (default: the best supported)");
+  app.add_option("--query", query,
+                 "How int8/int4 blocks take the query: fp32 (keys dequantized in registers: the exact math), int8 "
+                 "(integer dot products on an int8-quantized query, VNNI where the CPU has it: faster, adds the "
+                 "query's rounding error, artifacts/accuracy), auto (today fp32)")
+      ->check(CLI::IsMember({"auto", "fp32", "int8"}))
+      ->capture_default_str();
   app.add_option("--max-message-mb", max_message_mb, "Largest accepted request")->check(CLI::Range(1.0, 65536.0))->capture_default_str();
   app.add_option("--name", name, "Name in logs and STATS")->capture_default_str();
   app.add_flag("--print-endpoint", print_endpoint, "Print the bound endpoint on stdout once listening");
@@ -120,6 +126,7 @@ int main(int argc, char** argv) {
     cfg.threads = threads;
     cfg.isa = isa.empty() ? fd::best_isa() : fd::isa_from_name(isa);
     if (!fd::isa_supported(cfg.isa)) throw fd::ConfigError("--isa " + isa + ": not supported by this CPU");
+    cfg.query = fd::query_quant_from_name(query);
     cfg.limits.max_message_bytes = size_t(max_message_mb * 1e6);
     cfg.name = name;
     cfg.session_quota_bytes = size_t(session_quota_gb * 1e9);
@@ -148,8 +155,8 @@ int main(int argc, char** argv) {
     opt.parent_pid = parent_pid;  // the server stops once the parent is gone (even by SIGKILL)
     fd::RWorkerService service(cfg);
     fd::run_rworker_server(service, opt, &g_stop, [&](const std::string& ep) {
-      std::fprintf(stderr, "fd-rworker %s: listening on %s (kv %s, %d threads, %s, %.2f GB%s)\n", name.c_str(),
-                   ep.c_str(), kv_dtype.c_str(), threads, std::string(fd::isa_name(cfg.isa)).c_str(), memory_gb,
+      std::fprintf(stderr, "fd-rworker %s: listening on %s (kv %s, %d threads, %s, query %s, %.2f GB%s)\n", name.c_str(),
+                   ep.c_str(), kv_dtype.c_str(), threads, std::string(fd::isa_name(cfg.isa)).c_str(), query.c_str(), memory_gb,
                    opt.curve.secret_z85.empty() ? "" : ", CURVE");
       if (opt.curve.secret_z85.empty() && !loopback_only(ep))
         std::fprintf(stderr,

@@ -167,6 +167,7 @@ std::vector<zmq::message_t> RWorkerService::on_hello(const std::string& peer, co
                {"protocol_version", proto::kVersion},
                {"kv_dtype", kv_dtype_name(cfg_.kv_dtype)},
                {"isa", isa_name(cfg_.isa)},
+               {"query", query_quant_name(cfg_.query)},
                {"threads", cfg_.threads},
                {"memory_limit_bytes", cfg_.memory_limit_bytes},
                {"session_quota_bytes", quota()},
@@ -297,6 +298,7 @@ std::vector<zmq::message_t> RWorkerService::on_attend(Session& s, const Message&
   p.seqs = views_.data();
   p.q = q32_.data();
   p.o = o32_.data();
+  p.query = cfg_.query;
   if (ns > 0) decode_attention(p, cfg_.isa, cfg_.threads, ws_);
 #ifdef FD_FAULT_ZERO_HEAD  // planted fault: query head 1's output is zeros
   if (h.n_heads > 1)
@@ -324,6 +326,7 @@ json RWorkerService::stats(const std::string& peer) const {
             {"attend_compute_s", double(compute_ns_) / 1e9},
             {"kv_dtype", kv_dtype_name(cfg_.kv_dtype)},
             {"isa", isa_name(cfg_.isa)},
+            {"query", query_quant_name(cfg_.query)},
             {"threads", cfg_.threads},
             {"memory_limit_bytes", cfg_.memory_limit_bytes}};
   // Worker-wide: every session's sequences and memory (counts only: no id or value of another client's).

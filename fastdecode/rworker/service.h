@@ -36,6 +36,7 @@ struct RWorkerConfig {
   // SHUTDOWN is obeyed only when its frame equals this token (kShutdownTokenBytes bytes); empty: never (stop the
   // worker with a signal). Spawned workers get one from their parent (FD_RWORKER_SHUTDOWN_TOKEN).
   std::string shutdown_token;
+  QueryQuant query = QueryQuant::Auto;  // how int8/int4 blocks take the query (decode_attention.h; --query)
 };
 
 // What one session costs of --memory-gb besides its sequences: the session's record and its store's object.

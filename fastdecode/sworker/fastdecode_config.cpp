@@ -39,7 +39,7 @@ RWorkersConfig RWorkersConfig::parse(StrictObject& r, int64_t ranks) {
   const json& eps = r.get_raw("endpoints");
   if (!eps.is_null()) {
     rw.endpoints = endpoint_list(r, eps);
-    for (const char* k : {"spawn", "threads", "kv_dtype", "memory_gb", "binary", "pin"})
+    for (const char* k : {"spawn", "threads", "kv_dtype", "query", "memory_gb", "binary", "pin"})
       if (r.has(k)) r.fail(k, "applies to spawned R-workers; not allowed with endpoints");
   }
   rw.on_failure = r.get_enum("on_failure", {"recover", "fail"}, std::string("recover"));
@@ -61,7 +61,7 @@ RWorkersConfig RWorkersConfig::parse(StrictObject& r, int64_t ranks) {
   if (!rw.register_endpoint.empty()) {
     if (rw.expect < 1) r.fail("expect", "needed with register: how many R-workers to wait for");
     if (rw.register_endpoint.rfind("tcp://", 0) != 0) r.fail("register", "a tcp://HOST:PORT endpoint to listen on");
-    for (const char* k : {"endpoints", "spawn", "threads", "kv_dtype", "memory_gb", "binary", "pin", "groups"})
+    for (const char* k : {"endpoints", "spawn", "threads", "kv_dtype", "query", "memory_gb", "binary", "pin", "groups"})
       if (r.has(k)) r.fail(k, "not allowed with register (the registered workers are the R-workers)");
   } else if (rw.expect > 0) {
     r.fail("expect", "applies with register (the endpoint registering workers announce themselves to)");
@@ -71,6 +71,7 @@ RWorkersConfig RWorkersConfig::parse(StrictObject& r, int64_t ranks) {
   rw.spawn = r.get_int("spawn", 1, 256, 2);
   rw.threads = r.get_int("threads", 1, 4096, 1);
   rw.kv_dtype = r.get_enum("kv_dtype", {"fp16", "int8", "int4"}, std::string("fp16"));
+  rw.query = r.get_enum("query", {"auto", "fp32", "int8"}, std::string("auto"));
   rw.memory_gb = r.get_number("memory_gb", 0.001, 1e6, 1.0);
   rw.timeout_ms = r.get_int("timeout_ms", 10, 3600000, 60000);
   rw.binary = r.get_string("binary", "");
@@ -148,7 +149,7 @@ json RWorkersConfig::to_json() const {
                       ? json{{"register", r.register_endpoint}, {"expect", r.expect}, {"register_timeout_ms", r.register_timeout_ms},
                              {"timeout_ms", r.timeout_ms}}
                   : r.endpoints.empty()
-                      ? json{{"spawn", r.spawn}, {"threads", r.threads}, {"kv_dtype", r.kv_dtype}, {"memory_gb", r.memory_gb},
+                      ? json{{"spawn", r.spawn}, {"threads", r.threads}, {"kv_dtype", r.kv_dtype}, {"query", r.query}, {"memory_gb", r.memory_gb},
                              {"timeout_ms", r.timeout_ms}, {"binary", r.binary}, {"pin", r.pin}}
                       : json{{"endpoints", r.endpoints}, {"timeout_ms", r.timeout_ms}};
   j["on_failure"] = r.on_failure;

@@ -168,6 +168,7 @@ FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineC
       const std::string name = G == 1 ? "rworker" + std::to_string(i) : "g" + std::to_string(g) + "w" + std::to_string(i);
       std::vector<std::string> args = {"--threads", std::to_string(r.threads), "--kv-dtype", r.kv_dtype,
                                         "--memory-gb", std::to_string(r.memory_gb), "--name", name};
+      if (r.query != "auto") args.insert(args.end(), {"--query", r.query});
       if (r.pin) {  // disjoint cores per worker: the emulated CPU count is exact
         const int64_t first = first_cpu + i * r.threads, last = first + r.threads - 1;
         char cpus[48];

@@ -17,6 +17,7 @@ struct RWorkersConfig {
   int64_t spawn = 2;                   // local fd-rworker processes otherwise
   int64_t threads = 1;                 // compute threads per spawned worker
   std::string kv_dtype = "fp16";       // fp16 | int8 | int4 (spawned workers)
+  std::string query = "auto";          // auto | fp32 | int8: how their int8/int4 blocks take the query (fd-rworker --query)
   double memory_gb = 1.0;              // KV memory per spawned worker
   bool pin = false;                    // pin spawned worker i to CPUs [i*threads, (i+1)*threads)
   int64_t timeout_ms = 60000;          // per-step deadline of every R-worker reply

@@ -72,6 +72,7 @@ struct Options {
   double memory_gb = 16, cold_gb = 1.0;
   bool quick = false;
   bool quantize = false;
+  std::string query = "auto";  // how int8/int4 blocks take the query (fd::QueryQuant)
 };
 
 // A 2 MiB-aligned buffer that only grows; pages are touched in parallel once (first touch).
@@ -232,6 +233,7 @@ class Bench {
     p.dtype = s.dt, p.n_seq = s.B, p.n_heads = o_.heads, p.n_kv_heads = o_.kv_heads, p.head_dim = o_.head_dim;
     p.scale = 1.f / std::sqrt(float(o_.head_dim)), p.q = c.q.data(), p.o = c.o.data();
     p.seqs = c.views.data();
+    p.query = fd::query_quant_from_name(o_.query);
     if (fd::decode_attention_kv_bytes(p) != c.kv_bytes) FD_THROW("internal: KV bytes formula mismatch");
     const fd::DecodeAttentionPlan plan = fd::decode_attention_plan(p, o_.threads);
     const auto call = [&] {
@@ -258,6 +260,7 @@ class Bench {
       fp16_tps_[fp16_key] = tps;
     else if (fp16_tps_.count(fp16_key))
       st.counters["speedup_vs_fp16"] = tps / fp16_tps_[fp16_key];
+    st.counters["query_int8"] = fd::query_is_q8(p.query, s.dt, isa) ? 1 : 0;  // what the call ran
     st.counters["plan_tasks"] = double(plan.n_tasks);
     st.counters["plan_split_pairs"] = double(plan.n_split_pairs);
     st.counters["plan_chunk_target_bytes"] = double(plan.chunk_target_bytes);
@@ -409,6 +412,7 @@ void register_all(Options& o, CLI::App& app) {
   benchmark::AddCustomContext("fd_tool", "fd-attn-bench");
   benchmark::AddCustomContext("fd_threads", std::to_string(o.threads));
   benchmark::AddCustomContext("fd_ceiling_isa", ceil_isa);
+  benchmark::AddCustomContext("fd_query", o.query);
   benchmark::AddCustomContext("fd_skipped", skipped.dump());
   benchmark::AddCustomContext(
       "fd_formulas",
@@ -435,6 +439,11 @@ int main(int argc, char** argv) {
   app.add_option("--kv-dtype", o.dtypes, "KV dtypes (fp16 int8 int4); fp16 first gives int8/int4 their speedup_vs_fp16")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp16", "int8", "int4"}));
+  app.add_option("--query", o.query,
+                 "How int8/int4 blocks take the query: fp32, int8 (integer dot products on an int8-quantized query), "
+                 "auto (fp32 today); fp16 blocks always use fp32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "fp32", "int8"}));
   app.add_option("--threads", o.threads, "OpenMP threads (kernel and ceiling)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

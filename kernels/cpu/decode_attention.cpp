@@ -229,6 +229,21 @@ bool query_is_q8(QueryQuant qq, KVDType dtype, Isa isa) {
   return qq == QueryQuant::I8;
 }
 
+QueryQuant query_quant_from_name(std::string_view name) {
+  if (name == "auto") return QueryQuant::Auto;
+  if (name == "fp32") return QueryQuant::F32;
+  if (name == "int8") return QueryQuant::I8;
+  throw ConfigError("query " + std::string(name) + ": expected auto, fp32 or int8");
+}
+
+std::string_view query_quant_name(QueryQuant qq) {
+  switch (qq) {
+    case QueryQuant::F32: return "fp32";
+    case QueryQuant::I8: return "int8";
+    default: return "auto";
+  }
+}
+
 int64_t decode_attention_kv_bytes(const DecodeAttentionParams& p) {
   validate(p, 1);
   const int64_t hbb = head_block_bytes(p);

@@ -68,6 +68,8 @@ void kv_quantize_block_isa(KVDType dtype, const uint16_t* fp16_block, void* out,
 //   Auto  F32 for now (I8 was not a clear win on the GPU machine: decode_attention.cpp); I8 on request.
 enum class QueryQuant : uint8_t { Auto = 0, F32 = 1, I8 = 2 };
 bool query_is_q8(QueryQuant qq, KVDType dtype, Isa isa);  // what Auto resolves to for this call
+QueryQuant query_quant_from_name(std::string_view name);   // "auto", "fp32", "int8"; ConfigError otherwise
+std::string_view query_quant_name(QueryQuant qq);
 
 struct DecodeAttentionParams {
   KVDType dtype = KVDType::F16;

@@ -103,6 +103,7 @@ CONFIG_CASES = [  # (id, change to the config, what the message names)
     ("bad-heartbeat", lambda c: c["engine"]["rworkers"].update(heartbeat_ms=1000, heartbeat_timeout_ms=10),
      "engine.rworkers.heartbeat_timeout_ms"),
     ("bad-network", lambda c: c.update(hardware={"network": "5gbe"}), "hardware.network"),
+    ("bad-query", lambda c: c["engine"]["rworkers"].update(query="int4"), "engine.rworkers.query"),
 ]
 
 # ---- prompts (workload.prompts): one line wrong ----
