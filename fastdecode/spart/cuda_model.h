@@ -88,7 +88,7 @@ struct DevActs {
 // Decode batches of at most kMaxRows rows run from graphs, padded to a bucket: a power of two up to kPow2Rows
 // rows, then a multiple of kRowStep (padding at most kRowStep - 1 rows, under 1/3 of a batch). Graphs pay where
 // launches take time, and not only at small batches: the GPU-only decode step at B = 252 (Llama-2-7b, 2 layers)
-// spent 0.26 of its 1.82 ms in launch gaps and host work eagerly (artifacts/stages/kernels).
+// spent 0.26 of its 1.82 ms in launch gaps and host work eagerly (artifacts/stages/kernels-0a24775).
 class GraphCache {
  public:
   static constexpr int64_t kMaxRows = 1024, kPow2Rows = 128, kRowStep = 64;
