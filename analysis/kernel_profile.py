@@ -4,7 +4,8 @@ GPU run (`ncu --metrics gpu__time_duration.sum --csv --page raw --log-file F.csv
 stages-bench.sh --steps kernels), cuts the kernels into steps at each argmax (greedy sampling ends every step), keeps
 the decode steps (those with a decode attention kernel and no prefill one) that ran the most common kernel sequence
 (the steady batch), and prints per kernel name its median time
-per step (all its launches in the step summed), its launches per step and its share of the step's kernel time. Under
+per step (all its launches in the step summed), its launches per step and its share of the step's kernel time, and
+the sums by phase (attention, cuBLAS GEMMs, the other kernels). Under
 ncu the kernels run one at a time with nothing else on the device: the sum is the step's kernel time without launch
 gaps or overlap; set against the wall time of the same configuration's decode steps in a run without ncu (`--runs`: its
 median step at its steady batch, fd_runs.steady_steps), the difference is launch gaps and the host's work per step.
@@ -77,6 +78,16 @@ def steps(kernels):
     return out
 
 
+def group(name):
+    """The phase a kernel belongs to: attention (the decode split and combine kernels), gemm (cuBLAS: nvjet / gemm /
+    splitK kernels) or other (norms, RoPE, embedding, casts, sampling)."""
+    if name in DECODE_ATTENTION:
+        return "attention"
+    if name.startswith("nvjet") or "gemm" in name.lower() or "splitK" in name:
+        return "gemm"
+    return "other"
+
+
 def profile(path):
     """The steady decode steps of one CSV: those whose kernel sequence is the most common one (a run's first decode
     step and its tail run other batch sizes, for which cuBLAS may pick other kernels)."""
@@ -92,9 +103,12 @@ def profile(path):
             names.append(n)
     per = {n: [sum(ns for m, ns in s if m == n) for s in dec] for n in names}
     total = [sum(ns for _, ns in s) for s in dec]
+    kernels = [{"name": n, "ms": statistics.median(per[n]) / 1e6, "launches": common.count(n)} for n in names]
+    groups = {}
+    for k in kernels:
+        groups[group(k["name"])] = groups.get(group(k["name"]), 0.0) + k["ms"]
     return {"file": os.path.basename(path), "steps": len(dec), "decode_steps": len(every),
-            "total_ms": statistics.median(total) / 1e6,
-            "kernels": [{"name": n, "ms": statistics.median(per[n]) / 1e6, "launches": common.count(n)} for n in names]}
+            "total_ms": statistics.median(total) / 1e6, "groups_ms": groups, "kernels": kernels}
 
 
 def main(argv=None):
@@ -119,6 +133,8 @@ def main(argv=None):
         lines += ["## %s: %d of %d decode steps (the most common kernel sequence), kernels %.3f ms a step%s" % (
             p["file"], p["steps"], p["decode_steps"], p["total_ms"],
             "; the same configuration's decode step without ncu %.3f ms (launch gaps and host %.3f ms)" % (ev, ev - p["total_ms"]) if ev else ""),
+            "", "By phase: " + ", ".join("%s %.4f ms" % (g, p["groups_ms"][g]) for g in ("attention", "gemm", "other")
+                                       if g in p["groups_ms"]) + ".",
             "", "| kernel | launches / step | ms / step | share |", "|---|---|---|---|"]
         for k in sorted(p["kernels"], key=lambda k: -k["ms"]):
             lines.append("| `%s` | %g | %.4f | %.1f %% |" % (k["name"][:80], k["launches"], k["ms"], 100 * k["ms"] / p["total_ms"]))

@@ -148,4 +148,5 @@ def test_kernel_profile_cuts_decode_steps_at_argmax(tmp_path):
     assert k["rmsnorm_kernel"]["launches"] == 2 and k["rmsnorm_kernel"]["ms"] == pytest.approx(0.008)
     assert k["argmax_kernel"]["ms"] == pytest.approx(1.0)
     assert p["total_ms"] == pytest.approx(0.008 + 0.1 + 0.5 + 1.0)
+    assert p["groups_ms"] == pytest.approx({"attention": 0.5, "gemm": 0.1, "other": 1.008})
     assert p["step_ms"] == 2.0
