@@ -150,3 +150,32 @@ def test_kernel_profile_cuts_decode_steps_at_argmax(tmp_path):
     assert p["total_ms"] == pytest.approx(0.008 + 0.1 + 0.5 + 1.0)
     assert p["groups_ms"] == pytest.approx({"attention": 0.5, "gemm": 0.1, "other": 1.008})
     assert p["step_ms"] == 2.0
+
+
+def test_stage_targets_committed_table_is_current(tmp_path):
+    """artifacts/stages/TARGETS.md is what analysis/stages_targets.py makes of the committed results: a result file
+    that changes without the table being regenerated fails here."""
+    st = module("stages_targets")
+    assert st.main(["--out", str(tmp_path)]) == 0
+    committed = open(os.path.join(REPO, "artifacts", "stages", "TARGETS.md"), encoding="utf-8").read()
+    assert (tmp_path / "TARGETS.md").read_text(encoding="utf-8") == committed
+
+
+def test_stage_targets_verdicts(tmp_path):
+    """A target is met only when every point meets it; the ranges are the points'."""
+    st = module("stages_targets")
+    assert st.verdict([1.0, 1.2], lambda v: v <= 1.2) == ("1.00-1.20", True)
+    assert st.verdict([1.0, 1.21], lambda v: v <= 1.2) == ("1.00-1.21", False)
+    assert st.verdict([], lambda v: True) == ("no point measured", False)
+    pipe = tmp_path / "pipe.json"
+    pipe.write_text(json.dumps([{"layers": 2, "ratio_median": 1.3, "has_copy_fields": True},
+                                {"layers": 8, "ratio_median": 1.04, "has_copy_fields": True},
+                                {"layers": 16, "ratio_median": 1.06, "has_copy_fields": True}]))
+    row = st.pipeline_row(str(pipe))
+    assert row[2] == "1.04-1.06x" and row[3] is False  # the 2-layer point is outside the target's range
+    roof = tmp_path / "roof.json"
+    roof.write_text(json.dumps({"rows": [{"engine": "gpu-only", "requested_batch": 16, "step_vs_roofline": 1.9},
+                                         {"engine": "gpu-only", "requested_batch": 64, "step_vs_roofline": 1.25},
+                                         {"engine": "paged-swap", "requested_batch": 64, "step_vs_roofline": 1.31}]}))
+    go, ps = st.roofline_rows(str(roof))
+    assert go[2] == "1.25x" and go[3] is True and ps[3] is False

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Issue 18's targets against the committed measurements, one verdict a row (artifacts/stages/TARGETS.md).
+
+Each row reads the result file of the benchmark that measures it (the defaults are the committed ones; a flag points
+one at a new run) and states the target, the measured range over the points the target covers, and whether every
+point meets it. Rows: the quantized CPU attention kernels (fd-attn-bench JSON: speedup_vs_fp16 of int8 / int4, MHA
+and GQA at context >= 1024, the best ISA per point; fp16 GQA's ratio_to_ceiling), prefill into quantized caches
+(prefill_ttft.json), the pipeline at >= 8 layers (pipeline_bound.json), the transport with 4 links
+(fd-transport-bench JSON), the S-Part against its GEMMs at B >= 64 (fd-spart-bench JSON, fp16 and bf16), the GPU
+baselines against their roofline at B = 64..1024 (gpu_roofline.json), and the trace's track per CUDA stream (no
+benchmark: stated as not built while the S-Part has one stream).
+
+usage: analysis/stages_targets.py [--attn JSON...] [--prefill JSON] [--pipeline JSON] [--transport JSON]
+                                  [--spart JSON...] [--roofline JSON] [--out DIR]
+"""
+import argparse
+import json
+import os
+import sys
+
+from fd_runs import write_report
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ART = os.path.join(REPO, "artifacts")
+DEFAULTS = {
+    "attn": [os.path.join(ART, "rworker", "gpu-machine-q8", f) for f in
+             ("attn_kv32_avx512.json", "attn_kv32_avx512vnni.json", "attn_kv8_avx512.json", "attn_kv8_avx512vnni.json")],
+    "prefill": os.path.join(ART, "stages", "prefill", "prefill_ttft.json"),
+    "pipeline": os.path.join(ART, "stages", "pipeline", "pipeline_bound.json"),
+    "transport": os.path.join(ART, "stages", "transport", "transport.json"),
+    "spart": [os.path.join(ART, "sworker", "gpu-machine", f) for f in ("spart_llama-2-7b.json", "spart_llama-2-7b_bf16.json")],
+    "roofline": os.path.join(ART, "stages", "baselines-935e2f5", "gpu_roofline.json"),
+}
+
+
+def rel(p):
+    return os.path.relpath(p, REPO)
+
+
+def verdict(values, ok):
+    """(range text, met) over the measured values; met when every one passes ok."""
+    if not values:
+        return "no point measured", False
+    lo, hi = min(values), max(values)
+    return ("%.2f" % lo if abs(hi - lo) < 0.005 else "%.2f-%.2f" % (lo, hi)), all(ok(v) for v in values)
+
+
+def attn_rows(paths):
+    """Best speedup_vs_fp16 (over the files' ISAs) per (shape, dtype, context >= 1024); fp16 GQA's ratio_to_ceiling."""
+    best, fp16_gqa = {}, {}
+    for p in paths:
+        for b in json.load(open(p))["benchmarks"]:
+            if not b["name"].startswith("decode_attention/") or b.get("context", 0) < 1024:
+                continue
+            dt = b["name"].split("/")[2]
+            shape = "MHA" if b["n_kv_heads"] == b["n_heads"] else "GQA %d/%d" % (b["n_heads"], b["n_kv_heads"])
+            key = (shape, dt, int(b["context"]), int(b["batch"]))
+            if dt == "fp16":
+                if shape != "MHA":
+                    fp16_gqa[key] = max(fp16_gqa.get(key, 0.0), b["ratio_to_ceiling"])
+            elif "speedup_vs_fp16" in b:
+                best[key] = max(best.get(key, 0.0), b["speedup_vs_fp16"])
+    rows = []
+    src = ", ".join(rel(p) for p in paths)
+    for shape_kind, dt, target in (("MHA", "int8", 1.9), ("MHA", "int4", 3.2), ("GQA", "int8", 1.7), ("GQA", "int4", 2.6)):
+        vals = [v for (shape, d, _c, _b), v in best.items() if d == dt and shape.startswith(shape_kind)]
+        rng, met = verdict(vals, lambda v, t=target: v >= t)
+        rows.append(("CPU attention, %s %s KV: tokens/s vs fp16 (context >= 1024, best ISA)" % (shape_kind, dt),
+                     ">= %.1fx" % target, rng + "x", met, src))
+    rng, met = verdict(list(fp16_gqa.values()), lambda v: v >= 0.95)
+    rows.append(("CPU attention, fp16 GQA: read rate vs the same-run read ceiling", ">= 0.95", rng, met, src))
+    return rows
+
+
+def prefill_row(path):
+    vals = [r["ttft_p50_vs_fp16"] for r in json.load(open(path)) if r["kv_dtype"] in ("int8", "int4")]
+    rng, met = verdict(vals, lambda v: v <= 1.2)
+    return ("Prefill into int8 / int4 caches: TTFT vs fp16's, same run", "<= 1.2x", rng + "x", met, rel(path))
+
+
+def pipeline_row(path):
+    rows = [r for r in json.load(open(path)) if r["layers"] >= 8]
+    vals = [r["ratio_median"] for r in rows]
+    rng, met = verdict(vals, lambda v: v <= 1.05)
+    met = met and all(r.get("has_copy_fields") for r in rows)
+    return ("Pipeline: decode step vs max(S-Part, busiest R-worker), >= 8 layers, with d2h / h2d / wire / idle",
+            "<= 1.05x", rng + "x", met, rel(path))
+
+
+def transport_row(path):
+    vals = [b["GBps_per_link"] for b in json.load(open(path))["benchmarks"]
+            if b["name"].startswith("round_trip/") and int(b.get("links", 0)) == 4]
+    rng, met = verdict(vals, lambda v: v >= 4.0)
+    return ("Transport: GB/s per link with 4 links in flight, real protocol", ">= 4", rng, met, rel(path))
+
+
+def spart_row(paths):
+    vals = []
+    for p in paths:
+        vals += [r["ratio"] for r in json.load(open(p))["rows"] if r["B"] >= 64]
+    rng, met = verdict(vals, lambda v: v <= 1.10)
+    return ("S-Part vs its GEMMs alone, B >= 64, fp16 and bf16", "<= 1.10x", rng + "x", met,
+            ", ".join(rel(p) for p in paths))
+
+
+def roofline_rows(path):
+    rows = json.load(open(path))["rows"]
+    out = []
+    for engine in ("gpu-only", "paged-swap"):
+        vals = [r["step_vs_roofline"] for r in rows if r["engine"] == engine and 64 <= r["requested_batch"] <= 1024]
+        rng, met = verdict(vals, lambda v: v <= 1.3)
+        out.append(("%s decode step vs max(bytes / HBM BW, FLOPs / peak), B = 64-1024" % engine, "<= 1.3x", rng + "x",
+                    met, rel(path)))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--attn", nargs="+", default=DEFAULTS["attn"])
+    ap.add_argument("--prefill", default=DEFAULTS["prefill"])
+    ap.add_argument("--pipeline", default=DEFAULTS["pipeline"])
+    ap.add_argument("--transport", default=DEFAULTS["transport"])
+    ap.add_argument("--spart", nargs="+", default=DEFAULTS["spart"])
+    ap.add_argument("--roofline", default=DEFAULTS["roofline"])
+    ap.add_argument("--out", default=None, help="write OUT/TARGETS.md and .json (default: print)")
+    a = ap.parse_args(argv)
+    rows = attn_rows(a.attn) + [prefill_row(a.prefill), pipeline_row(a.pipeline), transport_row(a.transport),
+                                spart_row(a.spart)] + roofline_rows(a.roofline)
+    rows.append(("trace.json: one track per CUDA stream (one stream per mini-batch) and per R-worker", "built",
+                 "one S-Part stream (both mini-batches); R-workers have tracks", False, "fastdecode/spart/spart_cuda.cpp"))
+    lines = ["# Issue 18's targets, as measured (generated by analysis/stages_targets.py; do not edit by hand)", "",
+             "Each row: the range over the points its target covers, and `yes` only when every point meets it. The "
+             "measurements and their machines are in each source's folder (artifacts/stages/README.md).", "",
+             "| target | threshold | measured | met | source |", "|---|---|---|---|---|"]
+    for what, thr, meas, met, src in rows:
+        lines.append("| %s | %s | %s | %s | `%s` |" % (what, thr, meas, "yes" if met else "**no**", src))
+    met_n = sum(1 for r in rows if r[3])
+    lines += ["", "%d of %d targets met." % (met_n, len(rows))]
+    data = [{"target": w, "threshold": t, "measured": m, "met": ok, "source": s} for w, t, m, ok, s in rows]
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "TARGETS.md"), "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        with open(os.path.join(a.out, "TARGETS.json"), "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=1) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
