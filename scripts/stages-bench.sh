@@ -11,6 +11,8 @@
 #              the device's rates (scripts/baselines-bench.sh), then analysis/gpu_roofline.py (OUT/baselines/)
 #   kernels    the same decode steps kernel by kernel under Nsight Compute (gpu-only B 64 and 252, paged-swap B 256)
 #              beside a run of each without it, then analysis/kernel_profile.py (OUT/kernels/)
+# Then analysis/stages_targets.py gives every target's verdict with this run's results where it has them
+# (OUT/TARGETS.md; the committed results for the rest).
 # Every step writes its provenance (commit, command, CPU, GPU, date) beside its result; sweeps' run folders are
 # packed (analysis/pack_runs.py) and the whole OUT is tarred into OUT.tar.xz at the end (the device machine copies
 # back only two folder levels). One device call runs at most 10 minutes: pick steps with --steps.
@@ -136,6 +138,20 @@ if has kernels; then
     fi
   done
   ((${#csvs[@]})) && { python3 analysis/kernel_profile.py "${csvs[@]}" --runs "${runs[@]}" --out "$out/kernels" || rc=1; }
+fi
+# The targets' verdicts with this run's results where it has them (the committed ones elsewhere): OUT/TARGETS.md.
+targets=()
+[ -f "$out/prefill/prefill_ttft.json" ] && targets+=(--prefill "$out/prefill/prefill_ttft.json")
+[ -f "$out/pipeline/pipeline_bound.json" ] && targets+=(--pipeline "$out/pipeline/pipeline_bound.json")
+[ -f "$out/transport.json" ] && targets+=(--transport "$out/transport.json")
+[ -f "$out/baselines/gpu_roofline.json" ] && targets+=(--roofline "$out/baselines/gpu_roofline.json")
+attn=()
+for f in "$out"/attn_kv32.json "$out"/attn_kv8.json; do [ -f "$f" ] && attn+=("$f"); done
+((${#attn[@]})) && targets+=(--attn "${attn[@]}")
+if ((${#targets[@]})); then
+  step targets
+  python3 analysis/stages_targets.py "${targets[@]}" --out "$out" > /dev/null || rc=1
+  grep -E "targets met" "$out/TARGETS.md"
 fi
 step "tar $out.tar.xz"
 tar cJf "$out.tar.xz" -C "$(dirname "$out")" "$(basename "$out")" || rc=1
