@@ -13,7 +13,7 @@ PagedSwapConfig PagedSwapConfig::parse(StrictObject& o) {
   c.num_gpu_blocks = o.get_int("num_gpu_blocks", 0, (int64_t(1) << 31) - 1, 0);
   c.dtype = o.get_enum("dtype", {"fp16", "bf16"}, std::string("fp16"));
   c.cuda_graphs = o.get_bool("cuda_graphs", false);
-  if (c.cuda_graphs) o.fail("cuda_graphs", "is not built for paged-swap (vLLM v0.2 ran without CUDA graphs); use false");
+  if (c.cuda_graphs) o.fail("cuda_graphs", "is not built for paged-swap (it models vLLM v0.2 before its CUDA graphs, v0.2.7); use false");
   return c;
 }
 
