@@ -21,7 +21,7 @@ import sys
 
 from fd_runs import decode_steps, read_jsonl, steady_steps, write_report
 
-DECODE_ATTENTION = ("decode_split_kernel", "paged_decode", "decode_combine_kernel")
+DECODE_ATTENTION = ("decode_split_kernel", "decode_combine_kernel")  # contiguous and paged (one kernel, two paths)
 PREFILL = ("prefill_kernel",)
 END = "argmax_kernel"
 
@@ -69,8 +69,9 @@ def steps(kernels):
     """The decode steps: runs of kernels ending at an argmax, with a decode attention kernel and no prefill one."""
     cur, out = [], []
     for name, ns in kernels:
-        cur.append((short(name), ns))
-        if short(name) == END:
+        n = short(name)
+        cur.append((n, ns))
+        if n == END:
             names = {n for n, _ in cur}
             if any(n in names for n in DECODE_ATTENTION) and not any(n in names for n in PREFILL):
                 out.append(cur)

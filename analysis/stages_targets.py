@@ -14,11 +14,10 @@ usage: analysis/stages_targets.py [--attn JSON...] [--prefill JSON] [--pipeline 
                                   [--spart JSON...] [--roofline JSON] [--out DIR]
 """
 import argparse
-import json
 import os
 import sys
 
-from fd_runs import write_report
+from fd_runs import read_json, write_report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ART = os.path.join(REPO, "artifacts")
@@ -31,6 +30,13 @@ DEFAULTS = {
     "spart": [os.path.join(ART, "sworker", "gpu-machine", f) for f in ("spart_llama-2-7b.json", "spart_llama-2-7b_bf16.json")],
     "roofline": os.path.join(ART, "stages", "baselines-935e2f5", "gpu_roofline.json"),
 }
+
+
+def load(path):
+    data = read_json(path)
+    if data is None:
+        raise SystemExit("stages_targets: %s not found" % path)
+    return data
 
 
 def rel(p):
@@ -49,7 +55,7 @@ def attn_rows(paths):
     """Best speedup_vs_fp16 (over the files' ISAs) per (shape, dtype, context >= 1024); fp16 GQA's ratio_to_ceiling."""
     best, fp16_gqa = {}, {}
     for p in paths:
-        for b in json.load(open(p))["benchmarks"]:
+        for b in load(p)["benchmarks"]:
             if not b["name"].startswith("decode_attention/") or b.get("context", 0) < 1024:
                 continue
             dt = b["name"].split("/")[2]
@@ -73,13 +79,13 @@ def attn_rows(paths):
 
 
 def prefill_row(path):
-    vals = [r["ttft_p50_vs_fp16"] for r in json.load(open(path)) if r["kv_dtype"] in ("int8", "int4")]
+    vals = [r["ttft_p50_vs_fp16"] for r in load(path) if r["kv_dtype"] in ("int8", "int4")]
     rng, met = verdict(vals, lambda v: v <= 1.2)
     return ("Prefill into int8 / int4 caches: TTFT vs fp16's, same run", "<= 1.2x", rng + "x", met, rel(path))
 
 
 def pipeline_row(path):
-    rows = [r for r in json.load(open(path)) if r["layers"] >= 8]
+    rows = [r for r in load(path) if r["layers"] >= 8]
     vals = [r["ratio_median"] for r in rows]
     rng, met = verdict(vals, lambda v: v <= 1.05)
     met = met and all(r.get("has_copy_fields") for r in rows)
@@ -88,7 +94,7 @@ def pipeline_row(path):
 
 
 def transport_row(path):
-    vals = [b["GBps_per_link"] for b in json.load(open(path))["benchmarks"]
+    vals = [b["GBps_per_link"] for b in load(path)["benchmarks"]
             if b["name"].startswith("round_trip/") and int(b.get("links", 0)) == 4]
     rng, met = verdict(vals, lambda v: v >= 4.0)
     return ("Transport: GB/s per link with 4 links in flight, real protocol", ">= 4", rng, met, rel(path))
@@ -97,14 +103,14 @@ def transport_row(path):
 def spart_row(paths):
     vals = []
     for p in paths:
-        vals += [r["ratio"] for r in json.load(open(p))["rows"] if r["B"] >= 64]
+        vals += [r["ratio"] for r in load(p)["rows"] if r["B"] >= 64]
     rng, met = verdict(vals, lambda v: v <= 1.10)
     return ("S-Part vs its GEMMs alone, B >= 64, fp16 and bf16", "<= 1.10x", rng + "x", met,
             ", ".join(rel(p) for p in paths))
 
 
 def roofline_rows(path):
-    rows = json.load(open(path))["rows"]
+    rows = load(path)["rows"]
     out = []
     for engine in ("gpu-only", "paged-swap"):
         vals = [r["step_vs_roofline"] for r in rows if r["engine"] == engine and 64 <= r["requested_batch"] <= 1024]
@@ -138,12 +144,9 @@ def main(argv=None):
     lines += ["", "%d of %d targets met." % (met_n, len(rows))]
     data = [{"target": w, "threshold": t, "measured": m, "met": ok, "source": s} for w, t, m, ok, s in rows]
     if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "TARGETS.md"), "w", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
-        with open(os.path.join(a.out, "TARGETS.json"), "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=1) + "\n")
-    print("\n".join(lines))
+        write_report(a.out, "TARGETS", lines, data)
+    else:
+        print("\n".join(lines))
     return 0
 
 

@@ -34,15 +34,15 @@ for s in ${steps//,/ }; do
   case "$s" in quantize|attn|transport|prefill|pipeline|baselines|kernels) ;; *) echo "stages-bench.sh: unknown step $s" >&2; exit 2 ;; esac
 done
 bin=${BIN:-build/cuda/bin}
+has() { [[ ",$steps," == *",$1,"* ]]; }
 need=(fd-bench)  # the programs the chosen steps run
-[[ ",$steps," == *,quantize,* || ",$steps," == *,attn,* ]] && need+=(fd-attn-bench)
-[[ ",$steps," == *,transport,* ]] && need+=(fd-transport-bench)
-[[ ",$steps," == *,baselines,* ]] && need+=(fd-kernel-bench)
+{ has quantize || has attn; } && need+=(fd-attn-bench)
+has transport && need+=(fd-transport-bench)
+has baselines && need+=(fd-kernel-bench)
 for p in "${need[@]}"; do
   [ -x "$bin/$p" ] || { echo "stages-bench.sh: no $bin/$p (build it: cmake --preset cuda && cmake --build build/cuda --target fd-bench fd-rworker fd-attn-bench fd-transport-bench fd-kernel-bench)" >&2; exit 2; }
 done
 mkdir -p "$out"
-has() { [[ ",$steps," == *",$1,"* ]]; }
 commit=${LOCAL_HEAD:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 prov() {  # prov FILE COMMAND...
   local f=$1; shift
@@ -121,7 +121,8 @@ if has kernels; then
   mkdir -p "$out/kernels"
   csvs=() runs=()
   for er in gpu-only:64 gpu-only:252 paged-swap:256; do
-    e=${er%%:*} B=${er##*:} cfg="experiments/baselines/llama-2-7b-${er%%:*}.json"
+    e=${er%%:*} B=${er##*:}
+    cfg="experiments/baselines/llama-2-7b-$e.json"
     sets=(--set workload.requests="$B" --set workload.gen_len=8)
     [ "$e" = paged-swap ] && sets+=(--set engine.max_num_seqs="$B")
     "$bin/fd-bench" run "$cfg" "${sets[@]}" --out "$out/kernels/$e-b$B" --quiet > "$out/kernels/$e-b$B.log" 2>&1 || rc=1
