@@ -91,7 +91,11 @@ def decode_tokens_per_s(dec):
 
 
 def write_report(out, stem, lines, data):
-    """OUT/STEM.md (the lines) and OUT/STEM.json (data), OUT made if missing; the lines printed too."""
+    """OUT/STEM.md (the lines) and OUT/STEM.json (data), OUT made if missing; the lines printed too (only printed when
+    out is None)."""
+    if out is None:
+        print("\n".join(lines))
+        return
     os.makedirs(str(out), exist_ok=True)
     with open(os.path.join(str(out), stem + ".md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")

@@ -142,10 +142,7 @@ def main(argv=None):
         lines.append("")
     if not data:
         return 1
-    if a.out:
-        write_report(a.out, "kernel_profile", lines, data)
-    else:
-        print("\n".join(lines))
+    write_report(a.out, "kernel_profile", lines, data)
     return 0
 
 

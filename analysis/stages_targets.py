@@ -143,10 +143,7 @@ def main(argv=None):
     met_n = sum(1 for r in rows if r[3])
     lines += ["", "%d of %d targets met." % (met_n, len(rows))]
     data = [{"target": w, "threshold": t, "measured": m, "met": ok, "source": s} for w, t, m, ok, s in rows]
-    if a.out:
-        write_report(a.out, "TARGETS", lines, data)
-    else:
-        print("\n".join(lines))
+    write_report(a.out, "TARGETS", lines, data)
     return 0
 
 
