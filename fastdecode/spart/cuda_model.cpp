@@ -67,11 +67,9 @@ CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_ta
     return upload_16(act, parts, bytes);
   };
   CUBLAS_CHECK(cublasCreate(&blas_));
-  CUBLAS_CHECK(cublasSetStream(blas_, stream_));
   if (sm_count_target > 0) CUBLAS_CHECK(cublasSetSmCountTarget(blas_, sm_count_target));
-  // An explicit workspace: cuBLAS then never allocates inside a step (required under graph capture).
-  blas_workspace_.resize(size_t(32) << 20);
-  CUBLAS_CHECK(cublasSetWorkspace(blas_, blas_workspace_.get(), blas_workspace_.size()));
+  set_blas_stream(stream_);
+  CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_, cudaEventDisableTiming));
   size_t& b = weight_bytes_;
   for (const LayerWeights& L : w.layers) {
     Layer d;
@@ -106,8 +104,25 @@ CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_ta
   CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+// An explicit workspace per stream: cuBLAS then never allocates inside a step (required under graph capture), and
+// GEMMs on two streams never share one. cublasSetStream resets the handle to its own pool: set ours after it.
+void CudaModel::set_blas_stream(cudaStream_t s) {
+  CUBLAS_CHECK(cublasSetStream(blas_, s));
+  DeviceBuffer<uint8_t>& w = blas_workspaces_[s];
+  w.resize(size_t(32) << 20);
+  CUBLAS_CHECK(cublasSetWorkspace(blas_, w.get(), w.size()));
+}
+
+void CudaModel::use_stream(cudaStream_t s) {
+  if (s == stream_) return;
+  FD_CHECK(!tp_, "CUDA S-Part: one stream under tensor parallelism");
+  stream_ = s;
+  set_blas_stream(s);
+}
+
 CudaModel::~CudaModel() {
   if (blas_) cublasDestroy(blas_);
+  if (staging_done_) cudaEventDestroy(staging_done_);
   if (staging_) cudaFreeHost(staging_);
   if (tp_stage_) cudaFreeHost(tp_stage_);
 }
@@ -156,7 +171,7 @@ void CudaModel::upload(const std::vector<Upload>& parts) const {
   size_t total = 0;
   for (const Upload& u : parts) total += (u.bytes + 15) / 16 * 16;
   if (total == 0) return;
-  CUDA_CHECK(cudaStreamSynchronize(stream_));  // the staging buffer's previous copies are done
+  CUDA_CHECK(cudaEventSynchronize(staging_done_));  // the staging buffer's previous copies are done
   if (staging_bytes_ < total) {
     if (staging_) cudaFreeHost(staging_);
     staging_ = nullptr;
@@ -172,6 +187,7 @@ void CudaModel::upload(const std::vector<Upload>& parts) const {
     CUDA_CHECK(cudaMemcpyAsync(u.dst, at, u.bytes, cudaMemcpyHostToDevice, stream_));
     off += (u.bytes + 15) / 16 * 16;
   }
+  CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
 }
 
 void CudaModel::sample(DevActs& a, int64_t n, const std::vector<SamplingParams>& params,

@@ -5,7 +5,8 @@
 // down-projections add their product straight into the fp32 residual (GEMM with an fp32 C and beta = 1),
 // so no kernel reads and writes the residual just to add; the elementwise work after a GEMM is one
 // kernel (bias + RoPE + split; norm; activation).
-// Everything runs on one stream; nothing is allocated per step once a batch size has been seen.
+// Work goes to one stream at a time: the constructor's, or the one use_stream() names last (the CUDA S-Part keeps a
+// stream per mini-batch slot); nothing is allocated per step once a batch size (and a stream) has been seen.
 // Tensor parallelism (a Communicator tp of size T > 1, weights = one rank's shard): the embedding is masked to
 // the rank's vocabulary and all-reduced; rank 0 adds each residual branch (o, down) and its bias into x while
 // the others write only their share, then x is all-reduced (every rank holds the same x); the LM head's
@@ -124,6 +125,11 @@ class CudaModel {
 
   const ModelConfig& config() const { return cfg_; }
   cudaStream_t stream() const { return stream_; }
+  // Later work goes to `s` (same device). Each stream has its own cuBLAS workspace (allocated here, at the first
+  // use of s: never inside a graph capture) and the upload staging buffer waits on an event, so two streams' work
+  // may run at once as long as they touch different DevActs. Not under tensor parallelism (one stream there: the
+  // collectives of a group keep one order).
+  void use_stream(cudaStream_t s);
   size_t weight_bytes() const { return weight_bytes_; }
   DType act_dtype() const { return act_; }
 
@@ -196,7 +202,8 @@ class CudaModel {
   mutable size_t tp_stage_bytes_ = 0;
   cudaStream_t stream_;
   cublasHandle_t blas_ = nullptr;
-  DeviceBuffer<uint8_t> blas_workspace_;
+  std::map<cudaStream_t, DeviceBuffer<uint8_t>> blas_workspaces_;  // per stream used
+  void set_blas_stream(cudaStream_t s);
   std::vector<Layer> layers_;
   DeviceBuffer<uint16_t> embed_, pos_embed_, lm_head_;
   DType act_ = DType::F16;
@@ -206,6 +213,7 @@ class CudaModel {
   size_t weight_bytes_ = 0;
   mutable void* staging_ = nullptr;  // pinned
   mutable size_t staging_bytes_ = 0;
+  cudaEvent_t staging_done_ = nullptr;  // after the staging buffer's last copies (on whichever stream they went)
 };
 
 }  // namespace fd

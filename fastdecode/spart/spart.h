@@ -76,6 +76,18 @@ class SPart {
     int64_t d2h_ns = 0, h2d_ns = 0;
   };
   virtual CopyTimes copy_times() const { return {}; }
+  // The device's own timeline for trace.json: each span one stage of a slot's work on the CUDA stream it ran on
+  // (layer -1: not a layer's, e.g. embed or sample), placed on the fd::now_ns() clock by CUDA events. Recorded only
+  // after trace_device(true) (the events cost host time at every stage); device_spans() returns those recorded since
+  // the last call and waits for the slots' work first, so call it between steps. A backend whose stages run on the
+  // host (CPU) has none.
+  struct DeviceSpan {
+    int stream = 0, slot = 0, layer = -1;
+    std::string what;
+    int64_t start_ns = 0, dur_ns = 0;
+  };
+  virtual void trace_device(bool /*on*/) {}
+  virtual std::vector<DeviceSpan> device_spans() { return {}; }
   // The slot's attention output = causal attention of the last attention_input over packed prompts:
   // rows starts[i]..starts[i+1]-1 are sequence i at positions 0..; K and V rounded to fp16 first (as
   // the R-workers will store them).
@@ -131,12 +143,13 @@ std::unique_ptr<SPart> make_cpu_spart(ModelWeights weights, SPartComms comms = {
 struct CudaSPartOptions {
   int sm_count = 0;         // > 0: run on that many SMs (a CUDA green context: hardware-balance emulation)
   DType act = DType::F16;   // 16-bit weights and activations: fp16 or bf16
-  bool cuda_graphs = false; // decode stages of at most 128 rows replayed from CUDA graphs (batch padded)
+  bool cuda_graphs = false; // decode stages of at most 1024 rows replayed from CUDA graphs (batch padded)
   int device = 0;           // the CUDA device (every call sets it current on the calling thread)
   SPartComms comms;         // tp of size T > 1: `weights` is tensor rank tp->rank()'s shard, as for the cpu S-Part
 };
 // 16-bit weights on a CUDA device, cuBLAS GEMMs with fp32 accumulation, activations resident in device
-// memory. Throws fd::Error when no device answers or the build has no CUDA. Under tensor parallelism the
+// memory, each slot's work on a CUDA stream of its own (kStreams streams, slot s on stream s % kStreams; one stream
+// under tensor parallelism). Throws fd::Error when no device answers or the build has no CUDA. Under tensor parallelism the
 // collectives are those of make_cpu_spart (masked embedding, each residual branch all-reduced with its bias
 // added on rank 0 before the sum, logits all-gathered), on device buffers in the S-Part's stream when the
 // communicator takes them (nccl), else through pinned host copies (gloo: ranks may then share one GPU —

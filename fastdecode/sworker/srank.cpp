@@ -40,6 +40,7 @@ SRank::SRank(std::unique_ptr<SPart> spart, std::unique_ptr<RWorkerClient> client
     : spart_(std::move(spart)), client_(std::move(client)), pp_(pp), o_(std::move(o)),
       worker_free_ns_(client_->size(), 0) {
   const ModelConfig& c = spart_->config();
+  spart_->trace_device(true);
   // Every worker answers HELLO before any work, or the run is refused as a config error (exit 2) naming it.
   for (size_t w = 0; w < client_->size(); ++w) {
     try {
@@ -126,6 +127,11 @@ RankStep SRank::run(const StepPlan& plan) {
     prefill(plan.prefill, out);
   }
   if (pp_) out.comm_ns = int64_t(pp_->busy_ms_and_reset() * 1e6);
+  // The S-Part's device timeline (CUDA: a track per stream, each span a stage of one mini-batch's slot).
+  for (const SPart::DeviceSpan& d : spart_->device_spans())
+    out.spans.push_back({"gpu stream " + std::to_string(d.stream) + o_.track_suffix,
+                         d.layer >= 0 ? span(d.layer, d.slot, d.what.c_str()) : "mb" + std::to_string(d.slot) + " " + d.what,
+                         d.start_ns, d.dur_ns});
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "baselines/reference/reference_engine.h"
+#include "fastdecode/core/clock.h"
 #include "fastdecode/spart/spart.h"
 #include "kernels/cuda/device_info.h"
 #include "tests/gpu/require_gpu.h"
@@ -260,4 +261,73 @@ TEST(CudaSPartIssue11, UnimplementedFeaturesRefusedByTheCudaBackend) {
   const ModelWeights wp = load_model_weights(model_config_from_json(o, "proj.json"), *src);
   EXPECT_THAT(fd::test::error_message<ConfigError>([&] { make_cuda_spart(wp, {0, DType::F16, false}); }),
               ::testing::HasSubstr("word_embed_proj_dim: projected embeddings"));
+}
+
+// One CUDA stream per slot (the pipeline's mini-batches are slots): two slots' calls interleaved as SRank makes
+// them — slot 0's output+MLP left running on its stream while slot 1's calls go to another — give each slot the
+// logits it gets alone on a fresh S-Part; with trace_device, each slot's stages come back as spans on its own stream,
+// in the order they ran, placed on the host clock inside the calls' interval.
+TEST(CudaSPartStreams, SlotsOnTheirOwnStreamsWithDeviceSpans) {
+  FD_SKIP_WITHOUT_GPU();
+  const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama.json"));
+  auto src = make_random_source(5, DType::F16);
+  const ModelWeights w = load_model_weights(c, *src);
+  const int64_t T = 4, qd = c.q_dim(), kvd = c.kv_dim(), V = c.vocab_size, L = c.num_layers;
+  const std::vector<int32_t> tok[2] = {{3, 17, 42, 7}, {99, 120, 5, 8}};
+  const std::vector<int64_t> pos = {0, 1, 2, 3};
+  const std::vector<int32_t> all = {0, 1, 2, 3};
+  // fp16 host tensors; the attention output fed back is the slot's q (any values do: both runs feed the same).
+  std::vector<uint16_t> q[2], k[2], v[2];
+  for (int s = 0; s < 2; ++s) q[s].resize(size_t(T * qd)), k[s].resize(size_t(T * kvd)), v[s].resize(size_t(T * kvd));
+  auto in = [&](SPart& sp, int slot, int s, int l) { sp.attention_input(slot, l, DType::F16, q[s].data(), k[s].data(), v[s].data()); };
+  auto out = [&](SPart& sp, int slot, int s, int l) {
+    sp.set_attention(slot, DType::F16, {{q[s].data(), T}});
+    sp.attention_output_and_mlp(slot, l);
+  };
+  // Alone: slot s of its own S-Part, one call after another.
+  std::vector<float> alone[2];
+  for (int s = 0; s < 2; ++s) {
+    auto sp = make_cuda_spart(w, {0, DType::F16, false});
+    sp->embed(s, tok[s].data(), pos.data(), T);
+    for (int l = 0; l < L; ++l) in(*sp, s, s, l), out(*sp, s, s, l);
+    alone[s].resize(size_t(T * V));
+    sp->logits(s, all, alone[s].data());
+    EXPECT_TRUE(sp->device_spans().empty()) << "spans recorded without trace_device(true)";
+  }
+  // Interleaved, traced.
+  auto sp = make_cuda_spart(w, {0, DType::F16, false});
+  sp->trace_device(true);
+  const int64_t t0 = now_ns();
+  for (int s = 0; s < 2; ++s) sp->embed(s, tok[s].data(), pos.data(), T), in(*sp, s, s, 0);
+  for (int l = 0; l < L; ++l)
+    for (int s = 0; s < 2; ++s) {
+      out(*sp, s, s, l);
+      if (l + 1 < L) in(*sp, s, s, l + 1);
+    }
+  std::vector<float> got[2];
+  for (int s = 0; s < 2; ++s) got[s].resize(size_t(T * V)), sp->logits(s, all, got[s].data());
+  const std::vector<SPart::DeviceSpan> spans = sp->device_spans();
+  const int64_t t1 = now_ns();
+  for (int s = 0; s < 2; ++s) EXPECT_LT(rel_err(got[s], alone[s]), 1e-6) << "slot " << s << " interleaved vs alone";
+  std::vector<std::string> want;  // per slot: embed, then per layer q/k/v, d2h, h2d, output+MLP; then logits
+  want.push_back("embed");
+  for (int l = 0; l < L; ++l)
+    for (const char* x : {"q/k/v", "d2h", "h2d", "output+MLP"}) want.push_back("L" + std::to_string(l) + " " + x);
+  want.push_back("logits");
+  for (int s = 0; s < 2; ++s) {
+    std::vector<std::string> seen;
+    int64_t prev_end = t0;
+    for (const SPart::DeviceSpan& d : spans) {
+      if (d.slot != s) continue;
+      EXPECT_EQ(d.stream, s) << d.what << ": slot " << s << " on stream " << d.stream;
+      seen.push_back(d.layer >= 0 ? "L" + std::to_string(d.layer) + " " + d.what : d.what);
+      EXPECT_GE(d.dur_ns, 0) << seen.back();
+      // In order on the slot's stream and inside the calls' interval (1 us of rounding: event times are float ms).
+      EXPECT_GE(d.start_ns, prev_end - 1000) << "slot " << s << " " << seen.back() << " starts before the stage before it ends";
+      EXPECT_LE(d.start_ns + d.dur_ns, t1 + 1000) << "slot " << s << " " << seen.back() << " ends after device_spans() returned";
+      prev_end = d.start_ns + d.dur_ns;
+    }
+    EXPECT_EQ(seen, want) << "slot " << s;
+  }
+  EXPECT_TRUE(sp->device_spans().empty()) << "device_spans() returns each span once";
 }

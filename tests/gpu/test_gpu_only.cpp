@@ -6,6 +6,7 @@
 // Skips when no CUDA device answers (label gpu).
 #include <cstdio>
 #include <map>
+#include <set>
 
 #include "baselines/gpu_only/gpu_only_engine.h"
 #include "baselines/reference/reference_engine.h"
@@ -311,6 +312,32 @@ TEST(GpuOnly, BatchBoundedByMemoryBudget) {
   for (const auto& [id, t] : got) EXPECT_EQ(t.size(), 10u) << id;
   EXPECT_LE(max_running, 3);
   EXPECT_GE(max_running, 2);
+}
+
+// The trace of FastDecode on the CUDA S-Part (issue 18): a track per CUDA stream, one stream per mini-batch of the
+// two mini-batch pipeline (slot m on stream m), each span a stage of that mini-batch's device work, beside a
+// track per R-worker.
+TEST(FastDecodeCuda, TraceHasATrackPerStreamAndPerWorker) {
+  FD_SKIP_WITHOUT_GPU();
+  const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama.json"));
+  auto w = make_random_source(3, DType::F16);
+  auto e = make_fastdecode_engine(cuda_fastdecode(), EngineContext{c, *w});
+  e->add(requests(6, 4));
+  std::map<std::string, std::set<std::string>> tracks;  // track -> its span names
+  int64_t steps = 0;
+  while (!e->done() && steps++ < 100)
+    for (const Span& s : e->step().spans) tracks[s.track].insert(s.name);
+  e->shutdown();
+  for (int m = 0; m < 2; ++m) {
+    const std::string track = "gpu stream " + std::to_string(m), mb = " mb" + std::to_string(m) + " ";
+    ASSERT_TRUE(tracks.count(track)) << "no track " << track;
+    for (const char* stage : {"q/k/v", "d2h", "h2d", "output+MLP"})
+      EXPECT_TRUE(tracks[track].count("L0" + mb + stage) && tracks[track].count("L1" + mb + stage))
+          << track << " lacks mini-batch " << m << "'s " << stage;
+    for (const std::string& name : tracks[track])
+      EXPECT_NE(name.find("mb" + std::to_string(m)), std::string::npos) << track << " holds another slot's " << name;
+  }
+  for (const char* worker : {"rworker 0", "rworker 1"}) EXPECT_TRUE(tracks.count(worker)) << "no track " << worker;
 }
 
 #ifdef FD_HAVE_CUDA
