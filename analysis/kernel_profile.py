@@ -9,8 +9,13 @@ the sums by phase (attention, cuBLAS GEMMs, the other kernels). Under
 ncu the kernels run one at a time with nothing else on the device: the sum is the step's kernel time without launch
 gaps or overlap; set against the wall time of the same configuration's decode steps in a run without ncu (`--runs`: its
 median step at its steady batch, fd_runs.steady_steps), the difference is launch gaps and the host's work per step.
+With --balance (fd-kernel-bench --only balance JSON of the same machine: its HBM read rate BW) the attention kernels
+are also set against their own roofline, the KV they must read (issue 18: "the same for the paged-swap baseline's
+attention kernel"): attention_roofline = L * b * ctx * kv / BW, with L the run's layers, b its steady batch, ctx the
+mean context of those steps (total_context / decode_tokens, median over the steps) and kv the fp16 KV bytes per
+token and layer (analysis/shapes.py). MODELLED is the roofline; the kernel times are measured.
 
-usage: analysis/kernel_profile.py CSV... [--runs RUN_DIR...] [--out DIR]
+usage: analysis/kernel_profile.py CSV... [--runs RUN_DIR...] [--balance JSON] [--out DIR]
 """
 import argparse
 import csv
@@ -19,7 +24,8 @@ import os
 import statistics
 import sys
 
-from fd_runs import decode_steps, read_jsonl, steady_steps, write_report
+from fd_runs import decode_steps, read_json, read_jsonl, steady_steps, write_report
+from shapes import SHAPES
 
 DECODE_ATTENTION = ("decode_split_kernel", "decode_combine_kernel")  # contiguous and paged (one kernel, two paths)
 PREFILL = ("prefill_kernel",)
@@ -117,8 +123,13 @@ def main(argv=None):
     ap.add_argument("csv", nargs="+")
     ap.add_argument("--runs", nargs="*", default=[],
                     help="a run folder of the same configuration without ncu, one per CSV (its median decode step)")
+    ap.add_argument("--balance", default=None, help="fd-kernel-bench --only balance JSON (HBM read rate) of the same machine")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    bw = None
+    if a.balance:
+        bw = next((b["bytes_per_second"] for b in read_json(a.balance)["benchmarks"]
+                   if b["name"].startswith("balance/read/all/")), None)
     lines, data = ["# Decode step kernels (analysis/kernel_profile.py; ncu gpu__time_duration, kernels serialised)", ""], []
     for i, path in enumerate(a.csv):
         p = profile(path)
@@ -129,6 +140,14 @@ def main(argv=None):
         if i < len(a.runs):
             dec = steady_steps(decode_steps(read_jsonl(a.runs[i], "steps.jsonl")))
             ev = statistics.median(x["step_ms"] for x in dec) if dec else None
+            model = (read_json(os.path.join(a.runs[i], "summary.json")) or {}).get("model", {})
+            if bw and dec and model.get("name") in SHAPES and "attention" in p["groups_ms"]:
+                b = dec[0]["decode_tokens"]
+                ctx = statistics.median(x["total_context"] / x["decode_tokens"] for x in dec)
+                kv = model["layers"] * b * ctx * SHAPES[model["name"]]["kv_tok_layer"]
+                p["attention_roofline"] = {"model": model["name"], "layers": model["layers"], "batch": b, "context": ctx,
+                                           "kv_bytes": kv, "bw": bw, "roofline_ms": kv / bw * 1e3,
+                                           "ratio": p["groups_ms"]["attention"] / (kv / bw * 1e3)}
         p["step_ms"] = ev
         data.append(p)
         lines += ["## %s: %d of %d decode steps (the most common kernel sequence), kernels %.3f ms a step%s" % (
@@ -136,6 +155,11 @@ def main(argv=None):
             "; the same configuration's decode step without ncu %.3f ms (launch gaps and host %.3f ms)" % (ev, ev - p["total_ms"]) if ev else ""),
             "", "By phase: " + ", ".join("%s %.4f ms" % (g, p["groups_ms"][g]) for g in ("attention", "gemm", "other")
                                        if g in p["groups_ms"]) + ".",
+            "", ("Attention kernels vs their roofline (MODELLED: KV bytes / HBM BW = %d layers x B %d x context %.0f x %d "
+                 "B = %.3f GB at %.2f TB/s = %.4f ms): **%.2fx** (%.2f of the read rate)." % (
+                     r["layers"], r["batch"], r["context"], SHAPES[r["model"]]["kv_tok_layer"], r["kv_bytes"] / 1e9,
+                     r["bw"] / 1e12, r["roofline_ms"], r["ratio"], 1 / r["ratio"])
+                 if (r := p.get("attention_roofline")) else "Attention roofline: not computed (needs --runs and --balance)."),
             "", "| kernel | launches / step | ms / step | share |", "|---|---|---|---|"]
         for k in sorted(p["kernels"], key=lambda k: -k["ms"]):
             lines.append("| `%s` | %g | %.4f | %.1f %% |" % (k["name"][:80], k["launches"], k["ms"], 100 * k["ms"] / p["total_ms"]))

@@ -5,18 +5,21 @@
 #              context 1024 and 4096 (OUT/attn_kv32.json, attn_kv8.json; with `perf stat` where perf exists: .perf)
 #   transport  fd-transport-bench, 1 and 4 links, IPC and TCP, 1 and 4 I/O threads, 1-32 MB (OUT/transport.json)
 #   prefill    experiments/gpu/prefill-kv-dtype.sweep.json + analysis/prefill_ttft.py (OUT/prefill/)
-#   pipeline   experiments/gpu/pipeline-layers.sweep.json at 2 and 8 layers + analysis/pipeline_bound.py
-#              (OUT/pipeline/)
+#   pipeline   experiments/gpu/pipeline-layers.sweep.json at 2 and 8 layers + analysis/pipeline_bound.py and
+#              analysis/trace_tracks.py (OUT/pipeline/; the 8-layer run's trace kept as trace-layers-8.json.gz)
 #   baselines  the GPU baselines' steady windows (gpu-only, paged-swap; Llama-2-7b, 2 layers, B 64/256/1024) and
 #              the device's rates (scripts/baselines-bench.sh), then analysis/gpu_roofline.py (OUT/baselines/)
-#   kernels    the same decode steps kernel by kernel under Nsight Compute (gpu-only B 64 and 252, paged-swap B 256)
-#              beside a run of each without it, then analysis/kernel_profile.py (OUT/kernels/)
+#   kernels    the same decode steps kernel by kernel under Nsight Compute (gpu-only B 64 and 252, paged-swap B 64 and
+#              256) beside a run of each without it, then analysis/kernel_profile.py with the attention kernels against
+#              the KV they read (the HBM rate from the baselines step, else fd-kernel-bench --only balance) (OUT/kernels/)
+#   gemms      fd-kernel-bench --only gemm: the Llama-2-7b weight GEMMs at B 64, 256, 512, cuBLAS's default (what the
+#              engines run) against every algorithm cuBLASLt's heuristic offers, each timed (OUT/gemm_algos.json)
 # Then analysis/stages_targets.py gives every target's verdict with this run's results where it has them
 # (OUT/TARGETS.md; the committed results for the rest).
 # Every step writes its provenance (commit, command, CPU, GPU, date) beside its result; sweeps' run folders are
 # packed (analysis/pack_runs.py) and the whole OUT is tarred into OUT.tar.xz at the end (the device machine copies
 # back only two folder levels). One device call runs at most 10 minutes: pick steps with --steps.
-# Usage: scripts/stages-bench.sh OUT [--steps quantize,attn,transport,prefill,pipeline,baselines,kernels] [--quick]
+# Usage: scripts/stages-bench.sh OUT [--steps quantize,attn,transport,prefill,pipeline,baselines,kernels,gemms] [--quick]
 #   --quick: attn at context 1024 only, transport at 4 and 16 MB only, pipeline at 8 layers only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,14 +34,14 @@ while [ $# -gt 0 ]; do
   esac
 done
 for s in ${steps//,/ }; do
-  case "$s" in quantize|attn|transport|prefill|pipeline|baselines|kernels) ;; *) echo "stages-bench.sh: unknown step $s" >&2; exit 2 ;; esac
+  case "$s" in quantize|attn|transport|prefill|pipeline|baselines|kernels|gemms) ;; *) echo "stages-bench.sh: unknown step $s" >&2; exit 2 ;; esac
 done
 bin=${BIN:-build/cuda/bin}
 has() { [[ ",$steps," == *",$1,"* ]]; }
 need=(fd-bench)  # the programs the chosen steps run
 { has quantize || has attn; } && need+=(fd-attn-bench)
 has transport && need+=(fd-transport-bench)
-has baselines && need+=(fd-kernel-bench)
+{ has baselines || has kernels || has gemms; } && need+=(fd-kernel-bench)
 for p in "${need[@]}"; do
   [ -x "$bin/$p" ] || { echo "stages-bench.sh: no $bin/$p (build it: cmake --preset cuda && cmake --build build/cuda --target fd-bench fd-rworker fd-attn-bench fd-transport-bench fd-kernel-bench)" >&2; exit 2; }
 done
@@ -104,6 +107,10 @@ if has pipeline; then
   step pipeline
   layers="layers=2,8"; ((quick)) && layers="layers=8"
   "$bin/fd-bench" sweep experiments/gpu/pipeline-layers.sweep.json --out "$out/pipeline" --only "$layers" > "$out/pipeline.log" 2>&1 || rc=1
+  # The traces' tracks (a CUDA stream per mini-batch, an R-worker each), then one trace kept (gzip) to open in Perfetto.
+  python3 analysis/trace_tracks.py "$out/pipeline" --out "$out/pipeline" > /dev/null || rc=1
+  keep=$(find "$out/pipeline" -path "*layers-8*" -name trace.json | head -1)
+  [ -n "$keep" ] && gzip -c "$keep" > "$out/pipeline/trace-layers-8.json.gz"
   find "$out/pipeline" -name trace.json -delete
   python3 analysis/pack_runs.py "$out/pipeline" > /dev/null || rc=1
   python3 analysis/pipeline_bound.py "$out/pipeline" || rc=1
@@ -120,7 +127,7 @@ if has kernels; then
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   mkdir -p "$out/kernels"
   csvs=() runs=()
-  for er in gpu-only:64 gpu-only:252 paged-swap:256; do
+  for er in gpu-only:64 gpu-only:252 paged-swap:64 paged-swap:256; do
     e=${er%%:*} B=${er##*:}
     cfg="experiments/baselines/llama-2-7b-$e.json"
     sets=(--set workload.requests="$B" --set workload.gen_len=8)
@@ -138,14 +145,29 @@ if has kernels; then
       echo "kernels: no ncu on this machine" >&2; rc=1
     fi
   done
-  ((${#csvs[@]})) && { python3 analysis/kernel_profile.py "${csvs[@]}" --runs "${runs[@]}" --out "$out/kernels" || rc=1; }
+  # The HBM read rate for the attention kernels' roofline: the baselines step's, else measured here.
+  bal="$out/baselines/balance_bench.json"
+  if [ ! -f "$bal" ]; then
+    bal="$out/kernels/balance_bench.json"
+    "$bin/fd-kernel-bench" --only balance --json "$bal" > "$out/kernels/balance_bench.log" 2>&1 || rc=1
+  fi
+  ((${#csvs[@]})) && { python3 analysis/kernel_profile.py "${csvs[@]}" --runs "${runs[@]}" --balance "$bal" --out "$out/kernels" || rc=1; }
+fi
+if has gemms; then
+  step gemms
+  cmd=("$bin/fd-kernel-bench" --only gemm --json "$out/gemm_algos.json" --benchmark_counters_tabular=true)
+  prov "$out/gemm_algos_provenance.json" "${cmd[*]}"
+  "${cmd[@]}" > "$out/gemm_algos.log" 2>&1 || rc=1
+  grep -E "^gemm/" "$out/gemm_algos.log"
 fi
 # The targets' verdicts with this run's results where it has them (the committed ones elsewhere): OUT/TARGETS.md.
 targets=()
 [ -f "$out/prefill/prefill_ttft.json" ] && targets+=(--prefill "$out/prefill/prefill_ttft.json")
 [ -f "$out/pipeline/pipeline_bound.json" ] && targets+=(--pipeline "$out/pipeline/pipeline_bound.json")
+[ -f "$out/pipeline/trace_tracks.json" ] && targets+=(--trace "$out/pipeline/trace_tracks.json")
 [ -f "$out/transport.json" ] && targets+=(--transport "$out/transport.json")
 [ -f "$out/baselines/gpu_roofline.json" ] && targets+=(--roofline "$out/baselines/gpu_roofline.json")
+[ -f "$out/kernels/kernel_profile.json" ] && targets+=(--kernels "$out/kernels/kernel_profile.json")
 attn=()
 for f in "$out"/attn_kv32.json "$out"/attn_kv8.json; do [ -f "$f" ] && attn+=("$f"); done
 ((${#attn[@]})) && targets+=(--attn "${attn[@]}")

@@ -14,7 +14,14 @@
 //                 accumulation (tensor-core rate), per SM count, next to the same at all SMs. Counters:
 //                 bytes/s or FLOP/s, fraction_of_device. Names which SM count matches a GPU such as the
 //                 paper's A10 (125 TFLOP/s fp16 dense, 600 GB/s).
+//   gemm/...      the S-Part's and GPU-only's weight GEMMs (Llama-2-7b: [q|k|v], o, [gate|up], down, LM head; y =
+//                 x W^T as CudaModel::gemm calls it, fp16 inputs, fp32 accumulation, o and down adding into an fp32
+//                 y) at B rows: cublasGemmEx's default (what the engines run) next to every algorithm cuBLASLt's
+//                 heuristic offers for the shape (up to 16), each timed; four copies of W in turn, so that no
+//                 weight is read from L2 (as in a model, where every GEMM reads other weights). Counters: bytes/s
+//                 (W + x + y), best_vs_default = default time / the fastest algorithm's, algos.
 // Times are CUDA events around one call per iteration (UseManualTime), after a warm-up call.
+#include <cublasLt.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -307,6 +314,101 @@ void register_balance(const std::vector<int>& sm_counts) {
   }
 }
 
+struct GemmShape {
+  const char* name;
+  int in, out;
+  bool y_fp32;  // fp32 y (the residual, or the logits)
+  float beta;   // 1: y += x W^T (the o and down projections add into the residual)
+};
+
+void register_gemm(const std::vector<int>& rows) {
+  // Llama-2-7b: hidden 4096, intermediate 11008, vocabulary 32000 (the baselines' model).
+  const std::vector<GemmShape> shapes = {{"qkv", 4096, 3 * 4096, false, 0.0f}, {"o", 4096, 4096, true, 1.0f},
+                                         {"gate_up", 4096, 2 * 11008, false, 0.0f}, {"down", 11008, 4096, true, 1.0f},
+                                         {"lm_head", 4096, 32000, true, 0.0f}};
+  constexpr int kCopies = 4;
+  constexpr size_t kWorkspace = size_t(32) << 20;  // CudaModel's
+  for (const int T : rows)
+    for (const GemmShape& g : shapes) {
+      const std::string key = std::string(g.name) + "/B" + std::to_string(T);
+      benchmark::RegisterBenchmark(("gemm/" + key).c_str(), [=](benchmark::State& st) {
+        std::vector<std::unique_ptr<DeviceBuffer<__half>>> W;
+        for (int c = 0; c < kCopies; ++c) {
+          W.push_back(std::make_unique<DeviceBuffer<__half>>(size_t(g.in) * size_t(g.out)));
+          CUDA_CHECK(cudaMemset(W.back()->get(), 0, size_t(g.in) * size_t(g.out) * 2));
+        }
+        DeviceBuffer<__half> x(size_t(T) * size_t(g.in));
+        DeviceBuffer<float> y(size_t(T) * size_t(g.out));
+        DeviceBuffer<uint8_t> ws(kWorkspace);
+        CUDA_CHECK(cudaMemset(x.get(), 0, size_t(T) * size_t(g.in) * 2));
+        CUDA_CHECK(cudaMemset(y.get(), 0, size_t(T) * size_t(g.out) * 4));
+        cudaStream_t s;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        cublasHandle_t h;
+        CUBLAS_CHECK(cublasCreate(&h));
+        CUBLAS_CHECK(cublasSetStream(h, s));
+        CUBLAS_CHECK(cublasSetWorkspace(h, ws.get(), kWorkspace));
+        cublasLtHandle_t lt;
+        CUBLAS_CHECK(cublasLtCreate(&lt));
+        const cudaDataType_t yt = g.y_fp32 ? CUDA_R_32F : CUDA_R_16F;
+        const float one = 1.0f, beta = g.beta;
+        int turn = 0;
+        auto time = [&](const std::function<void(const __half*)>& call) {
+          return fd::cuda_ms_per_call(s, 24, [&] { call(W[size_t(turn++ % kCopies)]->get()); });
+        };
+        auto gemmex = [&](const __half* w) {
+          CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, g.out, T, g.in, &one, w, CUDA_R_16F, g.in, x.get(),
+                                    CUDA_R_16F, g.in, &beta, y.get(), yt, g.out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        };
+        // cuBLASLt: the same product (column-major: y^T [out, T] = W^T [out, in] x^T [in, T]).
+        cublasLtMatmulDesc_t d;
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+        cublasLtMatrixLayout_t A, B, C;
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&A, CUDA_R_16F, g.in, g.out, g.in));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&B, CUDA_R_16F, g.in, T, g.in));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&C, yt, g.out, T, g.out));
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
+                                                          sizeof kWorkspace));
+        cublasLtMatmulHeuristicResult_t algos[16];
+        int n_algos = 0;
+        CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, d, A, B, C, C, pref, 16, algos, &n_algos));
+        double total = 0, best_ms = 0;
+        int best = -1;
+        for (auto _ : st) {
+          const double ms = time(gemmex);
+          st.SetIterationTime(ms * 1e-3);
+          total += ms * 1e-3;
+        }
+        for (int i = 0; i < n_algos; ++i) {
+          const double ms = time([&](const __half* w) {
+            CUBLAS_CHECK(cublasLtMatmul(lt, d, &one, w, A, x.get(), B, &beta, y.get(), C, y.get(), C, &algos[i].algo,
+                                        ws.get(), kWorkspace, s));
+          });
+          if (best < 0 || ms < best_ms) best = i, best_ms = ms;
+        }
+        const double default_s = fd::bench::seconds_per_iteration(st, total);
+        const double bytes = double(g.in) * g.out * 2 + double(T) * g.in * 2 +
+                             double(T) * g.out * (g.y_fp32 ? 4.0 : 2.0) * (g.beta != 0 ? 2 : 1);
+        st.counters["bytes_per_second"] = bytes / default_s;
+        st.counters["algos"] = n_algos;
+        st.counters["best_algo"] = best;
+        st.counters["best_vs_default"] = best >= 0 ? default_s / (best_ms * 1e-3) : 0.0;
+        st.counters["best_bytes_per_second"] = best >= 0 ? bytes / (best_ms * 1e-3) : 0.0;
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(A), cublasLtMatrixLayoutDestroy(B), cublasLtMatrixLayoutDestroy(C);
+        cublasLtMatmulDescDestroy(d);
+        cublasLtDestroy(lt);
+        cublasDestroy(h);
+        CUDA_CHECK(cudaStreamDestroy(s));
+      })->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(3);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -314,9 +416,9 @@ int main(int argc, char** argv) {
   app.name("fd-kernel-bench");
   std::vector<std::string> only = {"decode", "prefill", "sampling"};
   app.add_option("--only", only,
-                 "Which groups: decode, prefill, sampling; balance and decode-batch (B 1-1024 at context 1024, Fig. 3) "
-                 "are not run by default")
-      ->check(CLI::IsMember({"decode", "prefill", "sampling", "balance", "decode-batch"}))
+                 "Which groups: decode, prefill, sampling; balance, gemm and decode-batch (B 1-1024 at context 1024, "
+                 "Fig. 3) are not run by default")
+      ->check(CLI::IsMember({"decode", "prefill", "sampling", "balance", "decode-batch", "gemm"}))
       ->capture_default_str();
   std::vector<int> sm_counts = {8, 16, 24, 32, 48, 64};
   app.add_option("--sm-counts", sm_counts, "balance: the SM counts measured (green contexts), besides the whole device")
@@ -337,6 +439,7 @@ int main(int argc, char** argv) {
       if (g == "prefill") register_prefill();
       if (g == "sampling") register_sampling();
       if (g == "balance") register_balance(sm_counts);
+      if (g == "gemm") register_gemm({64, 256, 512});
     }
   });
 }

@@ -177,5 +177,43 @@ def test_stage_targets_verdicts(tmp_path):
     roof.write_text(json.dumps({"rows": [{"engine": "gpu-only", "requested_batch": 16, "step_vs_roofline": 1.9},
                                          {"engine": "gpu-only", "requested_batch": 64, "step_vs_roofline": 1.25},
                                          {"engine": "paged-swap", "requested_batch": 64, "step_vs_roofline": 1.31}]}))
-    go, ps = st.roofline_rows(str(roof))
-    assert go[2] == "1.25x" and go[3] is True and ps[3] is False
+    kern = tmp_path / "kernels.json"  # paged-swap is judged by its attention kernels (the issue's words), not its step
+    kern.write_text(json.dumps([{"file": "paged-swap-b256.csv.gz", "attention_roofline": {"batch": 256, "ratio": 1.06}},
+                                {"file": "gpu-only-b64.csv.gz", "attention_roofline": {"batch": 64, "ratio": 1.5}}]))
+    go, ps = st.roofline_rows(str(roof), str(kern))
+    assert go[2] == "1.25x" and go[3] is True
+    assert ps[3] is True and ps[2] == "1.06x (its whole decode step: 1.31x)" and "(B 256)" in ps[0]
+    kern.write_text(json.dumps([{"file": "paged-swap-b64.csv.gz", "attention_roofline": {"batch": 64, "ratio": 1.31}}]))
+    assert st.roofline_rows(str(roof), str(kern))[1][3] is False
+
+
+def write_trace(d, tracks):
+    """tracks: {track name: [(ts_us, dur_us, span name)]} -> d/trace.json in the harness's Chrome trace format."""
+    ev = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "fd-bench"}}]
+    for tid, (t, spans) in enumerate(tracks.items(), 1):
+        ev.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": t}})
+        ev += [{"name": n, "ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur} for ts, dur, n in spans]
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "trace.json").write_text(json.dumps({"traceEvents": ev}))
+
+
+def test_trace_tracks_one_mini_batch_per_stream(tmp_path):
+    tt = module("trace_tracks")
+    good = {"gpu stream 0": [(0, 10, "L0 mb0 q/k/v"), (10, 2, "L0 mb0 d2h"), (40, 3, "L0 mb0 h2d"), (43, 9, "L0 mb0 output+MLP")],
+            "gpu stream 1": [(12, 10, "L0 mb1 q/k/v"), (22, 2, "L0 mb1 d2h"), (50, 3, "L0 mb1 h2d"), (53, 9, "L0 mb1 output+MLP")],
+            "gpu stream 2": [(70, 5, "mb2 embed")],
+            "rworker 0": [(14, 20, "L0 mb0")], "s-part": [(0, 12, "L0 mb0 attention input")]}
+    write_trace(tmp_path / "good", good)
+    assert tt.main([str(tmp_path / "good"), "--out", str(tmp_path / "o1")]) == 0
+    r = json.loads((tmp_path / "o1" / "trace_tracks.json").read_text())["runs"][0]
+    assert r["built"] and r["streams"]["gpu stream 1"]["mini_batches"] == [1]
+    assert r["streams"]["gpu stream 0"]["stages"] == ["d2h", "h2d", "output+MLP", "q/k/v"]
+    assert r["streams_busy_together_ms"] == pytest.approx(0.002)  # stream 0's output+MLP (43-52), 1's h2d (50-53)
+    # Faults it must see: a stream holding two mini-batches; spans overlapping inside a stream; no R-worker track.
+    for name, fault in [("two", {"gpu stream 1": good["gpu stream 1"] + [(80, 1, "L1 mb0 h2d")]}),
+                        ("overlap", {"gpu stream 0": good["gpu stream 0"] + [(5, 2, "L0 mb0 d2h")]}),
+                        ("noworker", {"rworker 0": None})]:
+        bad = {k: v for k, v in {**good, **fault}.items() if v is not None}
+        write_trace(tmp_path / name, bad)
+        assert tt.main([str(tmp_path / name), "--out", str(tmp_path / ("o-" + name))]) == 1, name
+        assert "NOT built" in (tmp_path / ("o-" + name) / "trace_tracks.md").read_text()
