@@ -84,6 +84,7 @@ class CudaSPart : public SPart {
     model_->upload({{a.tokens.get(), tokens, size_t(T) * 4}, {a.pos.get(), pos, size_t(T) * 8}});
     mark(slot, -1, "embed");
     model_->embed(a);
+    mark(slot, -1, nullptr);  // every span ends when its work is queued: a later mark may come after idle time
   }
 
   void attention_input(int slot, int layer, DType dt, void* q, void* k, void* v) override {
@@ -161,12 +162,14 @@ class CudaSPart : public SPart {
                              .out = a.att.get()},
                             stream_);
     model_->attention_from_f32(a);
+    mark(slot, layer_[size_t(slot)], nullptr);
   }
 
   void attention_output_and_mlp(int slot, int layer) override {
     DevActs& a = enter(slot);
-    mark(slot, layer, "output+MLP");  // its end: the slot's next mark (the next layer's q/k/v, sample, hand-on)
+    mark(slot, layer, "output+MLP");
     run(slot, a, 1, layer, 0, [&] { model_->attention_output_and_mlp(a, layer); });
+    mark(slot, layer, nullptr);
   }
 
   void logits(int slot, const std::vector<int32_t>& rows, float* out) override {

@@ -4,7 +4,9 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <chrono>
 #include <map>
+#include <thread>
 
 #include "baselines/reference/reference_engine.h"
 #include "fastdecode/core/clock.h"
@@ -304,6 +306,10 @@ TEST(CudaSPartStreams, SlotsOnTheirOwnStreamsWithDeviceSpans) {
       out(*sp, s, s, l);
       if (l + 1 < L) in(*sp, s, s, l + 1);
     }
+  // The streams idle here (50 ms of host time): no span may reach over it (a span ended by the slot's next mark,
+  // logits below, instead of when its own work was queued, would).
+  const int64_t idle_from = now_ns();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::vector<float> got[2];
   for (int s = 0; s < 2; ++s) got[s].resize(size_t(T * V)), sp->logits(s, all, got[s].data());
   const std::vector<SPart::DeviceSpan> spans = sp->device_spans();
@@ -325,6 +331,9 @@ TEST(CudaSPartStreams, SlotsOnTheirOwnStreamsWithDeviceSpans) {
       // In order on the slot's stream and inside the calls' interval (1 us of rounding: event times are float ms).
       EXPECT_GE(d.start_ns, prev_end - 1000) << "slot " << s << " " << seen.back() << " starts before the stage before it ends";
       EXPECT_LE(d.start_ns + d.dur_ns, t1 + 1000) << "slot " << s << " " << seen.back() << " ends after device_spans() returned";
+      // Device work of a few microseconds queued before the idle time ends long before it is over (10 ms of slack).
+      if (d.start_ns < idle_from)
+        EXPECT_LT(d.start_ns + d.dur_ns, idle_from + 10'000'000) << "slot " << s << " " << seen.back() << " spans the idle time";
       prev_end = d.start_ns + d.dur_ns;
     }
     EXPECT_EQ(seen, want) << "slot " << s;
