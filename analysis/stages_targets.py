@@ -30,7 +30,7 @@ DEFAULTS = {
     "transport": os.path.join(ART, "stages", "transport", "transport.json"),
     "spart": [os.path.join(ART, "sworker", "gpu-machine", f) for f in ("spart_llama-2-7b.json", "spart_llama-2-7b_bf16.json")],
     "roofline": os.path.join(ART, "stages", "baselines-935e2f5", "gpu_roofline.json"),
-    "kernels": os.path.join(ART, "stages", "kernels-935e2f5", "kernel_profile.json"),
+    "kernels": os.path.join(ART, "stages", "kernels-ae65a3a", "kernel_profile.json"),
     "trace": os.path.join(ART, "stages", "pipeline", "trace_tracks.json"),
 }
 
@@ -119,11 +119,17 @@ def trace_row(path):
 
 
 def spart_row(paths):
-    vals = []
+    """The S-Part as the engines run it: replayed from CUDA graphs (engine.cuda_graphs, on by default, at B <= 1024:
+    graph_ratio), else launched kernel by kernel (ratio); the eager ratios are stated beside."""
+    graphs, eager = [], []
     for p in paths:
-        vals += [r["ratio"] for r in load(p)["rows"] if r["B"] >= 64]
-    rng, met = verdict(vals, lambda v: v <= 1.10)
-    return ("S-Part vs its GEMMs alone, B >= 64, fp16 and bf16", "<= 1.10x", rng + "x", met,
+        for r in load(p)["rows"]:
+            if r["B"] >= 64:
+                graphs.append(r["graph_ratio"] if r.get("graph_ratio") is not None else r["ratio"])
+                eager.append(r["ratio"])
+    rng, met = verdict(graphs, lambda v: v <= 1.10)
+    return ("S-Part vs its GEMMs alone, B >= 64, fp16 and bf16 (from CUDA graphs, as the engines run it)", "<= 1.10x",
+            "%sx (launched eagerly: %sx)" % (rng, verdict(eager, lambda v: True)[0]), met,
             ", ".join(rel(p) for p in paths))
 
 

@@ -14,12 +14,15 @@
 #              the KV they read (the HBM rate from the baselines step, else fd-kernel-bench --only balance) (OUT/kernels/)
 #   gemms      fd-kernel-bench --only gemm: the Llama-2-7b weight GEMMs at B 64, 256, 512, cuBLAS's default (what the
 #              engines run) against every algorithm cuBLASLt's heuristic offers, each timed (OUT/gemm_algos.json)
+#   spart      fd-spart-bench: one Llama-2-7b layer's S-Part (eagerly and from a CUDA graph) against its GEMMs alone,
+#              B 1-1024, fp16 and bf16 (OUT/spart_llama-2-7b.json, spart_llama-2-7b_bf16.json)
 # Then analysis/stages_targets.py gives every target's verdict with this run's results where it has them
 # (OUT/TARGETS.md; the committed results for the rest).
 # Every step writes its provenance (commit, command, CPU, GPU, date) beside its result; sweeps' run folders are
 # packed (analysis/pack_runs.py) and the whole OUT is tarred into OUT.tar.xz at the end (the device machine copies
 # back only two folder levels). One device call runs at most 10 minutes: pick steps with --steps.
-# Usage: scripts/stages-bench.sh OUT [--steps quantize,attn,transport,prefill,pipeline,baselines,kernels,gemms] [--quick]
+# Usage: scripts/stages-bench.sh OUT [--steps quantize,attn,transport,prefill,pipeline,baselines,kernels,gemms,spart]
+#        [--quick]
 #   --quick: attn at context 1024 only, transport at 4 and 16 MB only, pipeline at 8 layers only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +37,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 for s in ${steps//,/ }; do
-  case "$s" in quantize|attn|transport|prefill|pipeline|baselines|kernels|gemms) ;; *) echo "stages-bench.sh: unknown step $s" >&2; exit 2 ;; esac
+  case "$s" in quantize|attn|transport|prefill|pipeline|baselines|kernels|gemms|spart) ;; *) echo "stages-bench.sh: unknown step $s" >&2; exit 2 ;; esac
 done
 bin=${BIN:-build/cuda/bin}
 has() { [[ ",$steps," == *",$1,"* ]]; }
@@ -42,6 +45,7 @@ need=(fd-bench)  # the programs the chosen steps run
 { has quantize || has attn; } && need+=(fd-attn-bench)
 has transport && need+=(fd-transport-bench)
 { has baselines || has kernels || has gemms; } && need+=(fd-kernel-bench)
+has spart && need+=(fd-spart-bench)
 for p in "${need[@]}"; do
   [ -x "$bin/$p" ] || { echo "stages-bench.sh: no $bin/$p (build it: cmake --preset cuda && cmake --build build/cuda --target fd-bench fd-rworker fd-attn-bench fd-transport-bench fd-kernel-bench)" >&2; exit 2; }
 done
@@ -160,6 +164,14 @@ if has gemms; then
   "${cmd[@]}" > "$out/gemm_algos.log" 2>&1 || rc=1
   grep -E "^gemm/" "$out/gemm_algos.log"
 fi
+if has spart; then
+  step spart
+  for dt in fp16 bf16; do
+    f="$out/spart_llama-2-7b$([ $dt = bf16 ] && echo _bf16).json"
+    "$bin/fd-spart-bench" --model experiments/models/llama-2-7b.json --dtype $dt --out "$f" > "${f%.json}.log" 2>&1 || rc=1
+    cat "${f%.json}.log"
+  done
+fi
 # The targets' verdicts with this run's results where it has them (the committed ones elsewhere): OUT/TARGETS.md.
 targets=()
 [ -f "$out/prefill/prefill_ttft.json" ] && targets+=(--prefill "$out/prefill/prefill_ttft.json")
@@ -168,6 +180,8 @@ targets=()
 [ -f "$out/transport.json" ] && targets+=(--transport "$out/transport.json")
 [ -f "$out/baselines/gpu_roofline.json" ] && targets+=(--roofline "$out/baselines/gpu_roofline.json")
 [ -f "$out/kernels/kernel_profile.json" ] && targets+=(--kernels "$out/kernels/kernel_profile.json")
+[ -f "$out/spart_llama-2-7b.json" ] && [ -f "$out/spart_llama-2-7b_bf16.json" ] &&
+  targets+=(--spart "$out/spart_llama-2-7b.json" "$out/spart_llama-2-7b_bf16.json")
 attn=()
 for f in "$out"/attn_kv32.json "$out"/attn_kv8.json; do [ -f "$f" ] && attn+=("$f"); done
 ((${#attn[@]})) && targets+=(--attn "${attn[@]}")

@@ -177,6 +177,14 @@ def test_stage_targets_verdicts(tmp_path):
     roof.write_text(json.dumps({"rows": [{"engine": "gpu-only", "requested_batch": 16, "step_vs_roofline": 1.9},
                                          {"engine": "gpu-only", "requested_batch": 64, "step_vs_roofline": 1.25},
                                          {"engine": "paged-swap", "requested_batch": 64, "step_vs_roofline": 1.31}]}))
+    sp = tmp_path / "spart.json"  # the S-Part judged from graphs where the row has them, eagerly above kMaxRows
+    sp.write_text(json.dumps({"rows": [{"B": 32, "ratio": 1.5, "graph_ratio": 1.4},
+                                       {"B": 64, "ratio": 1.16, "graph_ratio": 1.08},
+                                       {"B": 2048, "ratio": 1.09, "graph_ratio": None}]}))
+    row = st.spart_row([str(sp)])
+    assert row[2] == "1.08-1.09x (launched eagerly: 1.09-1.16x)" and row[3] is True
+    sp.write_text(json.dumps({"rows": [{"B": 64, "ratio": 1.16, "graph_ratio": 1.11}]}))
+    assert st.spart_row([str(sp)])[3] is False
     kern = tmp_path / "kernels.json"  # paged-swap is judged by its attention kernels (the words), not its step
     kern.write_text(json.dumps([{"file": "paged-swap-b256.csv.gz", "attention_roofline": {"batch": 256, "ratio": 1.06}},
                                 {"file": "gpu-only-b64.csv.gz", "attention_roofline": {"batch": 64, "ratio": 1.5}}]))
