@@ -28,7 +28,7 @@ DEFAULTS = {
     "prefill": os.path.join(ART, "stages", "prefill", "prefill_ttft.json"),
     "pipeline": os.path.join(ART, "stages", "pipeline", "pipeline_bound.json"),
     "transport": os.path.join(ART, "stages", "transport", "transport.json"),
-    "spart": [os.path.join(ART, "sworker", "gpu-machine", f) for f in ("spart_llama-2-7b.json", "spart_llama-2-7b_bf16.json")],
+    "spart": [os.path.join(ART, "stages", "spart-8bd75d7", f) for f in ("spart_llama-2-7b.json", "spart_llama-2-7b_bf16.json")],
     "roofline": os.path.join(ART, "stages", "baselines-935e2f5", "gpu_roofline.json"),
     "kernels": os.path.join(ART, "stages", "kernels-ae65a3a", "kernel_profile.json"),
     "trace": os.path.join(ART, "stages", "pipeline", "trace_tracks.json"),
@@ -113,8 +113,8 @@ def trace_row(path):
     runs = load(path)["runs"]
     streams = sorted({t for r in runs for t in r["streams"]})
     meas = "%d stream track(s) (%s), R-worker tracks: %s" % (
-        len(streams), "; ".join("%s: mb %s" % (t, ",".join(str(m) for r in runs for m in r["streams"][t]["mini_batches"]))
-                                for t in streams) or "none", "yes" if all(r["rworker_tracks"] for r in runs) else "no")
+        len(streams), "; ".join("%s: mb %s" % (t, ",".join(str(m) for m in sorted(
+            {m for r in runs for m in r["streams"].get(t, {}).get("mini_batches", [])}))) for t in streams) or "none", "yes" if all(r["rworker_tracks"] for r in runs) else "no")
     return (what, "built", meas, bool(runs) and all(r["built"] for r in runs), rel(path))
 
 
