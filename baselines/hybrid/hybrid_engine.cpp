@@ -51,6 +51,7 @@ class HybridEngine : public Engine {
     }
     RWorkerClientOptions co;
     co.timeout_ms = int(rw.timeout_ms), co.heartbeat_ms = int(rw.heartbeat_ms), co.heartbeat_timeout_ms = int(rw.heartbeat_timeout_ms);
+    co.shm_bytes = rw.shm ? kEngineShmBytes : 0;
     if (!rw.curve_server_public.empty())
       co.curve_server_public = read_curve_public(rw.curve_server_public), co.curve_client = read_curve_secret(rw.curve_client_secret);
     // The GPU side: the GPU-only engine's memory rule (full-depth weights and KV in the budget).

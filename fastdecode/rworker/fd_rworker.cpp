@@ -119,6 +119,12 @@ int main(int argc, char** argv) {
   app.add_option("--register-timeout-ms", register_timeout_ms, "How long --register keeps trying")
       ->check(CLI::Range(1, 86400000))->capture_default_str();
   app.add_flag("--serve-once", serve_once, "Exit once the first client's session has ended (CLOSE or disconnect)");
+  double shm_max_mb = 4096;
+  app.add_option("--shm-max-mb", shm_max_mb,
+                 "Largest shared-memory region a client on this host may offer for its requests and replies (MB = 1e6 "
+                 "bytes; docs/RWORKER.md); 0: refuse every offer, everything over ZeroMQ")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   return fd::guarded_main(app, argc, argv, [&]() {
     fd::RWorkerConfig cfg;
     cfg.kv_dtype = fd::kv_dtype_from_name(kv_dtype);
@@ -147,6 +153,7 @@ int main(int argc, char** argv) {
       opt.curve_clients = fd::read_curve_public_dir(curve_clients);
     }
     opt.serve_once = serve_once;
+    opt.shm_max_bytes = size_t(shm_max_mb * 1e6);
     fd::pin_openmp_threads(opt.cpus, threads);
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "fastdecode/core/clock.h"
+#include "fastdecode/wire/shm.h"
 
 namespace fd {
 
@@ -76,6 +77,110 @@ void set_int(zmq::socket_t& s, int opt, int v) {
   if (zmq_setsockopt(s.handle(), opt, &v, sizeof v) != 0) FD_THROW("zmq_setsockopt(" << opt << "): " << zmq_strerror(zmq_errno()));
 }
 
+std::vector<zmq::message_t> loop_error(const proto::Header& req, proto::ErrorCode code, const std::string& text) {
+  std::vector<zmq::message_t> reply;
+  const auto head = proto::encode_header(proto::reply_header(req, proto::MsgType::Error, 1, int32_t(code)));
+  reply.emplace_back(head.data(), head.size());
+  reply.emplace_back(text.data(), text.size());
+  return reply;
+}
+
+// SHM_ATTACH: the region is mapped for this peer (replacing one it had) after every check of shm::Region::open.
+std::vector<zmq::message_t> shm_attach(const RouterLoop& loop, std::map<std::string, std::shared_ptr<shm::Region>>& regions,
+                                       const std::string& peer, const proto::Frame* frames, size_t n, const proto::Header& req) {
+  try {
+    proto::Limits lim;
+    lim.max_message_bytes = loop.max_message_bytes;
+    const proto::Message m = proto::decode(frames, n, lim);
+    regions[peer] = shm::Region::open(shm::parse_attach(m.frames[0]), loop.shm_max_bytes);
+  } catch (const proto::ProtocolError& e) {
+    if (loop.counters) ++loop.counters->shm_refused;
+    return loop_error(req, e.code(), e.what());
+  }
+  if (loop.counters) ++loop.counters->shm_attached;
+  std::vector<zmq::message_t> reply;
+  const auto head = proto::encode_header(proto::reply_header(req, proto::MsgType::Ok, 0));
+  reply.emplace_back(head.data(), head.size());
+  return reply;
+}
+
+// A request whose frames lie in the peer's region: resolved, handed to `handle`, its reply put in the region when
+// it fits the space the client set aside. `parts` = header, descriptor (routing id stripped).
+std::vector<zmq::message_t> shm_request(const RouterLoop& loop, const shm::Region& region, const std::string& peer,
+                                        const proto::Frame* parts, size_t n_parts, proto::Header req) {
+  const proto::MsgType type = req.msg_type();
+  shm::Descriptor d;
+  std::vector<std::vector<uint8_t>> ctl;  // ids (and APPEND_KV's counts), copied out of the region
+  std::vector<proto::Frame> frames;
+  proto::Header plain = req;
+  plain.flags &= uint8_t(~proto::kFlagShm);
+  const auto head = proto::encode_header(plain);
+  try {
+    if (type != proto::MsgType::Attend && type != proto::MsgType::AppendKV)
+      throw proto::ProtocolError(proto::ErrorCode::Malformed, std::string(proto::msg_type_name(type)) +
+                                                                  " cannot come through shared memory (ATTEND and APPEND_KV only)");
+    if (n_parts != 2)
+      throw proto::ProtocolError(proto::ErrorCode::Malformed, "a message in shared memory has one descriptor frame after its "
+                                                              "header, not " + std::to_string(n_parts - 1));
+    d = shm::parse_descriptor(parts[1], req.n_frames, region.size());
+    // A reply space too small for ATTEND_REPLY's o is the client's error: refused before the KV changes, as every
+    // error is (an OK sent back over ZeroMQ instead would hide the client's bug).
+    if (type == proto::MsgType::Attend) {
+      const uint64_t o = uint64_t(req.n_seq) * req.n_heads * req.head_dim * (req.dtype == uint8_t(proto::WireDType::F32) ? 4 : 2);
+      if (d.reply.size < o)
+        throw proto::ProtocolError(proto::ErrorCode::Malformed, "shared-memory reply space of " + std::to_string(d.reply.size) +
+                                                                    " bytes; ATTEND_REPLY's o needs " + std::to_string(o));
+    }
+    uint64_t total = 0;
+    for (const shm::Span& s : d.frames) total += s.size;  // each <= the region's size, and at most 255 of them
+    if (total > loop.max_message_bytes)
+      throw proto::ProtocolError(proto::ErrorCode::TooLarge, "message of " + std::to_string(total) + " bytes in shared memory, over the " +
+                                                                 std::to_string(loop.max_message_bytes) + "-byte limit");
+    // The client can write its region at any time: what the handler checks, then uses as sizes or indices (ids,
+    // APPEND_KV's counts) is read from a private copy; tensor frames are only ever read as values.
+    const size_t n_ctl = std::min(d.frames.size(), type == proto::MsgType::Attend ? size_t(1) : size_t(2));
+    frames.push_back({head.data(), head.size()});
+    for (size_t i = 0; i < d.frames.size(); ++i) {
+      const uint8_t* p = region.base() + d.frames[i].offset;
+      if (i < n_ctl) {
+        ctl.emplace_back(p, p + d.frames[i].size);
+        p = ctl.back().data();
+      }
+      frames.push_back({p, size_t(d.frames[i].size)});
+    }
+  } catch (const proto::ProtocolError& e) {
+    if (loop.counters) ++loop.counters->shm_bad;
+    std::vector<zmq::message_t> reply = loop_error(req, e.code(), e.what());
+    if (loop.on_refused) loop.on_refused(reply);
+    return reply;
+  }
+  if (loop.counters) ++loop.counters->shm_requests;
+  std::vector<zmq::message_t> reply = loop.handle(peer, frames.data(), frames.size());
+  if (reply.size() < 2 || reply[0].size() != proto::kHeaderBytes) return reply;
+  proto::Header rh;
+  std::memcpy(&rh, reply[0].data(), proto::kHeaderBytes);
+  uint64_t total = 0;
+  for (size_t i = 1; i < reply.size(); ++i) total += reply[i].size();
+  if (rh.msg_type() == proto::MsgType::Error || total > d.reply.size) return reply;  // over ZeroMQ: the client copes
+  shm::Descriptor out;
+  out.reply = {shm::kRegionHeaderBytes, 0};  // a reply asks for no space
+  uint64_t at = d.reply.offset;
+  for (size_t i = 1; i < reply.size(); ++i) {
+    if (reply[i].size()) std::memcpy(region.base() + at, reply[i].data(), reply[i].size());
+    out.frames.push_back({at, reply[i].size()});
+    at += reply[i].size();
+  }
+  rh.flags |= proto::kFlagShm;
+  rh.n_frames = uint8_t(reply.size() - 1);
+  const auto rhead = proto::encode_header(rh);
+  const std::vector<uint8_t> desc = shm::encode_descriptor(out);
+  std::vector<zmq::message_t> r;
+  r.emplace_back(rhead.data(), rhead.size());
+  r.emplace_back(desc.data(), desc.size());
+  if (loop.counters) ++loop.counters->shm_replies;
+  return r;
+}
+
 }  // namespace
 
 void run_router_loop(const RouterLoop& loop) {
@@ -120,6 +225,7 @@ void run_router_loop(const RouterLoop& loop) {
   mon.set(zmq::sockopt::linger, 0);
   mon.connect(mon_ep);
   std::map<int, std::set<std::string>> peers_on_fd;
+  std::map<std::string, std::shared_ptr<shm::Region>> regions;  // per peer: the shared-memory region it attached
   const auto drain_monitor = [&] {
     for (;;) {
       zmq::message_t ev, addr;
@@ -135,8 +241,10 @@ void run_router_loop(const RouterLoop& loop) {
       if (it == peers_on_fd.end()) continue;
       const std::set<std::string> gone = std::move(it->second);
       peers_on_fd.erase(it);
-      if (loop.on_disconnect)
-        for (const auto& p : gone) loop.on_disconnect(p);
+      for (const auto& p : gone) {
+        regions.erase(p);
+        if (loop.on_disconnect) loop.on_disconnect(p);
+      }
     }
   };
   try {
@@ -218,7 +326,18 @@ void run_router_loop(const RouterLoop& loop) {
       frames.clear();
       for (size_t i = 1; i < parts.size(); ++i)
         frames.push_back({static_cast<const uint8_t*>(parts[i].data()), parts[i].size()});
-      reply = loop.handle(peer, frames.data(), frames.size());
+      proto::Header req{};
+      const bool ours = parts[1].size() == proto::kHeaderBytes && (std::memcpy(&req, parts[1].data(), proto::kHeaderBytes), req.magic == proto::kMagic);
+      const auto region = ours ? regions.find(peer) : regions.end();
+      if (ours && req.msg_type() == proto::MsgType::ShmAttach) {
+        reply = shm_attach(loop, regions, peer, frames.data(), frames.size(), req);
+      } else if (ours && (req.flags & proto::kFlagShm) && req.version >= 3 && region != regions.end()) {
+        const std::shared_ptr<shm::Region> keep = region->second;  // mapped until this request is answered
+        reply = shm_request(loop, *keep, peer, frames.data(), frames.size(), req);
+      } else {  // a flagged message without a region: decode() refuses it (malformed), as it does any bad header
+        reply = loop.handle(peer, frames.data(), frames.size());
+      }
+      if (ours && req.msg_type() == proto::MsgType::Close) regions.erase(peer);  // the session ends, and its region
     }
     // Reply: routing id, then the frames. A peer that vanished just loses its reply.
     sock.send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
@@ -284,6 +403,7 @@ void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt
   loop.curve = opt.curve;
   loop.curve_clients = opt.curve_clients;
   loop.on_refused = log_error;
+  loop.shm_max_bytes = opt.shm_max_bytes;
   run_router_loop(loop);
 }
 

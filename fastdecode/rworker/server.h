@@ -24,12 +24,18 @@ struct RWorkerServerOptions {
   CurveKeyPair curve;                      // set: CURVE on every connection (encrypted, authenticated)
   std::vector<std::string> curve_clients;  // the client public keys admitted (ZAP); required with curve
   bool serve_once = false;                 // stop once the first client's session has ended
+  size_t shm_max_bytes = size_t(4) << 30;  // largest shared-memory region a client may offer (0: refuse every offer)
 };
 
 // What the loop counts about the messages it received (for tests and logs).
 struct RouterCounters {
   size_t max_bytes_held = 0;      // the most bytes of one message's frames the loop held at once
   uint64_t refused_too_large = 0; // messages refused for their total size (or frame count) as they arrived
+  uint64_t shm_attached = 0;      // SHM_ATTACH offers accepted
+  uint64_t shm_refused = 0;       // SHM_ATTACH offers refused
+  uint64_t shm_requests = 0;      // requests resolved out of a region and handed on
+  uint64_t shm_replies = 0;       // replies written into a region
+  uint64_t shm_bad = 0;           // requests flagged as in a region that the loop refused (bad descriptor, ...)
 };
 
 // Rate-limited logging: at most `per_second` lines in each one-second window; the lines over that are counted,
@@ -64,6 +70,13 @@ class LogLimiter {
 // timeout, the peer's process killed) `on_disconnect(peer)` is called once for each routing id seen on it (the loop
 // watches its socket's DISCONNECTED events, drained before each message, and maps them to the routing ids seen on
 // that file descriptor).
+// Shared memory (fastdecode/wire/shm.h, docs/RWORKER.md): the loop answers SHM_ATTACH itself (mapping the region
+// after every check, at most shm_max_bytes; 0 refuses), and a request flagged kFlagShm from a peer with a region is
+// resolved before `handle` sees it: its descriptor's spans, bounds-checked against the region, become the frames
+// (ids and counts copied out first, so that the client cannot change them between a check and their use), and the
+// header's flag is cleared, so `handle` gets the message as ZeroMQ would have brought it. Its reply goes into the
+// space the client set aside when it fits (then [header with the flag][descriptor] goes back), else over ZeroMQ. A
+// bad descriptor is an ERROR malformed reply. A peer's region is unmapped when it disconnects or sends CLOSE.
 struct RouterLoop {
   std::string listen;
   int io_threads = 1;
@@ -81,6 +94,7 @@ struct RouterLoop {
   RouterCounters* counters = nullptr;
   // Optional: sees the ERROR reply of each message refused as it arrived (fd-rworker logs it, rate-limited).
   std::function<void(const std::vector<zmq::message_t>& reply)> on_refused;
+  size_t shm_max_bytes = size_t(4) << 30;  // largest region a peer may offer (0: refuse every offer)
 };
 
 // The most frames one message may have (a valid request has at most 5); more is refused as it arrives.

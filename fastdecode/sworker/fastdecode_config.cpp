@@ -45,6 +45,7 @@ RWorkersConfig RWorkersConfig::parse(StrictObject& r, int64_t ranks) {
   rw.on_failure = r.get_enum("on_failure", {"recover", "fail"}, std::string("recover"));
   rw.heartbeat_ms = r.get_int("heartbeat_ms", 0, 3600000, 500);
   rw.heartbeat_timeout_ms = r.get_int("heartbeat_timeout_ms", 1, 3600000, 3000);
+  rw.shm = r.get_bool("shm", true);
   if (rw.heartbeat_ms > 0 && rw.heartbeat_timeout_ms < rw.heartbeat_ms)
     r.fail("heartbeat_timeout_ms", "must be at least heartbeat_ms (" + std::to_string(rw.heartbeat_ms) + ")");
   if (r.has("curve")) {
@@ -155,6 +156,7 @@ json RWorkersConfig::to_json() const {
   j["on_failure"] = r.on_failure;
   j["heartbeat_ms"] = r.heartbeat_ms;
   j["heartbeat_timeout_ms"] = r.heartbeat_timeout_ms;
+  j["shm"] = r.shm;
   if (!r.curve_server_public.empty())
     j["curve"] = {{"server_public", r.curve_server_public}, {"client_secret", r.curve_client_secret}};
   if (!r.groups.empty()) {

@@ -72,6 +72,7 @@ RWorkerClientOptions client_options_for(const RWorkersConfig& r) {
   o.timeout_ms = int(r.timeout_ms);
   o.heartbeat_ms = int(r.heartbeat_ms);
   o.heartbeat_timeout_ms = int(r.heartbeat_timeout_ms);
+  o.shm_bytes = r.shm ? kEngineShmBytes : 0;
   if (!r.curve_server_public.empty()) {
     if (!curve_available()) throw ConfigError("engine.rworkers.curve: this libzmq has no CURVE support (libsodium)");
     o.curve_server_public = read_curve_public(r.curve_server_public);
@@ -231,9 +232,14 @@ FastDecodeEngine::~FastDecodeEngine() {
 }
 
 json FastDecodeEngine::info() const {
-  const auto workers = [](const SRank& r) {
+  const auto workers = [](SRank& r) {
     json w = json::array();
-    for (size_t i = 0; i < r.hello().size(); ++i) w.push_back({{"endpoint", r.endpoint(i)}, {"hello", r.hello()[i]}});
+    for (size_t i = 0; i < r.hello().size(); ++i) {
+      const ShmLaneStats s = r.client().shm_stats(i);  // whether this worker's tensors go through shared memory, or why not
+      json shm = {{"state", s.state}, {"bytes", s.bytes}};
+      if (!s.reason.empty()) shm["reason"] = s.reason;
+      w.push_back({{"endpoint", r.endpoint(i)}, {"hello", r.hello()[i]}, {"shm", shm}});
+    }
     return w;
   };
   json j = {{"backend", ec_.backend},       {"s_part", ranks_.empty() ? "" : ranks_[0]->spart().describe()},

@@ -28,6 +28,9 @@ struct RWorkersConfig {
   // ends the run naming it.
   std::string on_failure = "recover";
   int64_t heartbeat_ms = 500, heartbeat_timeout_ms = 3000;  // ZeroMQ heartbeats on every worker link (0: off)
+  // Offer every worker a shared-memory region (kEngineShmBytes): those on this host take ATTEND and APPEND_KV through
+  // it, the others (another host, fd-rworker --shm-max-mb 0) stay on ZeroMQ (docs/RWORKER.md).
+  bool shm = true;
   // CURVE (docs/SECURITY.md): the workers' public key file and this S-worker's secret key file (fd-keys).
   std::string curve_server_public, curve_client_secret;
   // Workers started by any launcher register here (fd-rworker --register ENDPOINT) and the engine waits for

@@ -15,13 +15,28 @@ using proto::MsgType;
 
 namespace {
 void no_free(void*, void*) {}
+
+// A reply's space in a shared-memory region, held by its frames (zmq::message_t views of the region): the last one
+// destroyed gives the space back. It keeps the region mapped, so a reply may outlive the client.
+struct ReplyHold {
+  std::shared_ptr<shm::Space> space;
+  uint64_t block = 0;
+  std::atomic<int> refs{0};
+};
+void free_reply_frame(void*, void* hint) {
+  auto* h = static_cast<ReplyHold*>(hint);
+  if (--h->refs == 0) {
+    h->space->alloc.free(h->block);
+    delete h;
+  }
+}
 }  // namespace
 
 RWorkerClient::RWorkerClient(std::vector<std::string> endpoints, int timeout_ms, int io_threads)
     : RWorkerClient(std::move(endpoints), RWorkerClientOptions{timeout_ms, io_threads, 0, 0, "", {}}) {}
 
 RWorkerClient::RWorkerClient(std::vector<std::string> endpoints, const RWorkerClientOptions& o)
-    : ctx_(o.io_threads), endpoints_(std::move(endpoints)), timeout_ms_(o.timeout_ms) {
+    : ctx_(o.io_threads), endpoints_(std::move(endpoints)), timeout_ms_(o.timeout_ms), shm_bytes_(o.shm_bytes) {
   FD_CHECK(!endpoints_.empty(), "no R-worker endpoints");
   static std::atomic<uint64_t> clients{0};
   const uint64_t me = clients++;
@@ -57,6 +72,7 @@ RWorkerClient::RWorkerClient(std::vector<std::string> endpoints, const RWorkerCl
   }
   lost_.assign(socks_.size(), "");
   dead_.assign(socks_.size(), false);
+  shm_.resize(socks_.size());
 }
 
 RWorkerClient::~RWorkerClient() {
@@ -98,6 +114,7 @@ void RWorkerClient::mark_dead(size_t w, const std::string& why) {
   socks_[w].close();  // linger 0: requests still queued for it are dropped
   monitors_[w].close();
   dead_[w] = true;
+  drop_shm(w, "the worker was marked dead: " + lost_[w]);
   for (auto it = stash_.begin(); it != stash_.end();) it = it->first.first == w ? stash_.erase(it) : std::next(it);
   for (auto it = outstanding_.begin(); it != outstanding_.end();) it = it->first == w ? outstanding_.erase(it) : std::next(it);
 }
@@ -119,12 +136,13 @@ uint64_t RWorkerClient::send(size_t w, Header h, const std::vector<ConstBuffer>&
   FD_CHECK(w < socks_.size(), "no R-worker " << w);
   poll_monitors();
   if (!lost_[w].empty()) throw_lost({w});
+  offer_shm(w);
   h.request_id = next_id_++;
   outstanding_.insert({w, h.request_id});
   h.n_frames = uint8_t(frames.size());
+  if (send_shm(w, h, frames)) return h.request_id;
   const auto head = proto::encode_header(h);
-  zmq::message_t hm(head.data(), head.size());
-  socks_[w].send(hm, frames.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore);
+  send_head(w, head, !frames.empty());
   for (size_t i = 0; i < frames.size(); ++i) {
     // Zero-copy: libzmq reads the caller's buffer when it sends.
     zmq::message_t m(const_cast<void*>(frames[i].data), frames[i].size, no_free, nullptr);
@@ -135,7 +153,12 @@ uint64_t RWorkerClient::send(size_t w, Header h, const std::vector<ConstBuffer>&
 
 std::optional<RWorkerReply> RWorkerClient::receive(size_t w) {
   std::vector<zmq::message_t> parts;
-  if (!zmq::recv_multipart(socks_[w], std::back_inserter(parts), zmq::recv_flags::dontwait)) return std::nullopt;
+  for (;;) {
+    parts.clear();
+    if (!zmq::recv_multipart(socks_[w], std::back_inserter(parts), zmq::recv_flags::dontwait)) return std::nullopt;
+    if (!take_attach_reply(w, parts)) break;  // the lane's own answer is nobody's reply: take the next message
+  }
+  resolve_shm_reply(w, parts);
   // A reply is as untrusted as a request is to the worker: the same decoder checks its header, frame
   // count and every frame's size against the header's dimensions, and it must be a reply type.
   std::vector<proto::Frame> frames;
@@ -237,6 +260,17 @@ std::vector<RWorkerReply> RWorkerClient::wait(const std::vector<std::pair<size_t
   return out;
 }
 
+void RWorkerClient::send_head(size_t w, const std::array<uint8_t, proto::kHeaderBytes>& head, bool more) {
+  // Without waiting: a DEALER whose connection failed its handshake (a CURVE key the worker refuses, or none) has no
+  // pipe to queue into, and a blocking send would wait forever. The rest of a message never blocks once its first
+  // frame is queued (multipart messages are atomic).
+  zmq::message_t hm(head.data(), head.size());
+  if (socks_[w].send(hm, (more ? zmq::send_flags::sndmore : zmq::send_flags::none) | zmq::send_flags::dontwait)) return;
+  poll_monitors();
+  if (lost_[w].empty()) lost_[w] = "its connection takes no message (the connection handshake failed, or 1000 messages are queued)";
+  throw_lost({w});
+}
+
 RWorkerReply RWorkerClient::call(size_t w, const Header& h, const std::vector<ConstBuffer>& frames) {
   const uint64_t id = send(w, h, frames);
   return std::move(wait({{w, id}})[0]);
@@ -281,11 +315,194 @@ void RWorkerClient::shutdown(size_t w, const std::string& token) {
   call(w, ids_header(MsgType::Shutdown, 0), {{t.data(), t.size()}});
 }
 
-void RWorkerClient::close_session(size_t w) { call(w, ids_header(MsgType::Close, 0)); }
+void RWorkerClient::close_session(size_t w) {
+  call(w, ids_header(MsgType::Close, 0));
+  // The worker unmapped this connection's region with the session (every earlier reply came before CLOSE's): what
+  // follows, a new session's requests included, goes over ZeroMQ.
+  drop_shm(w, "this client closed its session");
+}
 
 void RWorkerClient::truncate(size_t w, const std::vector<uint64_t>& ids, const std::vector<uint32_t>& lengths) {
   FD_CHECK(ids.size() == lengths.size(), "truncate: a length per sequence");
   call(w, ids_header(MsgType::Truncate, ids.size()), {{ids.data(), ids.size() * 8}, {lengths.data(), lengths.size() * 4}});
+}
+
+}  // namespace fd
+
+// ---- the shared-memory lane (fastdecode/wire/shm.h) ------------------------------------------------------------
+
+namespace fd {
+
+ShmLaneStats RWorkerClient::shm_stats(size_t w) const {
+  const ShmLane& l = shm_.at(w);
+  ShmLaneStats s = l.stats;
+  if (l.space) s.free_bytes = l.space->alloc.free_bytes();
+  return s;
+}
+
+void RWorkerClient::offer_shm(size_t w) {
+  ShmLane& l = shm_[w];
+  if (shm_bytes_ == 0 || l.stats.state != "off") return;
+  try {
+    l.space = std::make_shared<shm::Space>(shm::Region::create(shm_bytes_));
+  } catch (const Error& e) {  // no /dev/shm, or no room in it: this worker is served over ZeroMQ
+    l.stats.state = "refused";
+    l.stats.reason = std::string("this client could not make a region: ") + e.what();
+    return;
+  }
+  const shm::Region& r = *l.space->region;
+  const std::vector<uint8_t> frame = shm::encode_attach({r.name(), r.size(), r.token()});
+  Header h;
+  h.type = uint16_t(MsgType::ShmAttach);
+  h.request_id = next_id_++;
+  h.n_frames = 1;
+  const auto head = proto::encode_header(h);
+  send_head(w, head, true);
+  socks_[w].send(zmq::message_t(frame.data(), frame.size()), zmq::send_flags::none);
+  l.attach_id = h.request_id;
+  l.stats.state = "pending";
+  l.stats.name = r.name();
+  l.stats.bytes = r.size();
+}
+
+bool RWorkerClient::take_attach_reply(size_t w, const std::vector<zmq::message_t>& parts) {
+  ShmLane& l = shm_[w];
+  if (l.stats.state != "pending" || parts.empty() || parts[0].size() != proto::kHeaderBytes) return false;
+  Header h;
+  std::memcpy(&h, parts[0].data(), proto::kHeaderBytes);
+  if (h.request_id != l.attach_id) return false;
+  l.space->region->unlink();  // mapped on both sides now, or refused: the name is no longer needed
+  if (h.msg_type() == MsgType::Ok && h.n_frames == 0 && parts.size() == 1) {
+    l.active = true;
+    l.stats.state = "active";
+    return true;
+  }
+  l.stats.state = "refused";
+  l.stats.reason = h.msg_type() == MsgType::Error && parts.size() == 2
+                       ? std::string(proto::error_code_name(proto::ErrorCode(h.status))) + ": " + parts[1].to_string()
+                       : std::string("an unexpected ") + proto::msg_type_name(h.msg_type()) + " reply to SHM_ATTACH";
+  l.space.reset();
+  return true;
+}
+
+bool RWorkerClient::send_shm(size_t w, Header& h, const std::vector<ConstBuffer>& frames) {
+  ShmLane& l = shm_[w];
+  if (!l.active || (h.msg_type() != MsgType::Attend && h.msg_type() != MsgType::AppendKV)) return false;
+  shm::Space& sp = *l.space;
+  uint8_t* base = sp.region->base();
+  // The reply's space: ATTEND_REPLY's o; APPEND_KV's OK has no frames.
+  const uint64_t reply_bytes = h.msg_type() == MsgType::Attend ? uint64_t(h.n_seq) * h.n_heads * h.head_dim *
+                                                                     proto::wire_dtype_size(proto::WireDType(h.dtype))
+                                                               : 0;
+  ShmLane::InFlight f;
+  shm::Descriptor d;
+  const auto give_back = [&] {
+    for (uint64_t b : f.blocks) sp.alloc.free(b);
+    if (f.reply_block) sp.alloc.free(f.reply_block);
+  };
+  // Space for everything first, so that a request either goes whole through the region or whole over ZeroMQ.
+  std::vector<bool> copy(frames.size(), false);
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const ConstBuffer& b = frames[i];
+    if (b.size == 0) {
+      d.frames.push_back({shm::kRegionHeaderBytes, 0});
+    } else if (sp.region->in_data(b.data, b.size)) {  // already in the region: sent as it lies
+      d.frames.push_back({uint64_t(static_cast<const uint8_t*>(b.data) - base), b.size});
+    } else if (const std::optional<uint64_t> off = sp.alloc.alloc(b.size)) {
+      f.blocks.push_back(*off);
+      d.frames.push_back({*off, b.size});
+      copy[i] = true;
+    } else {
+      give_back();
+      ++l.stats.requests_zmq;
+      return false;
+    }
+  }
+  d.reply = {shm::kRegionHeaderBytes, 0};
+  if (reply_bytes > 0) {
+    const std::optional<uint64_t> off = sp.alloc.alloc(reply_bytes);
+    if (!off) {
+      give_back();
+      ++l.stats.requests_zmq;
+      return false;
+    }
+    f.reply_block = *off;
+    f.reply = d.reply = {*off, reply_bytes};
+  }
+  for (size_t i = 0; i < frames.size(); ++i)
+    if (copy[i]) std::memcpy(base + d.frames[i].offset, frames[i].data, frames[i].size);
+  h.flags |= proto::kFlagShm;
+  const auto head = proto::encode_header(h);
+  const std::vector<uint8_t> desc = shm::encode_descriptor(d);
+  l.inflight[h.request_id] = std::move(f);  // before a send that may throw: its space is given back with the lane
+  send_head(w, head, true);
+  socks_[w].send(zmq::message_t(desc.data(), desc.size()), zmq::send_flags::none);
+  ++l.stats.requests_shm;
+  return true;
+}
+
+void RWorkerClient::release_shm(size_t w, uint64_t request_id, bool reply_in_use) {
+  ShmLane& l = shm_[w];
+  auto it = l.inflight.find(request_id);
+  if (it == l.inflight.end()) return;
+  for (uint64_t b : it->second.blocks) l.space->alloc.free(b);
+  if (!reply_in_use && it->second.reply_block) l.space->alloc.free(it->second.reply_block);
+  l.inflight.erase(it);
+}
+
+void RWorkerClient::resolve_shm_reply(size_t w, std::vector<zmq::message_t>& parts) {
+  ShmLane& l = shm_[w];
+  if (parts.empty() || parts[0].size() != proto::kHeaderBytes) return;  // decode() names what is wrong
+  Header h;
+  std::memcpy(&h, parts[0].data(), proto::kHeaderBytes);
+  auto it = l.inflight.find(h.request_id);
+  if (!(h.flags & proto::kFlagShm)) {
+    if (it != l.inflight.end()) {  // it came over ZeroMQ (an ERROR, or no room in its space): nothing of it is held
+      release_shm(w, h.request_id, false);
+      ++l.stats.replies_zmq;
+    }
+    return;
+  }
+  if (it == l.inflight.end() || !it->second.reply_block) {
+    release_shm(w, h.request_id, false);
+    FD_THROW(who(w) << " sent a reply in shared memory to request " << h.request_id << ", which set aside no space for one");
+  }
+  const shm::Span space = it->second.reply;
+  shm::Descriptor d;
+  try {
+    if (parts.size() != 2) throw proto::ProtocolError(proto::ErrorCode::Malformed, "a shared-memory reply has one descriptor frame");
+    d = shm::parse_descriptor({static_cast<const uint8_t*>(parts[1].data()), parts[1].size()}, h.n_frames, l.space->region->size());
+    for (const shm::Span& s : d.frames)  // within the space set aside for this reply, not just within the region
+      if (s.offset < space.offset || s.offset - space.offset > space.size || s.size > space.size - (s.offset - space.offset))
+        throw proto::ProtocolError(proto::ErrorCode::Malformed, "a frame at offset " + std::to_string(s.offset) + ", " +
+                                                                   std::to_string(s.size) + " bytes, outside the reply's space");
+  } catch (const proto::ProtocolError& e) {
+    release_shm(w, h.request_id, false);
+    FD_THROW(who(w) << " sent a malformed reply: " << e.what());
+  }
+  std::vector<zmq::message_t> out;
+  h.flags &= uint8_t(~proto::kFlagShm);
+  const auto head = proto::encode_header(h);
+  out.emplace_back(head.data(), head.size());
+  if (d.frames.empty()) {
+    release_shm(w, h.request_id, false);
+  } else {
+    auto* hold = new ReplyHold{l.space, it->second.reply_block, {}};
+    hold->refs = int(d.frames.size());
+    for (const shm::Span& s : d.frames) out.emplace_back(l.space->region->base() + s.offset, s.size, free_reply_frame, hold);
+    release_shm(w, h.request_id, true);
+  }
+  ++l.stats.replies_shm;
+  parts = std::move(out);
+}
+
+void RWorkerClient::drop_shm(size_t w, const std::string& why) {
+  ShmLane& l = shm_[w];
+  // Nothing more goes through this region; replies already taken keep it mapped until they are destroyed.
+  l.inflight.clear();
+  l.space.reset();
+  l.active = false;
+  if (l.stats.state == "pending" || l.stats.state == "active") l.stats.state = "closed", l.stats.reason = why;
 }
 
 }  // namespace fd

@@ -16,13 +16,15 @@
 
 #include "fastdecode/core/json_util.h"
 #include "fastdecode/wire/curve.h"
+#include "fastdecode/wire/shm.h"
 #include "fastdecode/wire/wire.h"
 
 namespace fd {
 
 struct RWorkerReply {
-  proto::Header h;
-  std::vector<zmq::message_t> frames;  // after the header
+  proto::Header h;                     // as the worker sent it, but for kFlagShm (cleared: frames are resolved)
+  std::vector<zmq::message_t> frames;  // after the header (through the shared-memory lane: views of the region, whose
+                                       // space is given back when the last of them is destroyed)
   int64_t recv_ns = 0;                 // now_ns() when this client took it off the socket
 };
 
@@ -49,6 +51,30 @@ struct RWorkerClientOptions {
   int heartbeat_timeout_ms = 0;    // silence after which a worker's connection is dropped (it is then lost)
   std::string curve_server_public; // set: CURVE, the workers' public key (Z85), with this client's pair below
   CurveKeyPair curve_client;
+  // > 0: offer each worker a shared-memory region of this many bytes (fastdecode/wire/shm.h) with this client's
+  // first message to it; a worker on this host that accepts it gets ATTEND and APPEND_KV through it (ZeroMQ carries
+  // their headers), one that refuses (another host, --shm-max-mb 0, ...) everything over ZeroMQ as before.
+  size_t shm_bytes = 0;
+};
+
+// The region the engines offer each worker (engine.rworkers.shm): room for a few steps' requests and replies of a
+// large batch (an ATTEND of 1024 sequences of 32 heads of 128 fp16 is 24 MiB with its reply); a request that finds no
+// room goes over ZeroMQ.
+constexpr size_t kEngineShmBytes = size_t(64) << 20;
+
+// The shared-memory lane of one worker (RWorkerClient::shm_stats).
+struct ShmLaneStats {
+  // off (not asked for) | pending (offered, no answer yet) | active | refused | closed (the worker was marked dead,
+  // or this client closed its session there: the worker unmapped the region)
+  std::string state = "off";
+  std::string reason;         // refused: the worker's answer, or why this client could not make the region
+  std::string name;           // the region's name (unlinked once the worker answered)
+  size_t bytes = 0;           // the region's size
+  uint64_t free_bytes = 0;    // of its data area, now
+  uint64_t requests_shm = 0;  // requests sent through the region
+  uint64_t requests_zmq = 0;  // ATTEND / APPEND_KV sent over ZeroMQ while the lane was active (no space left)
+  uint64_t replies_shm = 0;   // replies received through the region
+  uint64_t replies_zmq = 0;   // replies to requests sent through the region that came over ZeroMQ (no room, ERROR)
 };
 
 class RWorkerClient {
@@ -60,6 +86,8 @@ class RWorkerClient {
   size_t size() const { return socks_.size(); }
   const std::string& endpoint(size_t w) const { return endpoints_.at(w); }
   void set_timeout_ms(int ms) { timeout_ms_ = ms; }
+  // Worker w's shared-memory lane: whether it is in use, why not, what went through it.
+  ShmLaneStats shm_stats(size_t w) const;
   // Whether worker w is known gone (its connection dropped or refused, or mark_dead).
   bool lost(size_t w) const { return !lost_.at(w).empty(); }
   // Stops using worker w: its socket is closed (queued requests dropped), waits no longer include it. Idempotent.
@@ -92,6 +120,30 @@ class RWorkerClient {
   void truncate(size_t w, const std::vector<uint64_t>& ids, const std::vector<uint32_t>& lengths);
 
  private:
+  // Per worker: its region and allocator, and the spaces of its requests in flight through it.
+  struct ShmLane {
+    std::shared_ptr<shm::Space> space;  // set from the offer until the lane is refused or the worker dropped
+    uint64_t attach_id = 0;             // the SHM_ATTACH request, while pending
+    bool active = false;
+    struct InFlight {
+      std::vector<uint64_t> blocks;  // request frames copied into the region (freed when the reply arrives)
+      uint64_t reply_block = 0;      // the reply's space (freed with the reply's frames, or at once when unused)
+      shm::Span reply;
+    };
+    std::map<uint64_t, InFlight> inflight;  // by request id
+    ShmLaneStats stats;
+  };
+  // Queues a message's header frame without waiting; a connection that takes none is lost (RWorkerLost).
+  void send_head(size_t w, const std::array<uint8_t, proto::kHeaderBytes>& head, bool more);
+  void offer_shm(size_t w);                          // the first message to w: SHM_ATTACH, when asked for
+  bool send_shm(size_t w, proto::Header& h, const std::vector<ConstBuffer>& frames);  // false: use ZeroMQ
+  bool take_attach_reply(size_t w, const std::vector<zmq::message_t>& parts);  // true: it was SHM_ATTACH's
+  // A reply to a request sent through the region: its request space is given back, and a reply in the region
+  // (kFlagShm) becomes [header without the flag][views of its frames], checked to lie in the space set aside for it.
+  void resolve_shm_reply(size_t w, std::vector<zmq::message_t>& parts);
+  void release_shm(size_t w, uint64_t request_id, bool reply_in_use);
+  void drop_shm(size_t w, const std::string& why);  // the worker is gone, or its session closed: the lane ends
+
   std::optional<RWorkerReply> receive(size_t w);  // nullopt when nothing is queued
   std::string who(size_t w) const;
   void poll_monitors();  // records workers whose connection dropped or whose handshake failed
@@ -107,6 +159,8 @@ class RWorkerClient {
   uint64_t next_id_ = 1;
   std::map<std::pair<size_t, uint64_t>, RWorkerReply> stash_;  // replies received while waiting for others
   std::set<std::pair<size_t, uint64_t>> outstanding_;          // sent, reply not yet waited for
+  size_t shm_bytes_ = 0;
+  std::vector<ShmLane> shm_;  // per worker
 };
 
 }  // namespace fd

@@ -23,6 +23,7 @@ const char* msg_type_name(MsgType t) {
     case MsgType::Error: return "ERROR";
     case MsgType::Close: return "CLOSE";
     case MsgType::Truncate: return "TRUNCATE";
+    case MsgType::ShmAttach: return "SHM_ATTACH";
   }
   return "UNKNOWN";
 }
@@ -103,6 +104,7 @@ std::vector<size_t> expected_frame_sizes(const Header& h) {
     case MsgType::HelloReply:
     case MsgType::StatsReply:
     case MsgType::Error:
+    case MsgType::ShmAttach:  // its layout is checked where it is answered (shm.h: parse_shm_attach)
       return {size_t(-1)};  // one frame of any size (text)
   }
   malformed("unknown message type " + std::to_string(h.type));
@@ -132,12 +134,18 @@ Message decode(const Frame* parts, size_t n_parts, const Limits& lim) {
   std::memcpy(&m.h, parts[0].data, kHeaderBytes);
   const Header& h = m.h;
   if (h.magic != kMagic) malformed("bad magic");
-  if (h.version != kVersion)
-    malformed("protocol version " + std::to_string(h.version) + ", this worker speaks " + std::to_string(kVersion));
+  if (h.version < kMinVersion || h.version > kVersion)
+    malformed("protocol version " + std::to_string(h.version) + ", this worker speaks " + std::to_string(kMinVersion) + " to " +
+              std::to_string(kVersion));
   if (h.type < uint16_t(MsgType::Hello) || h.type > kMaxMsgType)
     malformed("unknown message type " + std::to_string(h.type));
   for (uint8_t b : h.reserved)
     if (b != 0) malformed("reserved header bytes are not zero");
+  if (h.version < 3 && h.flags != 0) malformed("reserved header bytes are not zero");
+  if (h.flags & ~kFlagShm) malformed("unknown header flags " + std::to_string(h.flags));
+  if (h.flags & kFlagShm)
+    malformed(std::string(msg_type_name(h.msg_type())) + " flagged as in shared memory, but no shared-memory region is attached "
+              "to this connection (or this message type cannot come that way)");
   if (h.dtype > uint8_t(WireDType::F32)) malformed("unknown wire dtype " + std::to_string(h.dtype));
   if (h.n_seq > lim.max_seqs) malformed("n_seq " + std::to_string(h.n_seq) + " over the limit");
   if (h.n_tokens > lim.max_tokens) malformed("n_tokens " + std::to_string(h.n_tokens) + " over the limit");

@@ -13,7 +13,10 @@
 namespace fd::proto {
 
 constexpr uint32_t kMagic = 0x57524446u;  // bytes "FDRW"
-constexpr uint16_t kVersion = 2;  // 2: sessions (CLOSE), TRUNCATE, SHUTDOWN carries a token
+// 2: sessions (CLOSE), TRUNCATE, SHUTDOWN carries a token. 3: SHM_ATTACH and the header's `flags` (a byte that was
+// reserved): a version 2 message is still valid (kMinVersion), with its flags zero as its reserved bytes were.
+constexpr uint16_t kVersion = 3;
+constexpr uint16_t kMinVersion = 2;
 constexpr size_t kHeaderBytes = 64;
 
 enum class MsgType : uint16_t {
@@ -32,8 +35,14 @@ enum class MsgType : uint16_t {
   Close = 13,       // S->R: ends this client's session: its sequences are freed. -> Ok
   Truncate = 14,    // S->R: ids u64[n_seq], lengths u32[n_seq]: each sequence keeps its first length tokens at every
                     // layer (the undo of a step that failed half way). -> Ok
+  ShmAttach = 15,   // S->R: frame 0 = a shared-memory region the client offers (fastdecode/wire/shm.h). -> Ok, or Error
+                    // (the client then keeps to ZeroMQ). Answered by the socket loop, never by the handler.
 };
-constexpr uint16_t kMaxMsgType = uint16_t(MsgType::Truncate);
+constexpr uint16_t kMaxMsgType = uint16_t(MsgType::ShmAttach);
+// Header flags.
+constexpr uint8_t kFlagShm = 1;  // the tensor frames lie in the connection's shared-memory region: the one frame after
+                                 // the header is a descriptor of them (fastdecode/wire/shm.h), resolved by the
+                                 // socket loop (worker) or the client before decode() sees the message
 constexpr size_t kShutdownTokenBytes = 32;
 const char* msg_type_name(MsgType t);
 
@@ -73,7 +82,8 @@ struct Header {
   uint8_t n_frames = 0;       // frames after the header
   int32_t status = 0;         // Error: ErrorCode
   uint64_t compute_ns = 0;    // AttendReply: the worker's compute time for the request
-  uint8_t reserved[16] = {};
+  uint8_t flags = 0;          // version 3: kFlag* bits (0 in a version 2 message, where it was reserved)
+  uint8_t reserved[15] = {};
 
   MsgType msg_type() const { return MsgType(type); }
 };
@@ -118,7 +128,8 @@ struct Message {
 
 // Parses and validates a multipart message (parts[0] = header). Checks magic, version, type, reserved
 // bytes, dims against limits, frame count and every frame size for the type, total size, and for
-// AppendKV that the counts add up. Throws ProtocolError(Malformed or TooLarge).
+// AppendKV that the counts add up. Throws ProtocolError(Malformed or TooLarge). A message with kFlagShm is
+// malformed here: its frames must have been resolved out of the shared-memory region (and the flag cleared) first.
 Message decode(const Frame* parts, size_t n_parts, const Limits& limits);
 
 // Expected sizes of the frames of a message type, from its header (validated dims).

@@ -172,7 +172,8 @@ void register_all(CLI::App& app) {
       for (int nl : o.links)
         for (const auto& s : o.sizes)
           cases.push_back(fd::bench::make_case(tr, io, nl, fd::bench::parse_size(s), o.shape));
-  if (std::find(o.transports.begin(), o.transports.end(), "ipc") != o.transports.end())
+  if (std::find(o.transports.begin(), o.transports.end(), "ipc") != o.transports.end() ||
+      std::find(o.transports.begin(), o.transports.end(), "shm") != o.transports.end())
     g_ipc_dir = fd::bench::make_ipc_dir();
 
   int major = 0, minor = 0, patch = 0;
@@ -254,9 +255,11 @@ int main(int argc, char** argv) {
   app.add_option("--sizes", o.sizes, "request sizes S per link per step (K/M = 1024/1048576)")
       ->delimiter(',')
       ->capture_default_str();
-  app.add_option("--transports", o.transports, "tcp (127.0.0.1, ephemeral port), ipc (temp dir)")
+  app.add_option("--transports", o.transports,
+                 "tcp (127.0.0.1, ephemeral port), ipc (temp dir), shm (ipc for the headers, tensors through the "
+                 "shared-memory lane)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"tcp", "ipc"}))
+      ->check(CLI::IsMember({"tcp", "ipc", "shm"}))
       ->capture_default_str();
   app.add_option("--io-threads", o.io_threads, "zmq I/O threads of the client and of each echo R-worker")
       ->delimiter(',')

@@ -152,19 +152,24 @@ LinkSet::LinkSet(const TransportCase& c, const LinkOptions& o) : c_(c), o_(o) {
   for (int i = 0; i < c.links; ++i) {
     std::vector<std::string> args = {"serve", "--io-threads", std::to_string(c.io_threads)};
     if (o.fail_after > 0) args.insert(args.end(), {"--fail-after", std::to_string(o.fail_after)});
-    if (c.transport == "ipc") {
+    if (c.transport == "ipc" || c.transport == "shm") {
       if (o.ipc_dir.empty()) FD_THROW("internal: an ipc case without an ipc directory");
       ipc_paths_.push_back(o.ipc_dir + "/c" + std::to_string(o.index) + "-l" + std::to_string(i) + ".sock");
       std::snprintf(g_paths[i], sizeof g_paths[i], "%s", ipc_paths_.back().c_str());
       g_n_paths = i + 1;
       args.insert(args.end(), {"--ipc", ipc_paths_.back()});
     } else if (c.transport != "tcp") {
-      throw ConfigError("unknown transport '" + c.transport + "' (tcp, ipc)");
+      throw ConfigError("unknown transport '" + c.transport + "' (tcp, ipc, shm)");
     }
     servers_.push_back(std::make_unique<SpawnedRWorker>(bin, args, 20000));
     endpoints.push_back(servers_.back()->endpoint());
   }
-  client_ = std::make_unique<RWorkerClient>(endpoints, o.timeout_ms, c.io_threads);
+  RWorkerClientOptions co;
+  co.timeout_ms = o.timeout_ms, co.io_threads = c.io_threads;
+  // shm: the ipc link plus the shared-memory lane, with room for two steps' requests and replies (each frame's
+  // block rounded up to 64 bytes) so that a step never waits for space.
+  if (c.transport == "shm") co.shm_bytes = (2 * (c.request_bytes() + c.reply_bytes()) + (size_t(1) << 20) + 4095) / 4096 * 4096;
+  client_ = std::make_unique<RWorkerClient>(endpoints, co);
   header_ =
       proto::make_header(MsgType::Attend, c.shape.heads, c.shape.kv_heads, c.shape.head_dim, c.shape.dtype, c.n_seq);
   const size_t n = c.n_seq, es = c.shape.elem();
@@ -198,6 +203,13 @@ LinkSet::LinkSet(const TransportCase& c, const LinkOptions& o) : c_(c), o_(o) {
     FD_THROW("echo R-worker " << w << " (" << client_->endpoint(w) << ") did not reject a malformed ATTEND as the "
                               << "R-worker does; got " << got);
   }
+  // The shared-memory offer went with each link's first message, and its answer came before that message's: a
+  // refused lane would measure ipc under the name shm.
+  if (c.transport == "shm")
+    for (size_t w = 0; w < servers_.size(); ++w)
+      if (const ShmLaneStats st = client_->shm_stats(w); st.state != "active")
+        FD_THROW("echo R-worker " << w << " (" << client_->endpoint(w) << "): the shared-memory lane is " << st.state
+                                  << (st.reason.empty() ? "" : ": " + st.reason));
 }
 
 LinkSet::~LinkSet() {

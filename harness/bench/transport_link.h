@@ -24,7 +24,7 @@ struct WireShape {
 // Per link per step: ATTEND [header][ids u64[n_seq]][q][k][v] -> ATTEND_REPLY [header][o], q and o
 // [n_seq, heads, head_dim], k and v [n_seq, kv_heads, head_dim].
 struct TransportCase {
-  std::string transport;  // tcp | ipc
+  std::string transport;  // tcp | ipc | shm (ipc plus the shared-memory lane: RWorkerClientOptions::shm_bytes)
   int io_threads = 1;     // zmq I/O threads of the client and of each echo server
   int links = 1;          // echo R-workers, each sent its request at once
   uint64_t size = 0;      // nominal request bytes per link (S)

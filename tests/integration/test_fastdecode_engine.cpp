@@ -92,6 +92,23 @@ TEST(FastDecodeEngine, SamplingMatchesReferenceToo) {
   EXPECT_EQ(run_tokens(*fd, reqs), expect);
 }
 
+// engine.rworkers.shm: ATTEND and APPEND_KV through the shared-memory lane or over ZeroMQ, the same tokens; each
+// worker's lane is in the engine's info (summary.json), so a refused one is seen.
+TEST(FastDecodeEngine, SharedMemoryLaneGivesTheSameTokensAsZeroMQ) {
+  const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama-gqa.json"));
+  const auto reqs = requests(c);
+  std::map<bool, Tokens> got;
+  for (const bool shm : {true, false}) {
+    FastDecodeConfig ec = fastdecode_config(2);
+    ec.rworkers.shm = shm;
+    auto w = make_random_source(3, DType::F16);
+    auto e = make_fastdecode_engine(ec, {c, *w, SamplingParams{}});
+    for (const json& worker : e->info()["rworkers"]) EXPECT_EQ(worker["shm"]["state"], shm ? "active" : "off") << worker.dump();
+    got[shm] = run_tokens(*e, reqs);
+  }
+  EXPECT_EQ(got[true], got[false]) << "first divergence: " << first_divergence(got[true], got[false]);
+}
+
 TEST(FastDecodeEngine, DeadRWorkerFailsTheStepNamingIt) {
   const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama.json"));
   FastDecodeConfig ec = fastdecode_config(2);

@@ -177,6 +177,14 @@ def test_stage_targets_verdicts(tmp_path):
     roof.write_text(json.dumps({"rows": [{"engine": "gpu-only", "requested_batch": 16, "step_vs_roofline": 1.9},
                                          {"engine": "gpu-only", "requested_batch": 64, "step_vs_roofline": 1.25},
                                          {"engine": "paged-swap", "requested_batch": 64, "step_vs_roofline": 1.31}]}))
+    tr = tmp_path / "transport.json"  # the shm lane judged where the file has it, the sockets beside
+    rt = lambda t, links, v: {"name": "round_trip/%s/io:1/links:%d/size:4M" % (t, links), "links": links, "GBps_per_link": v}
+    tr.write_text(json.dumps({"benchmarks": [rt("ipc", 4, 1.3), rt("tcp", 4, 1.5), rt("shm", 4, 4.2), rt("shm", 4, 5.0),
+                                             rt("shm", 1, 0.5)]}))
+    row = st.transport_row(str(tr))
+    assert row[2] == "4.20-5.00 (ipc/tcp: 1.30-1.50)" and row[3] is True
+    tr.write_text(json.dumps({"benchmarks": [rt("ipc", 4, 4.5), rt("tcp", 4, 3.9)]}))
+    assert st.transport_row(str(tr))[2:4] == ("3.90-4.50", False)
     sp = tmp_path / "spart.json"  # the S-Part judged from graphs where the row has them, eagerly above kMaxRows
     sp.write_text(json.dumps({"rows": [{"B": 32, "ratio": 1.5, "graph_ratio": 1.4},
                                        {"B": 64, "ratio": 1.16, "graph_ratio": 1.08},

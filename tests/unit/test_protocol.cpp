@@ -82,10 +82,15 @@ TEST(Protocol, EveryMalformationIsCaught) {
   };
   EXPECT_EQ(mutate_header([](Header& h) { h.magic = 0; }), ErrorCode::Malformed);
   EXPECT_EQ(mutate_header([](Header& h) { h.version = kVersion + 1; }), ErrorCode::Malformed);
-  EXPECT_EQ(mutate_header([](Header& h) { h.version = kVersion - 1; }), ErrorCode::Malformed);  // version 1: no sessions
+  EXPECT_EQ(mutate_header([](Header& h) { h.version = kMinVersion - 1; }), ErrorCode::Malformed);  // version 1: no sessions
   EXPECT_EQ(mutate_header([](Header& h) { h.type = 0; }), ErrorCode::Malformed);
   EXPECT_EQ(mutate_header([](Header& h) { h.type = 99; }), ErrorCode::Malformed);
   EXPECT_EQ(mutate_header([](Header& h) { h.reserved[5] = 1; }), ErrorCode::Malformed);
+  // Version 2 messages stay valid; their flags byte was reserved. The shm flag never reaches decode() resolved.
+  EXPECT_EQ(mutate_header([](Header& h) { h.version = 2; }), ErrorCode::None);
+  EXPECT_EQ(mutate_header([](Header& h) { h.version = 2, h.flags = kFlagShm; }), ErrorCode::Malformed);
+  EXPECT_EQ(mutate_header([](Header& h) { h.flags = kFlagShm; }), ErrorCode::Malformed);
+  EXPECT_EQ(mutate_header([](Header& h) { h.flags = 0x80; }), ErrorCode::Malformed);
   EXPECT_EQ(mutate_header([](Header& h) { h.dtype = 7; }), ErrorCode::Malformed);
   EXPECT_EQ(mutate_header([](Header& h) { h.n_seq = 3; }), ErrorCode::Malformed);  // frame sizes disagree
   EXPECT_EQ(mutate_header([](Header& h) { h.n_frames = 3; }), ErrorCode::Malformed);

@@ -1,0 +1,323 @@
+// The shared-memory lane (fastdecode/wire/shm.h) between RWorkerClient and fd-rworker processes: the same bytes as
+// over ZeroMQ, offers refused (and the client's fallback visible), bad descriptors answered with ERROR while the
+// worker keeps serving, space reused and given back with the replies, a worker dying mid-request lost as before.
+#include <signal.h>
+
+#include <random>
+
+#include "fastdecode/sworker/rworker_spawn.h"
+#include "fastdecode/wire/rworker_client.h"
+#include "fastdecode/wire/shm.h"
+#include "tests/unit/rworker_test_util.h"
+#include "tests/unit/test_helpers.h"
+
+using namespace fd;
+using namespace fd::proto;
+
+namespace {
+
+constexpr int kLayers = 2, kH = 8, kKV = 4, kD = 64;
+
+struct Worker : SpawnedRWorker {
+  explicit Worker(const std::string& name, std::vector<std::string> more = {})
+      : SpawnedRWorker(std::string(FD_BIN_DIR) + "/fd-rworker", with(name, std::move(more))) {}
+  static std::vector<std::string> with(const std::string& name, std::vector<std::string> more) {
+    std::vector<std::string> a = {"--threads", "1", "--memory-gb", "0.2", "--name", name};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  }
+};
+
+Header dims(MsgType t, uint32_t n_seq, uint32_t layer = 0) {
+  Header h = make_header(t, kH, kKV, kD, WireDType::F16);
+  h.n_seq = n_seq;
+  h.layer = layer;
+  return h;
+}
+
+RWorkerClientOptions with_shm(size_t bytes) {
+  RWorkerClientOptions o;
+  o.timeout_ms = 20000;
+  o.shm_bytes = bytes;
+  return o;
+}
+
+std::vector<uint8_t> bytes_of(const zmq::message_t& m) {
+  const auto* p = static_cast<const uint8_t*>(m.data());
+  return {p, p + m.size()};
+}
+
+// One step's ATTEND inputs for n sequences.
+struct Step {
+  std::vector<uint64_t> ids;
+  std::vector<uint16_t> q, k, v;
+  Step(uint32_t n, std::mt19937& rng, uint64_t first_id = 1)
+      : q(fd::test::random_f16(n * kH * kD, rng)), k(fd::test::random_f16(n * kKV * kD, rng)), v(fd::test::random_f16(n * kKV * kD, rng)) {
+    for (uint32_t i = 0; i < n; ++i) ids.push_back(first_id + i);
+  }
+  std::vector<ConstBuffer> frames() const {
+    return {{ids.data(), ids.size() * 8}, {q.data(), q.size() * 2}, {k.data(), k.size() * 2}, {v.data(), v.size() * 2}};
+  }
+};
+
+// A DEALER of its own, to send what RWorkerClient never would.
+struct RawPeer {
+  zmq::context_t ctx{1};
+  zmq::socket_t s{ctx, zmq::socket_type::dealer};
+  explicit RawPeer(const std::string& ep) {
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::rcvtimeo, 20000);
+    s.connect(ep);
+  }
+  // Sends header + frames, returns the reply's header and frames.
+  std::pair<Header, std::vector<zmq::message_t>> call(Header h, const std::vector<std::vector<uint8_t>>& frames, uint8_t n_frames) {
+    h.n_frames = n_frames;
+    const auto head = encode_header(h);
+    s.send(zmq::buffer(head.data(), head.size()), frames.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore);
+    for (size_t i = 0; i < frames.size(); ++i)
+      s.send(zmq::buffer(frames[i].data(), frames[i].size()), i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    std::vector<zmq::message_t> reply;
+    EXPECT_TRUE(zmq::recv_multipart(s, std::back_inserter(reply)));
+    Header r;
+    std::memcpy(&r, reply.at(0).data(), kHeaderBytes);
+    reply.erase(reply.begin());
+    return {r, std::move(reply)};
+  }
+  std::string error_of(const Header& h, const std::vector<zmq::message_t>& frames) {
+    if (h.msg_type() != MsgType::Error) return std::string("no error: ") + msg_type_name(h.msg_type());
+    return std::string(error_code_name(ErrorCode(h.status))) + ": " + frames.at(0).to_string();
+  }
+};
+
+}  // namespace
+
+// Two sessions on one worker, fed the same steps, one through the region and one over ZeroMQ: byte-identical
+// replies (the prompt's APPEND_KV through the region too).
+TEST(ShmLane, RoundTripsAreByteIdenticalToZeroMQ) {
+  Worker a("w0");
+  RWorkerClient viashm({a.endpoint()}, with_shm(size_t(8) << 20)), viazmq({a.endpoint()}, with_shm(0));
+  for (RWorkerClient* c : {&viashm, &viazmq}) {
+    c->hello(0, kLayers, kH, kKV, kD, WireDType::F16);
+    c->add_seqs(0, {1, 2, 3});
+  }
+  EXPECT_EQ(viashm.shm_stats(0).state, "active") << viashm.shm_stats(0).reason;
+  EXPECT_EQ(viazmq.shm_stats(0).state, "off");
+  std::mt19937 rng(5);
+  // A prompt: 5, 0 and 7 tokens.
+  const std::vector<uint64_t> ids = {1, 2, 3};
+  const std::vector<uint32_t> counts = {5, 0, 7};
+  const auto pk = fd::test::random_f16(12 * kKV * kD, rng), pv = fd::test::random_f16(12 * kKV * kD, rng);
+  Header ap = dims(MsgType::AppendKV, 3, 1);
+  ap.n_tokens = 12;
+  for (RWorkerClient* c : {&viashm, &viazmq})
+    c->call(0, ap, {{ids.data(), 24}, {counts.data(), 12}, {pk.data(), pk.size() * 2}, {pv.data(), pv.size() * 2}});
+  for (int step = 0; step < 20; ++step) {
+    const Step s(3, rng);
+    const uint32_t layer = uint32_t(step % kLayers);
+    const RWorkerReply r1 = viashm.call(0, dims(MsgType::Attend, 3, layer), s.frames());
+    const RWorkerReply r2 = viazmq.call(0, dims(MsgType::Attend, 3, layer), s.frames());
+    ASSERT_EQ(r1.h.msg_type(), MsgType::AttendReply);
+    EXPECT_EQ(r1.h.flags, 0) << "the client hands on the reply as ZeroMQ would have brought it";
+    ASSERT_EQ(r1.frames.size(), 1u);
+    ASSERT_EQ(r1.frames[0].size(), size_t(3 * kH * kD * 2));
+    ASSERT_EQ(bytes_of(r1.frames[0]), bytes_of(r2.frames[0])) << "step " << step;
+  }
+  const ShmLaneStats st = viashm.shm_stats(0);
+  EXPECT_EQ(st.requests_shm, 21u);  // the APPEND_KV and 20 ATTENDs; HELLO, ADD_SEQ go over ZeroMQ
+  EXPECT_EQ(st.replies_shm, 20u);   // APPEND_KV's OK has no frames: over ZeroMQ
+  EXPECT_EQ(st.requests_zmq, 0u);
+  EXPECT_EQ(st.free_bytes, st.bytes - shm::kRegionHeaderBytes) << "every request's and reply's space given back";
+  EXPECT_EQ(viashm.stats(0)["tokens"], 2 * (12 + 20 * 3));  // both sessions
+  // CLOSE ends the session and the worker's mapping: a new session on this connection runs over ZeroMQ.
+  viashm.close_session(0);
+  EXPECT_EQ(viashm.shm_stats(0).state, "closed");
+  viashm.hello(0, kLayers, kH, kKV, kD, WireDType::F16);
+  viashm.add_seqs(0, {1, 2, 3});
+  const Step s(3, rng);
+  EXPECT_EQ(viashm.call(0, dims(MsgType::Attend, 3), s.frames()).frames.at(0).size(), size_t(3 * kH * kD * 2));
+  EXPECT_EQ(viashm.shm_stats(0).requests_shm, 21u);
+}
+
+// The worker refuses: shared memory turned off, a region over its limit. The client says why and serves the
+// worker over ZeroMQ.
+TEST(ShmLane, RefusedOfferFallsBackToZeroMQVisibly) {
+  Worker off("off", {"--shm-max-mb", "0"}), small("small", {"--shm-max-mb", "1"});
+  RWorkerClient c({off.endpoint(), small.endpoint()}, with_shm(size_t(4) << 20));
+  std::mt19937 rng(6);
+  for (size_t w = 0; w < 2; ++w) {
+    c.hello(w, kLayers, kH, kKV, kD, WireDType::F16);
+    c.add_seqs(w, {1});
+    const Step s(1, rng);
+    const RWorkerReply r = c.call(w, dims(MsgType::Attend, 1), s.frames());
+    EXPECT_EQ(r.frames.at(0).size(), size_t(kH * kD * 2));
+    const ShmLaneStats st = c.shm_stats(w);
+    EXPECT_EQ(st.state, "refused");
+    EXPECT_EQ(st.requests_shm, 0u);
+  }
+  EXPECT_THAT(c.shm_stats(0).reason, ::testing::HasSubstr("unsupported: shared memory refused: this worker takes no shared memory"));
+  EXPECT_THAT(c.shm_stats(1).reason, ::testing::HasSubstr("too-large: shared memory refused: region of 4194304 bytes is over"));
+}
+
+// What a peer that is not the region's maker can offer: a wrong token, a name that is not ours, a name it cannot
+// open (as a worker on another host finds the client's name), too large a region. Each is refused with what was
+// wrong, nothing is mapped, and the worker keeps serving.
+TEST(ShmLane, WorkerRefusesOffersItCannotTrust) {
+  Worker a("w0", {"--shm-max-mb", "2"});
+  RawPeer p(a.endpoint());
+  const auto region = shm::Region::create(size_t(1) << 20);
+  Header h;
+  h.type = uint16_t(MsgType::ShmAttach);
+  const auto offer = [&](shm::Attach at) {
+    auto [rh, f] = p.call(h, {shm::encode_attach(at)}, 1);
+    return p.error_of(rh, f);
+  };
+  shm::Attach good{region->name(), region->size(), region->token()};
+  shm::Attach bad = good;
+  bad.token[3] ^= 1;
+  EXPECT_THAT(offer(bad), ::testing::HasSubstr("forbidden: shared memory refused: " + region->name() + ": the token in the region is not the one offered"));
+  bad = good;
+  bad.name = "/not-ours-" + region->name().substr(8);
+  EXPECT_THAT(offer(bad), ::testing::HasSubstr("forbidden: shared memory refused: name '" + bad.name + "' does not start with /fd-shm-"));
+  bad = good;
+  bad.name = "/fd-shm-0-0123456789abcdef";  // no such object on this host
+  EXPECT_THAT(offer(bad), ::testing::HasSubstr("forbidden: shared memory refused: cannot open /fd-shm-0-0123456789abcdef"));
+  bad = good;
+  bad.size = size_t(4) << 20;
+  EXPECT_THAT(offer(bad), ::testing::HasSubstr("too-large: shared memory refused: region of 4194304 bytes is over"));
+  bad = good;
+  bad.size = good.size - 4096;  // not the object's size
+  EXPECT_THAT(offer(bad), ::testing::HasSubstr("forbidden: shared memory refused: " + region->name() + " is 1048576 bytes"));
+  EXPECT_EQ(offer(good), "no error: OK");
+  RWorkerClient c({a.endpoint()}, 20000);  // still serving
+  EXPECT_EQ(c.stats(0)["requests"].get<int>(), 1);  // this STATS: the loop answered every offer itself
+}
+
+// Requests in the region whose descriptor is bad: an ERROR (malformed) each, nothing changed, the worker serving on.
+TEST(ShmLane, BadDescriptorsGetErrorAndWorkerKeepsServing) {
+  Worker a("w0");
+  RawPeer p(a.endpoint());
+  const auto region = shm::Region::create(size_t(1) << 20);
+  Header h;
+  h.type = uint16_t(MsgType::ShmAttach);
+  {
+    auto [rh, f] = p.call(h, {shm::encode_attach({region->name(), region->size(), region->token()})}, 1);
+    ASSERT_EQ(rh.msg_type(), MsgType::Ok) << p.error_of(rh, f);
+  }
+  Header hello = dims(MsgType::Hello, 0);
+  hello.layer = kLayers;
+  ASSERT_EQ(p.call(hello, {}, 0).first.msg_type(), MsgType::HelloReply);
+  const std::vector<uint64_t> ids = {7};
+  ASSERT_EQ(p.call(dims(MsgType::AddSeq, 1), {fd::test::bytes_of(ids)}, 1).first.msg_type(), MsgType::Ok);
+  // A valid ATTEND of one sequence lies at 4096: ids 8, q 1024, k 512, v 512 bytes; its reply space at 8192.
+  const uint64_t R = region->size(), o_bytes = kH * kD * 2;
+  std::memcpy(region->base() + 4096, ids.data(), 8);
+  std::memset(region->base() + 4160, 0x3c, 2048);
+  const std::vector<shm::Span> good = {{4096, 8}, {4160, 1024}, {5184, 512}, {5696, 512}};
+  Header at = dims(MsgType::Attend, 1);
+  at.flags = kFlagShm;
+  const auto send = [&](std::vector<shm::Span> frames, shm::Span reply, Header hh) {
+    return p.call(hh, {shm::encode_descriptor({std::move(frames), reply})}, 4);
+  };
+  const auto error_with = [&](std::vector<shm::Span> frames, shm::Span reply) {
+    auto [rh, f] = send(std::move(frames), reply, at);
+    return p.error_of(rh, f);
+  };
+  auto frames = good;
+  frames[1].offset = R;  // past the end
+  EXPECT_THAT(error_with(frames, {8192, o_bytes}), ::testing::HasSubstr("malformed: shared-memory descriptor: frame 1 at offset"));
+  frames = good;
+  frames[2] = {4096, ~uint64_t(0) - 100};  // offset + size overflows
+  EXPECT_THAT(error_with(frames, {8192, o_bytes}), ::testing::HasSubstr("malformed: shared-memory descriptor: frame 2 at offset 4096"));
+  frames = good;
+  frames[0].offset = 0;  // the token's page
+  EXPECT_THAT(error_with(frames, {8192, o_bytes}), ::testing::HasSubstr("is not inside the data area"));
+  EXPECT_THAT(error_with(good, {R - 100, o_bytes}), ::testing::HasSubstr("malformed: shared-memory descriptor: reply space"));
+  EXPECT_THAT(error_with(good, {8192, o_bytes - 1}), ::testing::HasSubstr("malformed: shared-memory reply space of 1023 bytes"));
+  frames = good;
+  frames[1].size = 1000;  // the sizes are decode()'s to check, as over ZeroMQ
+  EXPECT_THAT(error_with(frames, {8192, o_bytes}), ::testing::HasSubstr("malformed: ATTEND frame 1 is 1000 bytes"));
+  {
+    auto [rh, f] = p.call(at, {shm::encode_descriptor({good, {8192, o_bytes}}), {1, 2}}, 4);  // a frame too many
+    EXPECT_THAT(p.error_of(rh, f), ::testing::HasSubstr("malformed: a message in shared memory has one descriptor frame"));
+  }
+  {
+    Header st = dims(MsgType::Stats, 0);
+    st.flags = kFlagShm;
+    auto [rh, f] = p.call(st, {shm::encode_descriptor({{}, {8192, 0}})}, 0);
+    EXPECT_THAT(p.error_of(rh, f), ::testing::HasSubstr("malformed: STATS cannot come through shared memory"));
+  }
+  // Nothing was appended by any of them; the good one is answered in the region.
+  auto [rh, f] = send(good, {8192, o_bytes}, at);
+  ASSERT_EQ(rh.msg_type(), MsgType::AttendReply) << p.error_of(rh, f);
+  EXPECT_EQ(rh.flags, kFlagShm);
+  const shm::Descriptor d = shm::parse_descriptor({static_cast<const uint8_t*>(f.at(0).data()), f.at(0).size()}, 1, R);
+  EXPECT_EQ(d.frames.at(0).offset, 8192u);
+  EXPECT_EQ(d.frames.at(0).size, o_bytes);
+  auto [sh, sf] = p.call(dims(MsgType::Stats, 0), {}, 0);
+  EXPECT_EQ(json::parse(sf.at(0).to_string())["tokens"], 1);
+  // Another peer without a region: its flagged message is refused by decode().
+  RawPeer q(a.endpoint());
+  auto [qh, qf] = q.call(at, {shm::encode_descriptor({good, {8192, o_bytes}})}, 4);
+  EXPECT_THAT(q.error_of(qh, qf), ::testing::HasSubstr("malformed: ATTEND flagged as in shared memory, but no shared-memory region"));
+}
+
+// A region with room for a few requests carries many more, one after another; replies held keep their space until
+// destroyed (a request that finds no room goes over ZeroMQ meanwhile), even past the client's end.
+TEST(ShmLane, SpaceIsReusedAndGivenBackWithTheReplies) {
+  Worker a("w0");
+  const size_t bytes = 64 * 1024;  // 60 KiB of data area: an ATTEND of 4 sequences takes 8 KiB + 4 KiB of reply
+  auto c = std::make_unique<RWorkerClient>(std::vector<std::string>{a.endpoint()}, with_shm(bytes));
+  c->hello(0, kLayers, kH, kKV, kD, WireDType::F16);
+  c->add_seqs(0, {1, 2, 3, 4});
+  const uint64_t all = bytes - shm::kRegionHeaderBytes;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200; ++i) {
+    const Step s(4, rng);
+    c->call(0, dims(MsgType::Attend, 4, uint32_t(i % kLayers)), s.frames());
+  }
+  EXPECT_EQ(c->shm_stats(0).requests_shm, 200u);
+  EXPECT_EQ(c->shm_stats(0).requests_zmq, 0u);
+  EXPECT_EQ(c->shm_stats(0).free_bytes, all);
+  // Held replies: each keeps its 4 KiB until it is destroyed.
+  std::vector<RWorkerReply> held;
+  std::vector<uint8_t> first;
+  for (int i = 0; i < 16; ++i) {
+    const Step s(4, rng);
+    held.push_back(c->call(0, dims(MsgType::Attend, 4), s.frames()));
+    if (i == 0) first = bytes_of(held[0].frames[0]);
+  }
+  EXPECT_EQ(bytes_of(held[0].frames[0]), first) << "a held reply's bytes were overwritten by later requests";
+  const ShmLaneStats st = c->shm_stats(0);
+  EXPECT_GE(st.requests_shm, 200u + 5);
+  EXPECT_GT(st.requests_zmq, 0u) << "the region cannot hold 16 replies and a request";
+  EXPECT_LT(st.free_bytes, all);
+  held.resize(1);
+  EXPECT_EQ(c->shm_stats(0).free_bytes, all - 4096) << "one reply held";
+  c.reset();  // the client ends; the reply it handed out stays readable
+  EXPECT_EQ(bytes_of(held[0].frames[0]), first);
+  held.clear();
+}
+
+// A worker killed while it holds a request that came through the region: RWorkerLost, as over ZeroMQ.
+TEST(ShmLane, WorkerDyingMidRequestIsLost) {
+  Worker a("w0");
+  RWorkerClient c({a.endpoint()}, with_shm(size_t(1) << 20));
+  c.hello(0, kLayers, kH, kKV, kD, WireDType::F16);
+  c.add_seqs(0, {1});
+  ASSERT_EQ(c.shm_stats(0).state, "active");
+  kill(a.pid(), SIGSTOP);
+  std::mt19937 rng(8);
+  const Step s(1, rng);
+  const uint64_t id = c.send(0, dims(MsgType::Attend, 1), s.frames());
+  EXPECT_EQ(c.shm_stats(0).requests_shm, 1u);
+  kill(a.pid(), SIGKILL);
+  try {
+    c.wait({{0, id}}, 10000);
+    ADD_FAILURE() << "no RWorkerLost";
+  } catch (const RWorkerLost& e) {
+    EXPECT_EQ(e.workers(), std::vector<size_t>{0});
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("is lost"));
+  }
+  c.mark_dead(0, "killed");
+  EXPECT_EQ(c.shm_stats(0).state, "closed");
+}
