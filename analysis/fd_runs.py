@@ -68,6 +68,20 @@ def read_jsonl_or_none(p):
     return read_jsonl(d, name) if jsonl_path(d, name) else []
 
 
+def run_dirs(root):
+    """(point name, run folder) of every ok run of a sweep folder (root/index.json), or (root's name, root) for a run
+    folder (one with a summary.json or a trace.json); nothing for anything else."""
+    root = str(root)
+    idx = read_json(os.path.join(root, "index.json"))
+    if idx:
+        for pt in idx.get("points", []):
+            for run in pt.get("runs", []):
+                if run.get("status") == "ok":
+                    yield pt["name"], os.path.join(root, run["dir"])
+    elif read_json(os.path.join(root, "summary.json")) or read_json(os.path.join(root, "trace.json")):
+        yield os.path.basename(os.path.normpath(root)), root
+
+
 def decode_steps(steps):
     return [x for x in steps if x.get("prefill_tokens", 0) == 0 and x.get("decode_tokens", 0) > 0]
 

@@ -14,21 +14,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from fd_runs import read_json, write_report
+from fd_runs import read_json, run_dirs, write_report
 from fd_runs import read_jsonl_or_none as read_jsonl
 
 KEYS = ("s_compute", "d2h", "h2d", "r_compute_max", "r_wait", "wire", "idle")
-
-
-def run_dirs(root: Path):
-    idx = read_json(root / "index.json")
-    if idx:
-        for pt in idx.get("points", []):
-            for run in pt.get("runs", []):
-                if run.get("status") == "ok":
-                    yield pt["name"], root / run["dir"]
-    elif read_json(root / "summary.json"):
-        yield root.name, root
 
 
 def main(argv=None):
@@ -39,6 +28,7 @@ def main(argv=None):
     rows = []
     for root in a.dirs:
         for name, d in run_dirs(root):
+            d = Path(d)
             summ = read_json(d / "summary.json") or {}
             steps = [s for s in read_jsonl(d / "steps.jsonl")
                      if s.get("decode_tokens", 0) > 0 and s.get("prefill_tokens", 0) == 0 and "breakdown_ms" in s]

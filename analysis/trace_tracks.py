@@ -15,21 +15,10 @@ import re
 import sys
 from pathlib import Path
 
-from fd_runs import read_json, write_report
+from fd_runs import read_json, run_dirs, write_report
 
 SPAN = re.compile(r"^(?:L(\d+) )?mb(\d+) (.+)$")
 TOLERANCE_US = 1.0  # span times are rounded to float milliseconds on the device: 1 us of slack
-
-
-def run_dirs(root: Path):
-    idx = read_json(root / "index.json")
-    if idx:
-        for pt in idx.get("points", []):
-            for run in pt.get("runs", []):
-                if run.get("status") == "ok":
-                    yield pt["name"], root / run["dir"]
-    else:
-        yield root.name, root
 
 
 def tracks_of(trace):
@@ -96,7 +85,7 @@ def main(argv=None):
     runs = []
     for root in a.dirs:
         for name, d in run_dirs(root):
-            trace = read_json(d / "trace.json")
+            trace = read_json(Path(d) / "trace.json")
             if trace is None:
                 continue
             r = analyse(tracks_of(trace))
