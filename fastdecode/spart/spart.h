@@ -88,6 +88,13 @@ class SPart {
   };
   virtual void trace_device(bool /*on*/) {}
   virtual std::vector<DeviceSpan> device_spans() { return {}; }
+  // Host memory the backend's copies read often that alloc_host did not make (the R-workers' shared-memory regions,
+  // where their replies land): registered with the device (CUDA: cudaHostRegister), so that set_attention copies it up
+  // by DMA as from alloc_host's pinned memory, not staged from pageable pages. Returns whether it was (false: a
+  // backend without a device, or the device refused; the copies then work as before). unregister_host(p) before the
+  // memory goes; the backend's destructor unregisters what is left.
+  virtual bool register_host(void* /*p*/, size_t /*bytes*/) { return false; }
+  virtual void unregister_host(void* /*p*/) {}
   // The slot's attention output = causal attention of the last attention_input over packed prompts:
   // rows starts[i]..starts[i+1]-1 are sequence i at positions 0..; K and V rounded to fp16 first (as
   // the R-workers will store them).

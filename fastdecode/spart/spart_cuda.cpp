@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <set>
 
 #include "fastdecode/core/clock.h"
 
@@ -48,6 +49,8 @@ class CudaSPart : public SPart {
   }
   ~CudaSPart() override {
     cudaSetDevice(device_);
+    cudaDeviceSynchronize();
+    for (void* p : registered_) cudaHostUnregister(p);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     if (anchor_) cudaEventDestroy(anchor_);
     graphs_.clear();
@@ -233,6 +236,22 @@ class CudaSPart : public SPart {
 
   void trace_device(bool on) override { tracing_ = on; }
 
+  bool register_host(void* p, size_t bytes) override {
+    current();
+    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: clear it, the copies stay staged
+      return false;
+    }
+    registered_.insert(p);
+    return true;
+  }
+  void unregister_host(void* p) override {
+    if (!registered_.erase(p)) return;
+    current();
+    for (int i = 0; i < streams_->n_streams(); ++i) cudaStreamSynchronize(streams_->stream(i));  // no copy reads it now
+    cudaHostUnregister(p);
+  }
+
   // Every stream is idle once synchronised; an anchor event recorded then completes at once, and its host time
   // places the spans: a span's start is the anchor's host time less the device time from its start to the anchor.
   std::vector<DeviceSpan> device_spans() override {
@@ -367,6 +386,7 @@ class CudaSPart : public SPart {
   bool graphs_on_ = false;
   std::map<int, std::unique_ptr<GraphCache>> graphs_;  // per slot
   std::map<int, HostBuffer> mirrors_;                  // per slot: pipeline hand-offs through host memory
+  std::set<void*> registered_;                         // register_host's, until unregister_host
 };
 
 }  // namespace

@@ -236,7 +236,7 @@ json FastDecodeEngine::info() const {
     json w = json::array();
     for (size_t i = 0; i < r.hello().size(); ++i) {
       const ShmLaneStats s = r.client().shm_stats(i);  // whether this worker's tensors go through shared memory, or why not
-      json shm = {{"state", s.state}, {"bytes", s.bytes}};
+      json shm = {{"state", s.state}, {"bytes", s.bytes}, {"device_registered", r.region_pinned(i)}};
       if (!s.reason.empty()) shm["reason"] = s.reason;
       w.push_back({{"endpoint", r.endpoint(i)}, {"hello", r.hello()[i]}, {"shm", shm}});
     }

@@ -103,6 +103,8 @@ class SRank {
   const std::vector<json>& hello() const { return hello_; }
   const SRankOptions& options() const { return o_; }
   const ModelConfig& config() const { return spart_->config(); }
+  // Whether worker w's shared-memory region is registered with the S-Part's device (its replies copied up by DMA).
+  bool region_pinned(size_t w) const { return w < pinned_.size() && pinned_[w].ok; }
 
  private:
   struct Batch;  // a plan batch in flight: its host buffers and per-worker ranges
@@ -131,6 +133,13 @@ class SRank {
     std::vector<uint64_t> ids;  // alive until the reply (zero-copy send)
   };
   std::vector<PendingFree> pending_frees_;
+  // Per worker: its shared-memory region as last seen active, and whether the S-Part's device took it (register_host).
+  struct Pinned {
+    std::shared_ptr<const shm::Region> region;
+    bool ok = false;
+  };
+  std::vector<Pinned> pinned_;
+  void pin_regions();
 };
 
 }  // namespace fd

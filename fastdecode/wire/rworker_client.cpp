@@ -340,6 +340,11 @@ ShmLaneStats RWorkerClient::shm_stats(size_t w) const {
   return s;
 }
 
+std::shared_ptr<const shm::Region> RWorkerClient::shm_region(size_t w) const {
+  const ShmLane& l = shm_.at(w);
+  return l.active && l.space ? l.space->region : nullptr;
+}
+
 void RWorkerClient::offer_shm(size_t w) {
   ShmLane& l = shm_[w];
   if (shm_bytes_ == 0 || l.stats.state != "off") return;

@@ -88,6 +88,9 @@ class RWorkerClient {
   void set_timeout_ms(int ms) { timeout_ms_ = ms; }
   // Worker w's shared-memory lane: whether it is in use, why not, what went through it.
   ShmLaneStats shm_stats(size_t w) const;
+  // Worker w's region while its lane is active, else null. Its replies land there: the S-Part may register it with its
+  // device (SPart::register_host). Holding it keeps the mapping alive, past the lane's end.
+  std::shared_ptr<const shm::Region> shm_region(size_t w) const;
   // Whether worker w is known gone (its connection dropped or refused, or mark_dead).
   bool lost(size_t w) const { return !lost_.at(w).empty(); }
   // Stops using worker w: its socket is closed (queued requests dropped), waits no longer include it. Idempotent.

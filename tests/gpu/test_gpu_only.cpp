@@ -327,6 +327,11 @@ TEST(FastDecodeCuda, TraceHasATrackPerStreamAndPerWorker) {
   int64_t steps = 0;
   while (!e->done() && steps++ < 100)
     for (const Span& s : e->step().spans) tracks[s.track].insert(s.name);
+  // The workers' shared-memory regions, where ATTEND's replies land, are registered with the device (DMA copies up).
+  for (const json& w : e->info()["rworkers"]) {
+    EXPECT_EQ(w["shm"]["state"], "active") << w.dump();
+    EXPECT_EQ(w["shm"]["device_registered"], true) << w.dump();
+  }
   e->shutdown();
   for (int m = 0; m < 2; ++m) {
     const std::string track = "gpu stream " + std::to_string(m), mb = " mb" + std::to_string(m) + " ";

@@ -105,6 +105,8 @@ TEST(FastDecodeEngine, SharedMemoryLaneGivesTheSameTokensAsZeroMQ) {
     auto e = make_fastdecode_engine(ec, {c, *w, SamplingParams{}});
     for (const json& worker : e->info()["rworkers"]) EXPECT_EQ(worker["shm"]["state"], shm ? "active" : "off") << worker.dump();
     got[shm] = run_tokens(*e, reqs);
+    // The CPU S-Part has no device to register the regions with (the CUDA one does: tests/gpu/test_gpu_only.cpp).
+    for (const json& worker : e->info()["rworkers"]) EXPECT_EQ(worker["shm"]["device_registered"], false) << worker.dump();
   }
   EXPECT_EQ(got[true], got[false]) << "first divergence: " << first_divergence(got[true], got[false]);
 }
