@@ -50,6 +50,7 @@ SRank::SRank(std::unique_ptr<SPart> spart, std::unique_ptr<RWorkerClient> client
                         " (is it running, is the endpoint right, do its CURVE keys match?)");
     }
   }
+  pin_regions();  // the lanes' offers were answered on the way to the HELLO replies: register them now, not at step 1
 }
 
 SRank::~SRank() {
