@@ -5,7 +5,10 @@
 
 #include <random>
 
+#include "fastdecode/model/weights.h"
+#include "fastdecode/spart/spart.h"
 #include "fastdecode/sworker/rworker_spawn.h"
+#include "fastdecode/sworker/srank.h"
 #include "fastdecode/wire/rworker_client.h"
 #include "fastdecode/wire/shm.h"
 #include "tests/unit/rworker_test_util.h"
@@ -320,4 +323,71 @@ TEST(ShmLane, WorkerDyingMidRequestIsLost) {
   }
   c.mark_dead(0, "killed");
   EXPECT_EQ(c.shm_stats(0).state, "closed");
+}
+
+// The S-Part the S-rank registers the workers' regions with: the CPU one, with register_host / unregister_host
+// recorded (and answered as `accept` says: a device that takes the memory, or one that refuses it).
+class RecordingSPart : public SPart {
+ public:
+  struct Log {
+    std::vector<std::pair<void*, size_t>> registered;
+    std::vector<void*> unregistered;
+  };
+  RecordingSPart(std::unique_ptr<SPart> inner, Log* log, bool accept) : in_(std::move(inner)), log_(log), accept_(accept) {}
+  const ModelConfig& config() const override { return in_->config(); }
+  std::string describe() const override { return in_->describe(); }
+  HostBuffer alloc_host(size_t bytes) override { return in_->alloc_host(bytes); }
+  void embed(int s, const int32_t* t, const int64_t* p, int64_t T) override { in_->embed(s, t, p, T); }
+  void attention_input(int s, int l, DType dt, void* q, void* k, void* v) override { in_->attention_input(s, l, dt, q, k, v); }
+  void set_attention(int s, DType dt, const std::vector<HostRows>& parts) override { in_->set_attention(s, dt, parts); }
+  void prefill_attention(int s, const std::vector<int64_t>& starts) override { in_->prefill_attention(s, starts); }
+  void attention_output_and_mlp(int s, int l) override { in_->attention_output_and_mlp(s, l); }
+  void logits(int s, const std::vector<int32_t>& rows, float* out) override { in_->logits(s, rows, out); }
+  bool register_host(void* p, size_t bytes) override {
+    log_->registered.push_back({p, bytes});
+    return accept_;
+  }
+  void unregister_host(void* p) override { log_->unregistered.push_back(p); }
+
+ private:
+  std::unique_ptr<SPart> in_;
+  Log* log_;
+  bool accept_;
+};
+
+// The S-rank registers each worker's region with its S-Part's device right after the HELLOs (ATTEND's replies land
+// there: copied up by DMA on the CUDA S-Part), unregisters a region at the first step after its lane ended, and what
+// is left when it goes; a region the device refused is neither tried again nor unregistered.
+TEST(ShmLane, SRankRegistersTheRegionsWithItsDevice) {
+  const ModelConfig c = load_model_config(fd::test::repo_path("experiments/models/tiny-llama.json"));
+  auto src = make_random_source(3, DType::F16);
+  const ModelWeights w = load_model_weights(c, *src);
+  Worker a("w0"), b("w1");
+  for (const bool accept : {true, false}) {
+    RecordingSPart::Log log;
+    std::vector<void*> base;  // the regions' addresses
+    {
+      auto client = std::make_unique<RWorkerClient>(std::vector<std::string>{a.endpoint(), b.endpoint()}, with_shm(size_t(1) << 20));
+      SRank rank(std::make_unique<RecordingSPart>(make_cpu_spart(w), &log, accept), std::move(client), nullptr, {});
+      ASSERT_EQ(log.registered.size(), 2u) << "both regions registered with the HELLOs";
+      for (size_t i = 0; i < 2; ++i) {
+        const auto r = rank.client().shm_region(i);
+        ASSERT_TRUE(r) << "worker " << i << "'s lane: " << rank.client().shm_stats(i).state;
+        EXPECT_EQ(log.registered[i], std::make_pair(static_cast<void*>(r->base()), r->size()));
+        EXPECT_EQ(rank.region_pinned(i), accept);
+        base.push_back(r->base());
+      }
+      rank.client().mark_dead(1, "test: its lane ends");
+      rank.run(StepPlan{});
+      EXPECT_EQ(log.registered.size(), 2u) << "nothing new to register, a refused region not tried again";
+      EXPECT_EQ(log.unregistered, accept ? std::vector<void*>{base[1]} : std::vector<void*>{});
+      EXPECT_FALSE(rank.region_pinned(1));
+      EXPECT_EQ(rank.region_pinned(0), accept);
+      log.unregistered.clear();
+      rank.run(StepPlan{});
+      EXPECT_TRUE(log.unregistered.empty()) << "unregistered once";
+      base.resize(1);  // worker 0's region, still registered when the rank goes
+    }
+    EXPECT_EQ(log.unregistered, accept ? base : std::vector<void*>{}) << "worker 0's region, left when the rank went";
+  }
 }
