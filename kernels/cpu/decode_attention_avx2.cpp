@@ -4,6 +4,9 @@
 // isa_supported(Isa::AVX2).
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
+
 #define FD_ATTN_SIMD_TEMPLATE
 #include "kernels/cpu/decode_attention_impl.h"
 #include "kernels/cpu/decode_attention_qdot.h"
@@ -93,6 +96,7 @@ struct I256 {
   using B = __m256i;
   static constexpr int VB = 32;
   static constexpr int kBias = 0;
+  static constexpr int HBPV = 2;  // p . V: 2 heads x 4 accumulators + rows and operands in 16 registers
   static B zero() { return _mm256_setzero_si256(); }
   static B load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
   static B load_part(const void* p, int) {  // only 16 bytes occur (rows are multiples of 16 bytes)
@@ -117,18 +121,51 @@ struct I256 {
     for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), abs));
     return V256::hmax(m);
   }
-  // code = clamp(nearbyint(x / sq), -127, 127), 32 at a time: the int32 -> int8 packs work per 128-bit
-  // lane, so the dwords come out as (0,4,1,5,2,6,3,7) and one permute puts them in order.
-  static void quant(const float* x, int n, float sq, int8_t* out) {
-    const __m256 s = _mm256_set1_ps(sq);
-    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127), idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int i = 0; i < n; i += 32) {
-      __m256i c[4];
-      for (int k = 0; k < 4; ++k)
-        c[k] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * k), s)), lo), hi);
-      const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permutevar8x32_epi32(b, idx));
-    }
+  // 16 query codes clamp(nearbyint(x * inv), -127, 127): the int32 -> int16 -> int8 packs work per 128-bit
+  // lane, so the dwords come out as (0,4,1,5,...) and one permute puts them in order.
+  static void quant16(const float* x, float inv, int8_t* out) {
+    const __m256 s = _mm256_set1_ps(inv);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    const __m256i c0 = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), s)), lo), hi);
+    const __m256i c1 = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), s)), lo), hi);
+    const __m256i p = _mm256_packs_epi32(c0, c1);
+    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p, p), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(b));
+  }
+  // 32 value-weight codes clamp(nearbyint(w * inv), 0, 127).
+  static void wquant32(const float* w, float inv, uint8_t* out) {
+    const __m256 s = _mm256_set1_ps(inv);
+    const __m256i lo = _mm256_setzero_si256(), hi = _mm256_set1_epi32(127);
+    __m256i c[4];
+    for (int k = 0; k < 4; ++k)
+      c[k] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(w + 8 * k), s)), lo), hi);
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+  static void store(void* p, B x) { _mm256_storeu_si256(static_cast<__m256i*>(p), x); }
+  static B lo4(B x) { return _mm256_and_si256(x, _mm256_set1_epi8(15)); }
+  static B hi4(B x) { return _mm256_and_si256(_mm256_srli_epi16(x, 4), _mm256_set1_epi8(15)); }
+  static B bcast32(const void* p) {
+    int32_t w;
+    std::memcpy(&w, p, 4);
+    return _mm256_set1_epi32(w);
+  }
+  // See the AVX-512 twin (decode_attention_v512.h): the same unpacks per 128-bit lane.
+  static void interleave4(const B* x, B* y) {
+    const B a = _mm256_unpacklo_epi8(x[0], x[1]), b = _mm256_unpackhi_epi8(x[0], x[1]);
+    const B c = _mm256_unpacklo_epi8(x[2], x[3]), d = _mm256_unpackhi_epi8(x[2], x[3]);
+    y[0] = _mm256_unpacklo_epi16(a, c), y[1] = _mm256_unpackhi_epi16(a, c);
+    y[2] = _mm256_unpacklo_epi16(b, d), y[3] = _mm256_unpackhi_epi16(b, d);
+  }
+  // a[k] 128-bit lane L holds lane-space channels 16L + 4k .. +3; n[j] = channels 8j .. 8j+7.
+  static void unperm(const B* a, B* n) {
+    n[0] = _mm256_permute2x128_si256(a[0], a[1], 0x20), n[1] = _mm256_permute2x128_si256(a[2], a[3], 0x20);
+    n[2] = _mm256_permute2x128_si256(a[0], a[1], 0x31), n[3] = _mm256_permute2x128_si256(a[2], a[3], 0x31);
+  }
+  // rows: 2 rows of 32 bytes; 128-bit lane L = word q of row L, four times.
+  static B lane_w(const uint8_t* rows, int q) {
+    const __m256i qi = _mm256_set1_epi32(q);
+    return _mm256_blend_epi32(_mm256_permutevar8x32_epi32(load(rows), qi), _mm256_permutevar8x32_epi32(load(rows + 32), qi), 0xf0);
   }
 };
 

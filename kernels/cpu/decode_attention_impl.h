@@ -5,6 +5,8 @@
 // G = n_heads / n_kv_heads (the GQA group). One "chunk" is a run of whole blocks [b0, b1) of one
 // (sequence, kv head) pair, plus the fp16 tail when it is the pair's last chunk.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -69,10 +71,39 @@ struct Chunk {
 // wv [G][D/32][kBT] (SIMD: the block's value weights p * per-token (group) scale, broadcast from memory).
 // The integer-dot path (CallCtx::q8, decode_attention_qdot.h) adds, after those, kQ8Bytes bytes of int8
 // query codes per head and 4 floats per head (query scale, int8 bias, int4 q . z).
+// The integer p . V of the q8 path (decode_attention_qdot.h, the scalar twin's own layout is smaller) adds,
+// 64-byte aligned after those, kPVFloats per head (the block's value-weight codes [8 groups][kBT] bytes, the
+// int4 values' per-lane weight vectors [chunk][quad][VB bytes], and 32 floats: weight scales [8], int4
+// offsets [8], the block factor) and kPVShared floats (kBT weights, then int4 keys' per-channel scale and
+// min in fp32, 256 each).
 constexpr int kQ8Bytes = 512;
+constexpr int kWCBytes = 8 * kBT;  // value-weight codes of one head: [group][token], u8 0..127
+constexpr int kWXBytes = 1024;     // int4 lane weights of one head: D/2 <= 128 bytes a row, 8 quads
+constexpr int kPVHeadFloats = 32;
+constexpr int kPVFloats = (kWCBytes + kWXBytes) / 4 + kPVHeadFloats;
+constexpr int kPVShared = kBT + 2 * 256;
 inline size_t chunk_scratch_floats(int G, int D) {
   return (size_t(G) * (2 * size_t(D) + kBT + 1 + kBT * 16 + size_t(D / 32) * kBT + kQ8Bytes / 4 + 4) +
-          size_t(D / 32) * 2 * kBT + 15) / 16 * 16;
+          size_t(D / 32) * 2 * kBT + 15) / 16 * 16 + size_t(G) * kPVFloats + kPVShared + 16;
+}
+
+// The exponential of the q8 path's softmax, one definition of its arithmetic for every ISA: the SIMD
+// traits' V::exp (Cephes-style, |rel err| ~ 2e-7, exactly 0 below -87) does these IEEE operations lane by
+// lane, so the probabilities, and the value-weight codes made from them, are the same bits on every ISA.
+inline float exp_poly(float x) {
+  if (x < -87.f) return 0.f;
+  x = std::max(std::min(x, 88.f), -87.f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  x = std::fma(-n, 0.693359375f, x);
+  x = std::fma(-n, -2.12194440e-4f, x);
+  float y = 1.9875691500e-4f;
+  y = std::fma(y, x, 1.3981999507e-3f);
+  y = std::fma(y, x, 8.3334519073e-3f);
+  y = std::fma(y, x, 4.1665795894e-2f);
+  y = std::fma(y, x, 1.6666665459e-1f);
+  y = std::fma(y, x, 5.0000001201e-1f);
+  y = std::fma(y, x * x, x) + 1.f;
+  return std::ldexp(y, int(n));
 }
 // Runs one chunk for the G query heads of a kv head. q: the group's rows [G][D]. State in/out,
 // initialised by the caller: m [G] (-inf), l [G] (0), acc [G][D] (0). scratch: 64-byte aligned.
@@ -85,8 +116,9 @@ void run_chunk_avx512vnni(const CallCtx&, const Chunk&, const float*, float*, fl
 
 // The query quantization every q8 path shares (scalar code, one definition in decode_attention_scalar.cpp;
 // the SIMD paths do the same element-wise IEEE operations, so their codes are identical): over the n
-// values x, amax = max |x|, *sq = amax / 127, code = clamp(nearbyint(x / sq), -127, 127); all zero
-// (and *sq = 0) when amax is 0. Returns the sum of the codes.
+// values x, amax = max |x|, *sq = amax / 127, code = clamp(nearbyint(x * (127 / amax)), -127, 127) (a
+// multiply: a division per element cost a quarter of an int4 block's time); all zero (and *sq = 0) when
+// amax is 0. Returns the sum of the codes.
 int32_t quantize_q8(const float* x, int n, int8_t* code, float* sq);
 
 // Read-only reduction over [p, p+bytes) with the ISA's widest loads (the STREAM-like read ceiling of

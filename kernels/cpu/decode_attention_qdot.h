@@ -1,16 +1,21 @@
-// The integer-dot kernel of the CPU decode attention (CallCtx::q8): for int8 and int4 blocks, q . K as
-// integer dot products of int8 key codes (int8) or unpacked 4-bit codes (int4) with an int8-quantized
-// query, rescaled in fp32; softmax and p . V in fp32 exactly as the float kernel (decode_attention_impl.h,
-// whose Kernel::block_scored this reuses). The fp16 tail goes through the float kernel.
+// The integer-dot kernel of the CPU decode attention (CallCtx::q8): for int8 and int4 blocks both dot
+// products run on integers. q . K: int8 key codes (int8) or unpacked 4-bit codes (int4) against an
+// int8-quantized query. p . V: the value codes against the block's value weights (probability times the
+// token's value scale) quantized to 7 bits. Each is rescaled in fp32; the fp16 tail goes through the float
+// kernel (decode_attention_impl.h, whose Kernel::block this reuses).
 //
 // Included by the SIMD translation units after decode_attention_impl.h (FD_ATTN_SIMD_TEMPLATE) with an
 // integer-traits struct I beside the float traits V (I::VB == 4 * V::W bytes per vector):
-//   B (integer vector), VB, zero, load (VB bytes), load_part(p, n) (n < VB bytes, multiple of 16; the
-//   rest zero), prep_s8 / dot_s8(acc, prep_s8(x), x, q) (acc += per-lane sums of x*q + kBias*q over 4
-//   bytes, x and q signed), dot_u8(acc, x, q) (x unsigned), kBias (0, or 128 where the instruction wants
-//   an unsigned operand: x + 128 is x with its sign bit flipped, and the caller subtracts 128 * sum(q)
-//   once per head), unpack_u4(x, lo, hi) (the low / high nibbles of each byte), to_f32 (int32 lanes ->
-//   float), amax(x, n) = max |x| (n % W == 0), quant(x, n, sq, out) (the quantize_q8 codes, n % 32 == 0).
+//   B (integer vector), VB, HBPV (heads per register block of p . V), zero, load (VB bytes),
+//   load_part(p, n) (n < VB bytes, multiple of 16; the rest zero), prep_s8 / dot_s8(acc, prep_s8(x), x, q)
+//   (acc += per-lane sums of x*q + kBias*q over 4 bytes, x and q signed), dot_u8(acc, x, q) (x unsigned,
+//   q signed; pair sums below 2^15 so VPMADDUBSW never saturates), kBias (0, or 128 where the instruction
+//   wants an unsigned operand: x + 128 is x with its sign bit flipped, and the caller subtracts 128 * sum(q)
+//   once per head), unpack_u4(x, lo, hi), lo4 / hi4 (the low / high nibbles of each byte), to_f32 (int32
+//   lanes -> float), amax(x, n) = max |x| (n % W == 0), quant16(x, inv, out) (16 query codes
+//   clamp(nearbyint(x * inv), -127, 127)), wquant32(w, inv, out) (32 weight codes clamp(nearbyint(w * inv),
+//   0, 127)), bcast32(p) (a 4-byte word in every lane), interleave4(x[4], y[4]) and unperm(a[4], n[4]) (p . V's
+//   operand and result orders, below), lane_w(rows, q) (int4 weights, below).
 //
 // Query quantization (the same element-wise IEEE operations as quantize_q8 in decode_attention_scalar.cpp,
 // so every path has the same codes): int8 keys (x = ks[t] * code): qs = q * scale is quantized once per
@@ -18,7 +23,23 @@
 // channel): the key scale is folded into the query per block, qf = qs * s, quantized per block and head,
 // score = (sum code_qf * c) * sqf + qs . z. Exactness: |sum| <= 255 * 127 * 256 < 2^24, so the int32
 // partial sums, their conversion to float and the float reduction across lanes are all exact: the raw
-// dot products equal the scalar twin's integers bit for bit; only the rescale and the softmax round.
+// dot products equal the scalar twin's integers bit for bit.
+//
+// p . V on integers, per block and query head: x_t = the score less the block's constant (qs . z for int4
+// keys), e_t = exp(x_t - max x) with exp_poly's arithmetic (V::exp), so e_t is the same bits on every ISA
+// and in the scalar twin; value weights w_t = e_t * vs_t (int8 values: the token's scale; int4: the token's
+// scale of each 32-channel group), amax = max w, codes cw_t = clamp(nearbyint(w_t * (127 / amax)), 0, 127)
+// (identical everywhere too), and acc += C * (amax / 127) * sum_t cw_t * code_t with C = exp(max x + c0 -
+// m_new) the block's factor in the online softmax; int4 values add C * sum_t e_t * min_t per group. The
+// weight rounding is the one error this adds (at most amax / 254 per token weight; docs/RWORKER.md states
+// what it costs, test_decode_attention measures it); the integer sums are exact, so every ISA matches
+// the twin to float rounding.
+// Operand order: VPDPBUSD sums 4 adjacent bytes per 32-bit lane, so 4 tokens' codes of one channel must
+// sit side by side: interleave4 turns 4 token rows (x[r] = row 4q + r) into y[k] whose 32-bit lane i of
+// 128-bit lane L holds channel 16L + 4k + i of the 4 tokens (two unpack levels). The weight operand is the
+// 4 tokens' codes as one 32-bit word (bcast32; int4: lane_w puts group L's word in 128-bit lane L, as a
+// 16-byte int4 group is one 128-bit lane of the row). After the block's 8 quads, unperm turns the 4
+// accumulators of a register chunk back into channel order (a transpose of 128-bit lanes).
 //
 // int4 codes: a 16-byte group holds channels 32g + j (low nibble of byte j) and 32g + 16 + j (high), so
 // one VB-byte load unpacks to VB "low" and VB "high" bytes; the query codes are stored in that order per
@@ -61,43 +82,135 @@ inline void qscores(const uint8_t* k, const uint8_t* next, const int8_t* q8, flo
     for (int j = 0; j < n; j += W) V::store(s + h * kBT + j, V::reduce_rows(r + (h * kBT + j) * W));
 }
 
+// acc[h][d] += ws[h][g(d)] * sum_t cw[h][g(d)][t] * code_t[d] over the block's kBT value rows, HB heads.
+// v: the rows ([kBT][RB] bytes: int8 codes, or int4 packed), cw: heads at kWCBytes stride ([8][kBT] u8;
+// int8 values use group 0), wx (int4): heads at kWXBytes stride, lane weights [chunk][quad][VB],
+// pf: heads at kPVHeadFloats stride, ws [8] first. The HB * 4 int32 accumulators of one register chunk (int4: one
+// half of its nibbles) stay in registers over the 8 quads of tokens.
+template <class V, class I, int D, int HB, bool U4>
+inline void qaccum(const uint8_t* v, const uint8_t* next, const uint8_t* cw, const uint8_t* wx, const float* pf,
+                   float* acc) {
+  using B = typename I::B;
+  constexpr int W = V::W, VB = I::VB, RB = U4 ? D / 2 : D, NC = (RB + VB - 1) / VB, LAST = RB - (NC - 1) * VB;
+  static_assert(VB == 4 * W && kBT == 32 && (!U4 || NC * 8 * VB <= kWXBytes));
+  for (int c = 0; c < NC; ++c)
+    for (int half = 0; half < (U4 ? 2 : 1); ++half) {
+      B a[HB][4];
+      for (int h = 0; h < HB; ++h)
+        for (int k = 0; k < 4; ++k) a[h][k] = I::zero();
+      for (int q = 0; q < kBT / 4; ++q) {
+        B x[4], y[4];
+        for (int r = 0; r < 4; ++r) {
+          const size_t row = size_t(4 * q + r) * RB;
+          if (next && c == 0 && half == 0) prefetch_row(next + row, RB);
+          const uint8_t* p = v + row + c * VB;
+          x[r] = (LAST < VB && c == NC - 1) ? I::load_part(p, LAST) : I::load(p);
+          if constexpr (U4) x[r] = half ? I::hi4(x[r]) : I::lo4(x[r]);
+        }
+        I::interleave4(x, y);
+        for (int h = 0; h < HB; ++h) {
+          const B w = U4 ? I::load(wx + h * kWXBytes + (c * 8 + q) * VB) : I::bcast32(cw + h * kWCBytes + 4 * q);
+          for (int k = 0; k < 4; ++k) a[h][k] = I::dot_u8(a[h][k], w, y[k]);
+        }
+      }
+      for (int h = 0; h < HB; ++h) {
+        B n[4];
+        I::unperm(a[h], n);
+        for (int j = 0; j < 4; ++j) {
+          const int o = j * W;  // offset in the chunk's lanes of 16 channels
+          const int d = U4 ? 32 * (c * VB / 16 + o / 16) + 16 * half + o % 16 : c * VB + o;
+          if (d >= D) continue;  // past a partial chunk's end
+          float* ap = acc + h * D + d;
+          V::store(ap, V::fmadd(I::to_f32(n[j]), V::set1(pf[h * kPVHeadFloats + (U4 ? d / 32 : 0)]), V::load(ap)));
+        }
+      }
+    }
+}
+
 template <class V, class I, int D>
 struct QKernel {
   using K = Kernel<V, D>;
-  static constexpr int VB = I::VB;
+  using VT = typename V::T;
+  static constexpr int VB = I::VB, W = V::W, NG = D / 32;
 
-  // Head h's int8-key query codes: qs quantized in channel order, zero-padded to whole VB chunks.
-  // Returns sum(codes).
+  // Head h's int8-key query codes: qs quantized in channel order, zero-padded to whole VB chunks (the
+  // VNNI bias counts every byte of a chunk). Returns sum(codes).
   static int32_t quant_i8(const float* qs, int8_t* q8, float* sq) {
     std::memset(q8, 0, kQ8Bytes);
-    const float s = I::amax(qs, D) / 127.f;
+    const float amax = I::amax(qs, D);
+    const float s = amax / 127.f, inv = 127.f / amax;
     *sq = s;
-    if (!(s > 0)) return 0;
-    I::quant(qs, D, s, q8);
+    if (!(s > 0) || !(inv < std::numeric_limits<float>::infinity())) return *sq = 0, 0;
+    for (int d = 0; d < D; d += 16) I::quant16(qs + d, inv, q8 + d);
     int32_t sum = 0;
     for (int d = 0; d < D; ++d) sum += q8[d];
     return sum;
   }
-  // Head h's int4-key query codes for one block: qf = qs * key scale, quantized, in the nibble order.
-  // qf: [D] scratch. Returns sqf; *c0 = qs . z.
-  static float quant_i4(const float* qs, const I4Head& hd, float* qf, int8_t* q8, float* c0) {
-    auto cz = V::zero();
-    for (int d = 0; d < D; d += V::W) {
-      const auto qv = V::load(qs + d);
-      V::store(qf + d, V::mul(qv, V::load_f16(hd.kp + d)));
-      cz = V::fmadd(qv, V::load_f16(hd.kp + D + d), cz);
+  // Head h's int4-key query codes for one block: qf = qs * key scale (kps, the block's in fp32), quantized,
+  // stored in the nibble order. qf: [D] scratch. Returns sqf; *c0 = qs . z (kpz).
+  static float quant_i4(const float* qs, const float* kps, const float* kpz, float* qf, int8_t* q8, float* c0) {
+    VT cz = V::zero();
+    for (int d = 0; d < D; d += W) {
+      const VT qv = V::load(qs + d);
+      V::store(qf + d, V::mul(qv, V::load(kps + d)));
+      cz = V::fmadd(qv, V::load(kpz + d), cz);
     }
     *c0 = V::hsum(cz);
-    std::memset(q8, 0, kQ8Bytes);
-    const float s = I::amax(qf, D) / 127.f;
-    if (!(s > 0)) return s;
-    alignas(64) int8_t nat[256];
-    I::quant(qf, D, s, nat);
-    for (int g = 0; g < D / 32; ++g) {  // group g sits at bytes 16g.. of the packed row
-      const int c = (16 * g) / VB, j = (16 * g) % VB;
-      std::memcpy(q8 + c * 2 * VB + j, nat + 32 * g, 16);           // low nibbles: channels 32g..32g+15
-      std::memcpy(q8 + c * 2 * VB + VB + j, nat + 32 * g + 16, 16);  // high: 32g+16..32g+31
+    const float amax = I::amax(qf, D);
+    const float s = amax / 127.f, inv = 127.f / amax;
+    if (!(s > 0) || !(inv < std::numeric_limits<float>::infinity())) {
+      std::memset(q8, 0, kQ8Bytes);
+      return 0.f;
     }
+    for (int g = 0; g < NG; ++g) {  // group g sits at bytes 16g.. of the packed row
+      const int c = (16 * g) / VB, j = (16 * g) % VB;
+      I::quant16(qf + 32 * g, inv, q8 + c * 2 * VB + j);            // low nibbles: channels 32g..32g+15
+      I::quant16(qf + 32 * g + 16, inv, q8 + c * 2 * VB + VB + j);  // high: 32g+16..32g+31
+    }
+    return s;
+  }
+
+  // The q8 block softmax of one head: s holds x_t (kBT scores less the block's constant c0) and becomes
+  // e_t = exp(x_t - max x) (exp_poly's bits); l, m and acc take the block in; returns the block's factor
+  // C = exp(max x + c0 - m_new) (so that C * e_t = exp(score_t - m_new)).
+  static float softmax_q8(float* s, float c0, float& m, float& l, float* acc) {
+    VT mx = V::load(s);
+    for (int j = W; j < kBT; j += W) mx = V::max(mx, V::load(s + j));
+    const float xmax = V::hmax(mx);
+    const VT xv = V::set1(xmax);
+    VT sum = V::zero();
+    for (int j = 0; j < kBT; j += W) {
+      const VT e = V::exp(V::sub(V::load(s + j), xv));
+      V::store(s + j, e);
+      sum = V::add(sum, e);
+    }
+    const float mb = xmax + c0, m_new = std::max(m, mb);
+    const float corr = m == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(m - m_new);
+    const float C = std::exp(mb - m_new);
+    l = l * corr + C * V::hsum(sum);
+    m = m_new;
+    if (corr != 1.f) {
+      const VT cv = V::set1(corr);
+      for (int d = 0; d < D; d += W) V::store(acc + d, V::mul(V::load(acc + d), cv));
+    }
+    return C;
+  }
+  // Value-weight codes of one head (and group): w_t = e_t * sv_t, cw = the 7-bit codes; returns amax / 127
+  // (0 with all codes 0 when no weight is positive). wt: kBT floats of scratch.
+  static float wcodes(const float* e, const float* sv, float* wt, uint8_t* cw) {
+    VT mx = V::zero();
+    for (int j = 0; j < kBT; j += W) {
+      const VT w = V::mul(V::load(e + j), V::load(sv + j));
+      V::store(wt + j, w);
+      mx = V::max(mx, w);
+    }
+    const float amax = V::hmax(mx);
+    const float s = amax / 127.f, inv = 127.f / amax;
+    if (!(s > 0) || !(inv < std::numeric_limits<float>::infinity())) {
+      std::memset(cw, 0, kBT);
+      return 0.f;
+    }
+    I::wquant32(wt, inv, cw);
     return s;
   }
 
@@ -105,17 +218,31 @@ struct QKernel {
     const int G = c.G, H = c.H, kvh = ch.kv_head;
     float* qs = scratch;      // [G][D]
     float* qq = qs + G * D;   // [G][D] int4: the folded query qf
-    float* sc = qq + G * D;   // [G][kBT]
+    float* sc = qq + G * D;   // [G][kBT] scores, then e
     float* c0 = sc + G * kBT;  // [G]
-    float* vt = c0 + G;       // [D/32][2][kBT]
+    float* vt = c0 + G;       // [D/32][2][kBT] int4 values: fp32 scale row, then min row
     float* red = vt + (D / 32) * 2 * kBT;  // [G][kBT][W]
-    float* wv = red + G * kBT * V::W;      // [G][D/32][kBT]
+    float* wv = red + G * kBT * V::W;      // [G][D/32][kBT] (unused here)
     auto* q8 = reinterpret_cast<int8_t*>(wv + G * (D / 32) * kBT);  // [G][kQ8Bytes]
     float* qsc = reinterpret_cast<float*>(q8 + size_t(G) * kQ8Bytes);  // [G] query scale
     float* qbias = qsc + G;                                             // [G] kBias * sum(codes)
+    // p . V (64-byte aligned): codes [G][kWCBytes], lane weights [G][kWXBytes], per-head floats
+    // [G][kPVHeadFloats] (ws [8], int4 offsets [8]), then wt [kBT], kps [256], kpz [256].
+    const size_t off = size_t(qbias + G - scratch);
+    auto* cw = reinterpret_cast<uint8_t*>(scratch + (off + 15) / 16 * 16);
+    uint8_t* wx = cw + size_t(G) * kWCBytes;
+    auto* pf = reinterpret_cast<float*>(wx + size_t(G) * kWXBytes);
+    float* wt = pf + size_t(G) * kPVHeadFloats;
+    float* kps = wt + kBT;
+    float* kpz = kps + 256;
     for (int i = 0; i < G * D; ++i) qs[i] = q[i] * c.scale;
     if (c.dtype == KVDType::I8)
       for (int h = 0; h < G; ++h) qbias[h] = float(I::kBias * quant_i8(qs + h * D, q8 + h * kQ8Bytes, &qsc[h]));
+    auto accum = [&]<bool U4>(const uint8_t* v, const uint8_t* vn) {
+      K::template for_heads<I::HBPV>(G, [&]<int HB>(int h0) {
+        qaccum<V, I, D, HB, U4>(v, vn, cw + h0 * kWCBytes, wx + h0 * kWXBytes, pf + h0 * kPVHeadFloats, acc + h0 * D);
+      });
+    };
     for (int32_t b = ch.b0; b < ch.b1; ++b) {
       const void* blk = ch.seq->blocks[b];
       const void* nxt = b + kPrefetchBlocks < ch.b1 ? ch.seq->blocks[b + kPrefetchBlocks] : nullptr;
@@ -125,30 +252,53 @@ struct QKernel {
         if (nxt) prefetch_row(nh.ks, kBT * 4), prefetch_row(nh.vs, kBT * 4);
         const auto* kc = reinterpret_cast<const uint8_t*>(hd.k);
         const auto* kn = reinterpret_cast<const uint8_t*>(nh.k);
-        K::block_scored(
-            [&] {
-              K::template for_heads<V::HB>(G, [&]<int HB>(int h0) {
-                qscores<V, I, D, HB, false>(kc, kn, q8 + h0 * kQ8Bytes, sc + h0 * kBT, red + h0 * kBT * V::W, kBT);
-              });
-            },
-            I8Rows<V, D>{hd.v, hd.vs, nh.v}, kBT, G, m, l, acc, sc, wv, [&](int h, float* s, int n) {
-              for (int t = 0; t < n; ++t) s[t] = (s[t] - qbias[h]) * (qsc[h] * hd.ks[t]);
-            });
+        K::template for_heads<V::HB>(G, [&]<int HB>(int h0) {
+          qscores<V, I, D, HB, false>(kc, kn, q8 + h0 * kQ8Bytes, sc + h0 * kBT, red + h0 * kBT * V::W, kBT);
+        });
+        for (int h = 0; h < G; ++h) {
+          float* s = sc + h * kBT;
+          const VT bias = V::set1(qbias[h]), qv = V::set1(qsc[h]);
+          for (int j = 0; j < kBT; j += W) V::store(s + j, V::mul(V::sub(V::load(s + j), bias), V::mul(qv, V::load(hd.ks + j))));
+          const float C = softmax_q8(s, 0.f, m[h], l[h], acc + h * D);
+          pf[h * kPVHeadFloats] = wcodes(s, hd.vs, wt, cw + h * kWCBytes) * C;
+        }
+        accum.template operator()<false>(reinterpret_cast<const uint8_t*>(hd.v), reinterpret_cast<const uint8_t*>(nh.v));
       } else if (c.dtype == KVDType::I4) {
         const I4Head hd = i4_head(blk, H, D, kvh);
         const I4Head nh = nxt ? i4_head(nxt, H, D, kvh) : I4Head{nullptr, nullptr, nullptr, nullptr};
         if (nxt) prefetch_row(nh.kp, 4 * D), prefetch_row(nh.vp, 4 * D);
-        K::i4_value_params(hd, vt);
-        for (int h = 0; h < G; ++h) qsc[h] = quant_i4(qs + h * D, hd, qq + h * D, q8 + h * kQ8Bytes, &c0[h]);
-        K::block_scored(
-            [&] {
-              K::template for_heads<V::HB>(G, [&]<int HB>(int h0) {
-                qscores<V, I, D, HB, true>(hd.k, nh.k, q8 + h0 * kQ8Bytes, sc + h0 * kBT, red + h0 * kBT * V::W, kBT);
-              });
-            },
-            I4Rows<V, D>{hd.v, vt, nh.v}, kBT, G, m, l, acc, sc, wv, [&](int h, float* s, int n) {
-              for (int t = 0; t < n; ++t) s[t] = s[t] * qsc[h] + c0[h];
-            });
+        for (int d = 0; d < D; d += W) {
+          V::store(kps + d, V::load_f16(hd.kp + d));
+          V::store(kpz + d, V::load_f16(hd.kp + D + d));
+        }
+        for (int h = 0; h < G; ++h) qsc[h] = quant_i4(qs + h * D, kps, kpz, qq + h * D, q8 + h * kQ8Bytes, &c0[h]);
+        K::template for_heads<V::HB>(G, [&]<int HB>(int h0) {
+          qscores<V, I, D, HB, true>(hd.k, nh.k, q8 + h0 * kQ8Bytes, sc + h0 * kBT, red + h0 * kBT * V::W, kBT);
+        });
+        for (int j = 0; j < 2 * NG * kBT; j += W) V::store(vt + j, V::load_f16(hd.vp + j));
+        for (int h = 0; h < G; ++h) {
+          float* s = sc + h * kBT;
+          float* ph = pf + h * kPVHeadFloats;
+          const VT qv = V::set1(qsc[h]);
+          for (int j = 0; j < kBT; j += W) V::store(s + j, V::mul(V::load(s + j), qv));
+          const float C = softmax_q8(s, c0[h], m[h], l[h], acc + h * D);
+          uint8_t* cwh = cw + h * kWCBytes;
+          for (int g = 0; g < NG; ++g) {
+            ph[g] = wcodes(s, vt + 2 * g * kBT, wt, cwh + g * kBT) * C;
+            VT oz = V::zero();
+            for (int j = 0; j < kBT; j += W) oz = V::fmadd(V::load(s + j), V::load(vt + (2 * g + 1) * kBT + j), oz);
+            ph[8 + g] = C * V::hsum(oz);
+          }
+          for (int cc = 0; cc * VB < D / 2; ++cc)
+            for (int qd = 0; qd < kBT / 4; ++qd)
+              I::store(wx + h * kWXBytes + (cc * 8 + qd) * VB, I::lane_w(cwh + cc * (VB / 16) * kBT, qd));
+        }
+        accum.template operator()<true>(hd.v, nh.v);
+        for (int h = 0; h < G; ++h)
+          for (int g = 0; g < NG; ++g) {
+            const VT ov = V::set1(pf[h * kPVHeadFloats + 8 + g]);
+            for (int d = 32 * g; d < 32 * g + 32; d += W) V::store(acc + h * D + d, V::add(V::load(acc + h * D + d), ov));
+          }
       } else {
         FD_THROW("decode_attention: the integer-dot path takes int8 or int4 blocks, not dtype " << int(c.dtype));
       }

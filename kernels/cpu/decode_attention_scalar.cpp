@@ -131,8 +131,85 @@ void block_i4(Ctx& c, const I4Head& hd, const float* qs, float* qq) {
 }
 
 // The integer-dot twins (CallCtx::q8; the SIMD kernel is decode_attention_qdot.h): the same codes and
-// the same integer sums, here in int32, then the same fp32 rescale; softmax and p . V as above.
-// int8 keys: score = float(sum qc * code) * (sq * ks[t]), qc = head h's codes of qs (once per chunk).
+// the same integer sums, here in int32, then the same fp32 rescale. Both dot products are on integers:
+// q . K on the int8 query codes, p . V on the value-weight codes (7 bits, per block and head, and per
+// 32-channel group for int4 values), made from e_t = exp_poly(x_t - max x) so that they are the same bits
+// as the SIMD paths' (decode_attention_qdot.h says why and what it costs).
+
+// Block softmax of head h: s holds x_t (the scores less the block's constant c0), becomes e_t; returns the
+// block's factor C = exp(max x + c0 - m_new).
+float softmax_q8(Ctx& c, int h, float c0) {
+  float* s = c.s + h * kBT;
+  float xmax = -std::numeric_limits<float>::infinity();
+  for (int t = 0; t < kBT; ++t) xmax = std::max(xmax, s[t]);
+  float sum = 0;
+  for (int t = 0; t < kBT; ++t) {
+    s[t] = exp_poly(s[t] - xmax);
+    sum += s[t];
+  }
+  const float mb = xmax + c0, m_new = std::max(c.m[h], mb);
+  const float corr = c.m[h] == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(c.m[h] - m_new);
+  const float C = std::exp(mb - m_new);
+  c.l[h] = c.l[h] * corr + C * sum;
+  c.m[h] = m_new;
+  if (corr != 1.f)
+    for (int d = 0; d < c.D; ++d) c.acc[h * c.D + d] *= corr;
+  return C;
+}
+
+// Value-weight codes of w_t = e_t * sv_t: clamp(nearbyint(w * (127 / amax)), 0, 127); returns amax / 127
+// (0, and all codes 0, when no weight is positive).
+float weight_codes(const float* e, const float* sv, int* cw) {
+  float w[kBT], amax = 0;
+  for (int t = 0; t < kBT; ++t) amax = std::max(amax, w[t] = e[t] * sv[t]);
+  const float s = amax / 127.f, inv = 127.f / amax;
+  const bool ok = s > 0 && inv < std::numeric_limits<float>::infinity();
+  for (int t = 0; t < kBT; ++t) cw[t] = ok ? int(std::clamp(std::nearbyint(w[t] * inv), 0.f, 127.f)) : 0;
+  return ok ? s : 0.f;
+}
+
+// int8 values: acc += C * ws * sum_t cw_t * code_t.
+void softmax_q8_and_i8_values(Ctx& c, const I8Head& hd) {
+  const int D = c.D;
+  for (int h = 0; h < c.G; ++h) {
+    const float C = softmax_q8(c, h, 0.f);
+    int cw[kBT];
+    const float ws = weight_codes(c.s + h * kBT, hd.vs, cw) * C;
+    for (int d = 0; d < D; ++d) {
+      int32_t sum = 0;
+      for (int t = 0; t < kBT; ++t) sum += cw[t] * int32_t(hd.v[size_t(t) * D + d]);
+      c.acc[h * D + d] = std::fma(float(sum), ws, c.acc[h * D + d]);
+    }
+  }
+}
+
+// int4 values x = s[t,g] * code + z[t,g]: acc += C * ws_g * sum_t cw_t,g * code_t + C * sum_t e_t * z[t,g].
+void softmax_q8_and_i4_values(Ctx& c, const I4Head& hd, const float* c0) {
+  const int D = c.D, NG = D / 32;
+  for (int h = 0; h < c.G; ++h) {
+    const float C = softmax_q8(c, h, c0[h]);
+    const float* e = c.s + h * kBT;
+    for (int g = 0; g < NG; ++g) {
+      float sv[kBT], zv[kBT];
+      for (int t = 0; t < kBT; ++t) {
+        sv[t] = fp16_to_fp32(hd.vp[(2 * g) * kBT + t]);
+        zv[t] = fp16_to_fp32(hd.vp[(2 * g + 1) * kBT + t]);
+      }
+      int cw[kBT];
+      const float ws = weight_codes(e, sv, cw) * C;
+      float off = 0;
+      for (int t = 0; t < kBT; ++t) off += e[t] * zv[t];
+      off *= C;
+      for (int d = g * 32; d < g * 32 + 32; ++d) {
+        int32_t sum = 0;
+        for (int t = 0; t < kBT; ++t) sum += cw[t] * u4(hd.v + size_t(t) * D / 2, d);
+        c.acc[h * D + d] = std::fma(float(sum), ws, c.acc[h * D + d]) + off;
+      }
+    }
+  }
+}
+
+// int8 keys: x = float(sum qc * code) * (sq * ks[t]), qc = head h's codes of qs (once per chunk).
 void block_i8_q8(Ctx& c, const I8Head& hd, const int8_t* qc, const float* sq) {
   const int D = c.D;
   for (int t = 0; t < kBT; ++t) {
@@ -143,18 +220,18 @@ void block_i8_q8(Ctx& c, const I8Head& hd, const int8_t* qc, const float* sq) {
       c.s[h * kBT + t] = float(dot) * (sq[h] * hd.ks[t]);
     }
   }
-  softmax_and_i8_values(c, hd);
+  softmax_q8_and_i8_values(c, hd);
 }
 
 // int4 keys: qf = qs * s (the block's per-channel key scale), its codes qc and scale sqf per block;
-// score = float(sum qc * code) * sqf + qs . z. Values as in block_i4.
-void block_i4_q8(Ctx& c, const I4Head& hd, const float* qs, float* qf, int8_t* qc) {
+// x = float(sum qc * code) * sqf, and the block's constant c0 = qs . z goes to the softmax.
+void block_i4_q8(Ctx& c, const I4Head& hd, const float* qs, float* qf, int8_t* qc, float* c0) {
   const int D = c.D;
   for (int h = 0; h < c.G; ++h) {
-    float c0 = 0;
+    c0[h] = 0;
     for (int d = 0; d < D; ++d) {
       qf[d] = qs[h * D + d] * fp16_to_fp32(hd.kp[d]);
-      c0 += qs[h * D + d] * fp16_to_fp32(hd.kp[D + d]);
+      c0[h] += qs[h * D + d] * fp16_to_fp32(hd.kp[D + d]);
     }
     float sqf = 0;
     quantize_q8(qf, D, qc, &sqf);
@@ -162,10 +239,10 @@ void block_i4_q8(Ctx& c, const I4Head& hd, const float* qs, float* qf, int8_t* q
       const uint8_t* k = hd.k + size_t(t) * D / 2;
       int32_t dot = 0;
       for (int d = 0; d < D; ++d) dot += int32_t(qc[d]) * u4(k, d);
-      c.s[h * kBT + t] = float(dot) * sqf + c0;
+      c.s[h * kBT + t] = float(dot) * sqf;
     }
   }
-  softmax_and_i4_values(c, hd);
+  softmax_q8_and_i4_values(c, hd, c0);
 }
 
 }  // namespace
@@ -173,11 +250,12 @@ void block_i4_q8(Ctx& c, const I4Head& hd, const float* qs, float* qf, int8_t* q
 int32_t quantize_q8(const float* x, int n, int8_t* code, float* sq) {
   float amax = 0;
   for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float s = amax / 127.f;
-  *sq = s;
+  const float s = amax / 127.f, inv = 127.f / amax;
+  const bool ok = s > 0 && inv < std::numeric_limits<float>::infinity();
+  *sq = ok ? s : 0.f;
   int32_t sum = 0;
   for (int i = 0; i < n; ++i) {
-    code[i] = s > 0 ? int8_t(std::clamp(std::nearbyint(x[i] / s), -127.f, 127.f)) : int8_t(0);
+    code[i] = ok ? int8_t(std::clamp(std::nearbyint(x[i] * inv), -127.f, 127.f)) : int8_t(0);
     sum += code[i];
   }
   return sum;
@@ -189,10 +267,11 @@ void run_chunk_scalar(const CallCtx& cc, const Chunk& ch, const float* q, float*
   float* qs = scratch;     // [G][D] q * scale
   float* qq = qs + G * D;  // [G][D] int4 folded query
   Ctx c{G, D, m, l, acc, qq + G * D};
-  // q8 (int8/int4 blocks): query codes [G][D] and scales [G] after the scores (chunk_scratch_floats
-  // leaves G * (kQ8Bytes / 4 + 4) floats at the end, far more than this needs).
+  // q8 (int8/int4 blocks): query codes [G][D], scales [G] and int4 constants [G] after the scores
+  // (chunk_scratch_floats leaves far more than this needs).
   auto* qc = reinterpret_cast<int8_t*>(c.s + G * kBT);
   float* sq = c.s + G * kBT + G * D / 4;
+  float* c0 = sq + G;  // [G] int4 keys: qs . z of the block
   for (int i = 0; i < G * D; ++i) qs[i] = q[i] * cc.scale;
   const bool q8 = cc.q8 && cc.dtype != KVDType::F16;
   if (q8 && cc.dtype == KVDType::I8)
@@ -206,7 +285,7 @@ void run_chunk_scalar(const CallCtx& cc, const Chunk& ch, const float* q, float*
         else block_i8(c, i8_head(blk, H, D, ch.kv_head), qs);
         break;
       case KVDType::I4:
-        if (q8) block_i4_q8(c, i4_head(blk, H, D, ch.kv_head), qs, qq, qc);
+        if (q8) block_i4_q8(c, i4_head(blk, H, D, ch.kv_head), qs, qq, qc, c0);
         else block_i4(c, i4_head(blk, H, D, ch.kv_head), qs, qq);
         break;
       default: FD_THROW("decode_attention: unknown KV dtype " << int(cc.dtype));

@@ -9,6 +9,9 @@
 #pragma once
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
+
 namespace fd::attn {
 namespace {
 
@@ -85,6 +88,7 @@ struct I512 {
   using B = __m512i;
   static constexpr int VB = 64;
   static constexpr int kBias = VNNI ? 128 : 0;
+  static constexpr int HBPV = 4;  // p . V: 4 heads x 4 accumulators + 4 rows + 4 operands + temps
   static B zero() { return _mm512_setzero_si512(); }
   static B load(const void* p) { return _mm512_loadu_si512(p); }
   static B load_part(const void* p, int n) { return _mm512_maskz_loadu_epi8(__mmask64((uint64_t(1) << n) - 1), p); }
@@ -120,14 +124,46 @@ struct I512 {
     for (int i = 0; i < n; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
     return _mm512_reduce_max_ps(m);
   }
-  // code = clamp(nearbyint(x / sq), -127, 127) (round to nearest even: the MXCSR default), n % 16 == 0.
-  static void quant(const float* x, int n, float sq, int8_t* out) {
-    const __m512 s = _mm512_set1_ps(sq);
-    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-    for (int i = 0; i < n; i += 16) {
-      const __m512i c = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(x + i), s));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(c, lo), hi)));
+  // 16 query codes clamp(nearbyint(x * inv), -127, 127) (round to nearest even: the MXCSR default).
+  static void quant16(const float* x, float inv, int8_t* out) {
+    const __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), _mm512_set1_ps(inv)));
+    const __m512i cl = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(cl));
+  }
+  // 32 value-weight codes clamp(nearbyint(w * inv), 0, 127).
+  static void wquant32(const float* w, float inv, uint8_t* out) {
+    for (int i = 0; i < 32; i += 16) {
+      const __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(w + i), _mm512_set1_ps(inv)));
+      const __m512i cl = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_setzero_si512()), _mm512_set1_epi32(127));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(cl));
     }
+  }
+  static void store(void* p, B x) { _mm512_storeu_si512(p, x); }
+  static B lo4(B x) { return _mm512_and_si512(x, _mm512_set1_epi8(15)); }
+  static B hi4(B x) { return _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(15)); }
+  static B bcast32(const void* p) {
+    int32_t w;
+    std::memcpy(&w, p, 4);
+    return _mm512_set1_epi32(w);
+  }
+  // y[k]: 32-bit lane i of 128-bit lane L = byte 4k + i of lane L of x[0..3], side by side.
+  static void interleave4(const B* x, B* y) {
+    const B a = _mm512_unpacklo_epi8(x[0], x[1]), b = _mm512_unpackhi_epi8(x[0], x[1]);
+    const B c = _mm512_unpacklo_epi8(x[2], x[3]), d = _mm512_unpackhi_epi8(x[2], x[3]);
+    y[0] = _mm512_unpacklo_epi16(a, c), y[1] = _mm512_unpackhi_epi16(a, c);
+    y[2] = _mm512_unpacklo_epi16(b, d), y[3] = _mm512_unpackhi_epi16(b, d);
+  }
+  // n[j] = 128-bit lane j of a[0], a[1], a[2], a[3] (a 4x4 transpose of 128-bit lanes).
+  static void unperm(const B* a, B* n) {
+    const B t0 = _mm512_shuffle_i32x4(a[0], a[1], 0x44), t1 = _mm512_shuffle_i32x4(a[2], a[3], 0x44);
+    const B t2 = _mm512_shuffle_i32x4(a[0], a[1], 0xee), t3 = _mm512_shuffle_i32x4(a[2], a[3], 0xee);
+    n[0] = _mm512_shuffle_i32x4(t0, t1, 0x88), n[1] = _mm512_shuffle_i32x4(t0, t1, 0xdd);
+    n[2] = _mm512_shuffle_i32x4(t2, t3, 0x88), n[3] = _mm512_shuffle_i32x4(t2, t3, 0xdd);
+  }
+  // rows: 4 rows of 32 bytes (8 words each); 128-bit lane L = word q of row L, four times.
+  static B lane_w(const uint8_t* rows, int q) {
+    const B idx = _mm512_add_epi32(_mm512_set1_epi32(q), _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24));
+    return _mm512_permutex2var_epi32(load(rows), idx, load(rows + 64));
   }
 };
 

@@ -278,24 +278,36 @@ INSTANTIATE_TEST_SUITE_P(DecodeAttention, DecodeAttentionGrid, ::testing::Values
 // ---- The quantized query (QueryQuant::I8: integer dot products for int8/int4 blocks) ----
 
 // The query codes as the kernels make them (decode_attention.h, QueryQuant::I8): sq = amax / 127,
-// code = clamp(nearbyint(x / sq), -127, 127), in float.
+// code = clamp(nearbyint(x * (127 / amax)), -127, 127), in float.
 std::vector<int> q8_codes(const float* x, int D, float* sq) {
   float amax = 0;
   for (int d = 0; d < D; ++d) amax = std::max(amax, std::fabs(x[d]));
   *sq = amax / 127.f;
+  const float inv = 127.f / amax;
   std::vector<int> c(D, 0);
-  if (*sq > 0)
-    for (int d = 0; d < D; ++d) c[d] = int(std::clamp(std::nearbyint(x[d] / *sq), -127.f, 127.f));
+  if (*sq > 0 && std::isfinite(inv))
+    for (int d = 0; d < D; ++d) c[d] = int(std::clamp(std::nearbyint(x[d] * inv), -127.f, 127.f));
+  else
+    *sq = 0;
   return c;
 }
 
-// The independent double reference of the q8 math: full int8 blocks score sq * sum(code_q * k) (k the
-// exact values), full int4 blocks sqf * sum(code_qf * c) + qs . z with qf = qs * s read from the block's
-// layout (kv_quant.cpp: K params fp16 [H][2][D] after the K and V codes), the fp16 tail q . k exactly;
-// then softmax and V in double as reference() does.
-std::vector<double> reference_q8(const Batch& b) {
+// The double reference of the q8 math and the bound of the one error it leaves out. Scores: full int8
+// blocks sq * sum(code_q * k) (k the exact values), full int4 blocks sqf * sum(code_qf * c) + qs . z with
+// qf = qs * s read from the block's layout (kv_quant.cpp: K params fp16 [H][2][D] after the K and V codes),
+// the fp16 tail q . k exactly; softmax and V in double with the exact value weights. The kernels round
+// each full block's value weights w_t = p_t * vs_t (int4: per 32-channel group) to 7 bits, amax / 127 a
+// step: `bound` gets, per output element, sum over those tokens of (step / 2) * |value code|, the most that
+// rounding can move it (decode_attention_qdot.h).
+struct Q8Ref {
+  std::vector<double> o, bound;
+};
+Q8Ref reference_q8(const Batch& b) {
   const int H = b.H, D = b.D, G = b.Hq / b.H;
-  std::vector<double> o(b.seqs.size() * b.Hq * D, 0.0);
+  const size_t hs = size_t(kT) * D;
+  Q8Ref r;
+  r.o.assign(b.seqs.size() * b.Hq * D, 0.0);
+  r.bound.assign(r.o.size(), 0.0);
   for (size_t s = 0; s < b.seqs.size(); ++s) {
     const fd::SeqKVView& sv = b.seqs[s];
     const int64_t ctx = sv.n_tokens();
@@ -333,12 +345,51 @@ std::vector<double> reference_q8(const Batch& b) {
       }
       double l = 0;
       for (auto& x : sc) l += (x = std::exp(x - mx));
-      double* out = &o[(s * b.Hq + h) * D];
+      double* out = &r.o[(s * b.Hq + h) * D];
+      double* bnd = &r.bound[(s * b.Hq + h) * D];
       for (int64_t t = 0; t < ctx; ++t)
         for (int d = 0; d < D; ++d) out[d] += sc[t] / l * b.v[s][(t * H + j) * D + d];
+      for (int blk_i = 0; blk_i < sv.n_full; ++blk_i) {
+        const auto* blk = static_cast<const uint8_t*>(sv.blocks[blk_i]);
+        const double* p = &sc[size_t(blk_i) * kT];
+        for (int g = 0; g < (b.dtype == KVDType::I8 ? 1 : D / 32); ++g) {
+          // the token's value scale and its codes' magnitudes (layouts: kv_quant.cpp)
+          auto vscale = [&](int t) -> double {
+            if (b.dtype == KVDType::I8) return reinterpret_cast<const float*>(blk + 2 * H * hs)[H * kT + j * kT + t];
+            const auto* vp = reinterpret_cast<const uint16_t*>(blk + 2 * H * hs / 2) + size_t(H) * 2 * D + size_t(j) * kT * (D / 32) * 2;
+            return fd::fp16_to_fp32(vp[(2 * g) * kT + t]);
+          };
+          auto vcode = [&](int t, int d) -> double {
+            if (b.dtype == KVDType::I8) return std::fabs(double(reinterpret_cast<const int8_t*>(blk)[H * hs + j * hs + t * D + d]));
+            const uint8_t byte = blk[H * hs / 2 + j * hs / 2 + size_t(t) * D / 2 + (d / 32) * 16 + d % 16];
+            return d % 32 < 16 ? byte & 15 : byte >> 4;
+          };
+          double amax = 0;
+          for (int t = 0; t < kT; ++t) amax = std::max(amax, p[t] / l * vscale(t));
+          const int d0 = b.dtype == KVDType::I8 ? 0 : 32 * g, d1 = b.dtype == KVDType::I8 ? D : 32 * g + 32;
+          for (int t = 0; t < kT; ++t)
+            for (int d = d0; d < d1; ++d) bnd[d] += amax / 254 * vcode(t, d);
+        }
+      }
     }
   }
-  return o;
+  return r;
+}
+
+// close() with the q8 reference's weight-rounding bound added to the tolerance of each element.
+::testing::AssertionResult close_q8(const std::vector<float>& o, const Q8Ref& r, int Hq, int D) {
+  double worst = 0, worst_frac = 0;
+  for (size_t i = 0; i < r.o.size(); ++i) {
+    const double err = std::fabs(double(o[i]) - r.o[i]), tol = kAtol + kRtol * std::fabs(r.o[i]) + r.bound[i];
+    worst = std::max(worst, err);
+    worst_frac = std::max(worst_frac, err / tol);
+    if (!(err <= tol))
+      return ::testing::AssertionFailure() << "first bad index " << i << " (seq " << i / (size_t(Hq) * D) << ", head "
+                                           << (i / D) % Hq << ", channel " << i % D << "): got " << o[i]
+                                           << ", want " << r.o[i] << " +- " << tol << " (weight rounding "
+                                           << r.bound[i] << "), |err| " << err;
+  }
+  return ::testing::AssertionSuccess() << "max |err| " << worst << ", at most " << worst_frac << " of the bound";
 }
 
 // Every ISA's q8 path (the scalar one is the twin) against the double q8 reference and against the
@@ -364,14 +415,14 @@ TEST_P(DecodeAttentionQ8Grid, QuantizedQueryMatchesQ8ReferenceAndScalarTwin) {
       }
       continue;
     }
-    const std::vector<double> ref = reference_q8(b);
+    const Q8Ref ref = reference_q8(b);
     std::vector<double> twin_d(twin.begin(), twin.end());
-    EXPECT_TRUE(close(twin, ref, gc.Hq, gc.D)) << "scalar twin, dtype " << fd::kv_dtype_name(dt);
+    EXPECT_TRUE(close_q8(twin, ref, gc.Hq, gc.D)) << "scalar twin, dtype " << fd::kv_dtype_name(dt);
     for (Isa isa : isas)
       for (int threads : {1, 5}) {
         std::fill(o.begin(), o.end(), NAN);
         fd::decode_attention(b.params(o.data(), fd::QueryQuant::I8), isa, threads, ws);
-        EXPECT_TRUE(close(o, ref, gc.Hq, gc.D))
+        EXPECT_TRUE(close_q8(o, ref, gc.Hq, gc.D))
             << fd::isa_name(isa) << " vs q8 reference, dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
         EXPECT_TRUE(close(o, twin_d, gc.Hq, gc.D))
             << fd::isa_name(isa) << " vs scalar twin, dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
