@@ -23,8 +23,9 @@ from fd_runs import read_json, write_report
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ART = os.path.join(REPO, "artifacts")
 DEFAULTS = {
-    "attn": [os.path.join(ART, "rworker", "gpu-machine-q8", f) for f in
-             ("attn_kv32_avx512.json", "attn_kv32_avx512vnni.json", "attn_kv8_avx512.json", "attn_kv8_avx512vnni.json")],
+    "attn": [os.path.join(ART, "rworker", "gpu-machine-q8pv", f) for f in
+             ("new_attn_kv32_avx512.json", "new_attn_kv32_avx512vnni.json", "new_attn_kv8_avx512.json",
+              "new_attn_kv8_avx512vnni.json")],
     "prefill": os.path.join(ART, "stages", "prefill", "prefill_ttft.json"),
     "pipeline": os.path.join(ART, "stages", "pipeline", "pipeline_bound.json"),
     "transport": os.path.join(ART, "stages", "transport-1917121", "transport.json"),

@@ -9,7 +9,8 @@
 # 2. Every variant scores exactly that stream (teacher forcing, experiments/accuracy/score.json) and
 #    records every position's logits: the reference engine in fp32 (the baseline every row is compared
 #    with) and with an fp16 KV-cache; FastDecode on the CPU S-Part with fp16, int8 and int4 R-worker
-#    KV, and int8 / int4 KV scored on an int8-quantized query (engine.rworkers.query: the -q8 rows);
+#    KV on the exact fp32 path (engine.rworkers.query: fp32), and int8 / int4 KV on the integer path (an
+#    int8 query and 7-bit value weights, query: int8, the default on AVX512-VNNI CPUs: the -q8 rows);
 #    with --gpu also FastDecode on the CUDA S-Part (fp16 and bf16, fp16/int8/int4 KV) and GPU-only
 #    (fp16, bf16).
 # 3. analysis/accuracy.py writes DIR/ACCURACY.md, accuracy.json and accuracy.png.
@@ -43,13 +44,13 @@ with open(sys.argv[1]) as f, open(sys.argv[2], "w") as o:
 PY
 score="$(cd "$out" && pwd)/score.jsonl"
 fdcpu='{"type":"fastdecode","backend":"cpu","mini_batches":2,"rworkers":{"spawn":2,"threads":1,"kv_dtype":"%s","query":"%s","memory_gb":0.5}}'
-fd='{"type":"fastdecode","backend":"cuda","dtype":"%s","mini_batches":2,"rworkers":{"spawn":2,"threads":1,"kv_dtype":"%s","memory_gb":0.5}}'
+fd='{"type":"fastdecode","backend":"cuda","dtype":"%s","mini_batches":2,"rworkers":{"spawn":2,"threads":1,"kv_dtype":"%s","query":"fp32","memory_gb":0.5}}'
 variants=(
   "reference-fp32|{\"type\":\"reference\"}"
   "reference-fp16kv|{\"type\":\"reference\",\"kv_dtype\":\"fp16\"}"
-  "fd-cpu-fp16kv|$(printf "$fdcpu" fp16 auto)"
-  "fd-cpu-int8kv|$(printf "$fdcpu" int8 auto)"
-  "fd-cpu-int4kv|$(printf "$fdcpu" int4 auto)"
+  "fd-cpu-fp16kv|$(printf "$fdcpu" fp16 fp32)"
+  "fd-cpu-int8kv|$(printf "$fdcpu" int8 fp32)"
+  "fd-cpu-int4kv|$(printf "$fdcpu" int4 fp32)"
   "fd-cpu-int8kv-q8|$(printf "$fdcpu" int8 int8)"
   "fd-cpu-int4kv-q8|$(printf "$fdcpu" int4 int8)"
 )

@@ -74,8 +74,9 @@ int main(int argc, char** argv) {
   app.add_option("--isa", isa, "Kernel ISA: scalar, avx2, avx512, avx512vnni (default: the best supported)");
   app.add_option("--query", query,
                  "How int8/int4 blocks take the query: fp32 (keys dequantized in registers: the exact math), int8 "
-                 "(integer dot products on an int8-quantized query, VNNI where the CPU has it: faster, adds the "
-                 "query's rounding error, artifacts/accuracy), auto (today fp32)")
+                 "(both dot products on integers: an int8 query and 7-bit value weights, VNNI where the CPU has "
+                 "it: faster, adds their rounding error, docs/RWORKER.md), auto (int8 where the CPU has "
+                 "AVX512-VNNI, else fp32)")
       ->check(CLI::IsMember({"auto", "fp32", "int8"}))
       ->capture_default_str();
   app.add_option("--max-message-mb", max_message_mb, "Largest accepted request")->check(CLI::Range(1.0, 65536.0))->capture_default_str();

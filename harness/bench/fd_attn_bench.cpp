@@ -440,8 +440,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"fp16", "int8", "int4"}));
   app.add_option("--query", o.query,
-                 "How int8/int4 blocks take the query: fp32, int8 (integer dot products on an int8-quantized query), "
-                 "auto (fp32 today); fp16 blocks always use fp32")
+                 "How int8/int4 blocks take the query: fp32 (the exact math), int8 (both dot products on integers: an "
+                 "int8 query and 7-bit value weights), auto (int8 at avx512vnni, else fp32); fp16 blocks always use fp32")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "fp32", "int8"}));
   app.add_option("--threads", o.threads, "OpenMP threads (kernel and ceiling)")

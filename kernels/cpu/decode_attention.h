@@ -48,7 +48,7 @@ struct SeqKVView {
 };
 
 // AVX512VNNI: AVX-512 plus the VNNI integer dot product (VPDPBUSD); at this level int8/int4 KV use the
-// integer-dot kernel on an int8-quantized query by default (QueryQuant below), fp16 KV is the AVX-512 path.
+// integer-dot kernel (int8 query, 7-bit value weights) by default (QueryQuant below), fp16 KV is the AVX-512 path.
 enum class Isa { Scalar = 0, AVX2 = 1, AVX512 = 2, AVX512VNNI = 3 };
 std::string_view isa_name(Isa isa);          // "scalar", "avx2", "avx512", "avx512vnni"
 Isa isa_from_name(std::string_view name);    // throws fd::Error
@@ -59,13 +59,15 @@ Isa best_isa();                              // the fastest supported
 void kv_quantize_block_isa(KVDType dtype, const uint16_t* fp16_block, void* out, int n_kv_heads, int head_dim, Isa isa);
 
 // How int8/int4 blocks take the query (fp16 blocks and the fp16 tail always use the fp32 query):
-//   F32   fp32 query, keys dequantized in registers (exact math on the stored codes)
-//   I8    q * scale quantized per query head to int8 (amax / 127, round to nearest even; for int4 keys
-//         with the block's per-channel key scale folded in, per block), q . K as integer dot products,
-//         rescaled in fp32. Adds the query's rounding error (docs/RWORKER.md states it, measured by
-//         test_decode_attention's QuantizedQueryAddedError). Every ISA has it: scalar (the twin), AVX2
-//         and AVX-512 (VPMADDUBSW), AVX512VNNI (VPDPBUSD).
-//   Auto  F32 for now (I8 was not a clear win on the GPU machine: decode_attention.cpp); I8 on request.
+//   F32   fp32 query, keys dequantized in registers, fp32 p . V (exact math on the stored codes)
+//   I8    both dot products on integers: q * scale quantized per query head to int8 (127 / amax, round to
+//         nearest even; for int4 keys with the block's per-channel key scale folded in, per block), q . K as
+//         integer dot products; the value weights p * (the token's value scale) quantized to 7 bits per block
+//         and head (int4: per 32-channel group), p . V as integer dot products; both rescaled in fp32. Adds
+//         the two roundings' error (docs/RWORKER.md states it, measured by test_decode_attention's
+//         QuantizedQueryAddedError and artifacts/accuracy/). Every ISA has it with the same codes: scalar (the
+//         twin), AVX2 and AVX-512 (VPMADDUBSW), AVX512VNNI (VPDPBUSD).
+//   Auto  I8 at the AVX512VNNI level (faster there: decode_attention.cpp), F32 below it.
 enum class QueryQuant : uint8_t { Auto = 0, F32 = 1, I8 = 2 };
 bool query_is_q8(QueryQuant qq, KVDType dtype, Isa isa);  // what Auto resolves to for this call
 QueryQuant query_quant_from_name(std::string_view name);   // "auto", "fp32", "int8"; ConfigError otherwise

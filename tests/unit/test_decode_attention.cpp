@@ -178,7 +178,7 @@ std::vector<double> reference(const Batch& b) {
 // Values are O(1) (V ~ N(0,1)); fp32 accumulation over up to 8192 tokens stays well inside 2e-5.
 constexpr double kAtol = 2e-5, kRtol = 2e-5;
 // Bounds of the quantized query's added error (QuantizedQueryAddedError); set from its printed numbers.
-constexpr double kQ8MaxErrI8 = 0.06, kQ8MaxErrI4 = 0.11;  // measured 0.0403, 0.0728 (dev machine)
+constexpr double kQ8MaxErrI8 = 0.075, kQ8MaxErrI4 = 0.15;  // measured 0.0501, 0.0984 (dev machine)
 ::testing::AssertionResult close(const std::vector<float>& o, const std::vector<double>& r, int Hq, int D) {
   double worst = 0;
   for (size_t i = 0; i < r.size(); ++i) {
@@ -473,7 +473,8 @@ TEST(DecodeAttention, QueryQuantAuto) {
     EXPECT_FALSE(fd::query_is_q8(QueryQuant::I8, KVDType::F16, isa));
     EXPECT_FALSE(fd::query_is_q8(QueryQuant::F32, KVDType::I8, isa));
     EXPECT_TRUE(fd::query_is_q8(QueryQuant::I8, KVDType::I4, isa));
-    EXPECT_FALSE(fd::query_is_q8(QueryQuant::Auto, KVDType::I8, isa));  // opt-in (decode_attention.cpp)
+    for (KVDType dt : {KVDType::I8, KVDType::I4})  // the integer path at the VNNI level (decode_attention.cpp)
+      EXPECT_EQ(fd::query_is_q8(QueryQuant::Auto, dt, isa), isa == Isa::AVX512VNNI) << fd::isa_name(isa);
   }
 }
 
