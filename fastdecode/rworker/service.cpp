@@ -168,6 +168,7 @@ std::vector<zmq::message_t> RWorkerService::on_hello(const std::string& peer, co
                {"kv_dtype", kv_dtype_name(cfg_.kv_dtype)},
                {"isa", isa_name(cfg_.isa)},
                {"query", query_quant_name(cfg_.query)},
+               {"query_int8", query_is_q8(cfg_.query, cfg_.kv_dtype, cfg_.isa)},
                {"threads", cfg_.threads},
                {"memory_limit_bytes", cfg_.memory_limit_bytes},
                {"session_quota_bytes", quota()},
@@ -327,6 +328,7 @@ json RWorkerService::stats(const std::string& peer) const {
             {"kv_dtype", kv_dtype_name(cfg_.kv_dtype)},
             {"isa", isa_name(cfg_.isa)},
             {"query", query_quant_name(cfg_.query)},
+            {"query_int8", query_is_q8(cfg_.query, cfg_.kv_dtype, cfg_.isa)},
             {"threads", cfg_.threads},
             {"memory_limit_bytes", cfg_.memory_limit_bytes}};
   // Worker-wide: every session's sequences and memory (counts only: no id or value of another client's).

@@ -271,7 +271,10 @@ TEST_P(QuantizedKV, TokensMatchReferenceWithTheSameQuantizedBlocks) {
   auto e = make_fastdecode_engine(ec, {c, *w, SamplingParams{}});
   const json workers = e->info().at("rworkers");  // their HELLO replies (gone once the run has shut the engine down)
   ASSERT_EQ(workers.size(), 2u) << workers.dump();
-  for (const json& wk : workers) EXPECT_EQ(wk.at("hello").at("query"), query) << wk.dump();
+  for (const json& wk : workers) {
+    EXPECT_EQ(wk.at("hello").at("query"), query) << wk.dump();
+    EXPECT_EQ(wk.at("hello").at("query_int8"), std::string(query) == "int8") << wk.dump();
+  }
   const Tokens got = run_tokens(*e, reqs);
   const double tol = std::string(query) == "int8" ? kQ8NearTie : 1e-4;
   const auto check = fd::test::check_greedy_tokens(weights, quantized, reqs, got, tol);
