@@ -109,11 +109,6 @@ struct I256 {
   static B dot_u8(B a, B x, B q) {
     return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(x, q), _mm256_set1_epi16(1)));
   }
-  static void unpack_u4(B x, B& lo, B& hi) {
-    const B m = _mm256_set1_epi8(15);
-    lo = _mm256_and_si256(x, m);
-    hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m);
-  }
   static __m256 to_f32(B a) { return _mm256_cvtepi32_ps(a); }
   static float amax(const float* x, int n) {
     const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));

@@ -74,7 +74,7 @@ struct Chunk {
 // The integer p . V of the q8 path (decode_attention_qdot.h, the scalar twin's own layout is smaller) adds,
 // 64-byte aligned after those, kPVFloats per head (the block's value-weight codes [8 groups][kBT] bytes, the
 // int4 values' per-lane weight vectors [chunk][quad][VB bytes], and 32 floats: weight scales [8], int4
-// offsets [8], the block factor) and kPVShared floats (kBT weights, then int4 keys' per-channel scale and
+// offsets [8], padding) and kPVShared floats (kBT weights, then int4 keys' per-channel scale and
 // min in fp32, 256 each).
 constexpr int kQ8Bytes = 512;
 constexpr int kWCBytes = 8 * kBT;  // value-weight codes of one head: [group][token], u8 0..127

@@ -11,7 +11,7 @@
 //   (acc += per-lane sums of x*q + kBias*q over 4 bytes, x and q signed), dot_u8(acc, x, q) (x unsigned,
 //   q signed; pair sums below 2^15 so VPMADDUBSW never saturates), kBias (0, or 128 where the instruction
 //   wants an unsigned operand: x + 128 is x with its sign bit flipped, and the caller subtracts 128 * sum(q)
-//   once per head), unpack_u4(x, lo, hi), lo4 / hi4 (the low / high nibbles of each byte), to_f32 (int32
+//   once per head), lo4 / hi4 (the low / high nibbles of each byte), to_f32 (int32
 //   lanes -> float), amax(x, n) = max |x| (n % W == 0), quant16(x, inv, out) (16 query codes
 //   clamp(nearbyint(x * inv), -127, 127)), wquant32(w, inv, out) (32 weight codes clamp(nearbyint(w * inv),
 //   0, 127)), bcast32(p) (a 4-byte word in every lane), interleave4(x[4], y[4]) and unperm(a[4], n[4]) (p . V's
@@ -65,8 +65,7 @@ inline void qscores(const uint8_t* k, const uint8_t* next, const int8_t* q8, flo
       const uint8_t* p = k + size_t(t) * RB + c * VB;
       const B x = (LAST < VB && c == NC - 1) ? I::load_part(p, LAST) : I::load(p);
       if constexpr (U4) {
-        B lo, hi;
-        I::unpack_u4(x, lo, hi);
+        const B lo = I::lo4(x), hi = I::hi4(x);
         for (int h = 0; h < HB; ++h) {
           a[h] = I::dot_u8(a[h], lo, I::load(q8 + h * kQ8Bytes + c * QC));
           a[h] = I::dot_u8(a[h], hi, I::load(q8 + h * kQ8Bytes + c * QC + VB));
@@ -140,7 +139,10 @@ struct QKernel {
     const float amax = I::amax(qs, D);
     const float s = amax / 127.f, inv = 127.f / amax;
     *sq = s;
-    if (!(s > 0) || !(inv < std::numeric_limits<float>::infinity())) return *sq = 0, 0;
+    if (!(s > 0) || !(inv < std::numeric_limits<float>::infinity())) {
+      *sq = 0;
+      return 0;
+    }
     for (int d = 0; d < D; d += 16) I::quant16(qs + d, inv, q8 + d);
     int32_t sum = 0;
     for (int d = 0; d < D; ++d) sum += q8[d];
@@ -222,7 +224,7 @@ struct QKernel {
     float* c0 = sc + G * kBT;  // [G]
     float* vt = c0 + G;       // [D/32][2][kBT] int4 values: fp32 scale row, then min row
     float* red = vt + (D / 32) * 2 * kBT;  // [G][kBT][W]
-    float* wv = red + G * kBT * V::W;      // [G][D/32][kBT] (unused here)
+    float* wv = red + G * kBT * V::W;      // [G][D/32][kBT] the fp16 tail's value weights
     auto* q8 = reinterpret_cast<int8_t*>(wv + G * (D / 32) * kBT);  // [G][kQ8Bytes]
     float* qsc = reinterpret_cast<float*>(q8 + size_t(G) * kQ8Bytes);  // [G] query scale
     float* qbias = qsc + G;                                             // [G] kBias * sum(codes)

@@ -113,11 +113,6 @@ struct I512 {
     if constexpr (VNNI) return _mm512_dpbusd_epi32(a, x, q);
     else return _mm512_add_epi32(a, _mm512_madd_epi16(_mm512_maddubs_epi16(x, q), _mm512_set1_epi16(1)));
   }
-  static void unpack_u4(B x, B& lo, B& hi) {
-    const B m = _mm512_set1_epi8(15);
-    lo = _mm512_and_si512(x, m);
-    hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
-  }
   static __m512 to_f32(B a) { return _mm512_cvtepi32_ps(a); }
   static float amax(const float* x, int n) {
     __m512 m = _mm512_setzero_ps();
