@@ -4,7 +4,9 @@ decode-only steps' median of step_ms / max(s_compute, r_compute_max) — the two
 busier side: the S-Part's whole time (it runs the mini-batches one after the other) or the busiest R-worker's
 compute (its requests too) — and the medians of the breakdown: s_compute, d2h and h2d (the S-Part's copies, inside
 s_compute), r_compute_max, r_wait, wire (per layer and mini-batch, the last reply's send-to-receipt minus its
-worker's compute, summed) and idle (the decode's time outside the S-Part). Target: <= 1.05 at >= 8 layers.
+worker's compute, summed), idle (the decode's time outside the S-Part) and send (the S-worker's time handing the
+ATTENDs over: the copies into the shared-memory regions, unless the S-Part wrote q/k/v there; 0 in runs before it was
+recorded). Target: <= 1.05 at >= 8 layers.
 Writes OUT/pipeline_bound.md, .json.
 
 usage: analysis/pipeline_bound.py DIR... [--out DIR]   (DIR: a sweep folder with index.json, or a run folder)
@@ -17,7 +19,7 @@ from pathlib import Path
 from fd_runs import read_json, run_dirs, write_report
 from fd_runs import read_jsonl_or_none as read_jsonl
 
-KEYS = ("s_compute", "d2h", "h2d", "r_compute_max", "r_wait", "wire", "idle")
+KEYS = ("s_compute", "d2h", "h2d", "r_compute_max", "r_wait", "wire", "idle", "send")
 
 
 def main(argv=None):
@@ -48,13 +50,13 @@ def main(argv=None):
     lines = ["# FastDecode's decode step against max(S-Part, busiest R-worker) (issue 18)", "",
              "From %s (analysis/pipeline_bound.py). Medians over the decode-only steps, ms; ratio = step / max(s_compute, "
              "r_compute_max) per step (median, max). d2h and h2d are inside s_compute; wire and r_wait overlap; idle = the "
-             "decode's time outside the S-Part." % ", ".join("`%s`" % d for d in a.dirs), "",
-             "| run | layers | batch | step | s_compute | d2h | h2d | r_compute_max | r_wait | wire | idle | ratio (median) | ratio (max) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "decode's time outside the S-Part; send = handing the requests over (outside s_compute)." % ", ".join("`%s`" % d for d in a.dirs), "",
+             "| run | layers | batch | step | s_compute | d2h | h2d | r_compute_max | r_wait | wire | idle | send | ratio (median) | ratio (max) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["layers"] or 0, r["point"])):
-        lines.append("| %s | %s | %.0f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |" % (
+        lines.append("| %s | %s | %.0f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |" % (
             r["point"], r["layers"], r["batch"], r["step_ms"], r["s_compute"], r["d2h"], r["h2d"], r["r_compute_max"],
-            r["r_wait"], r["wire"], r["idle"], r["ratio_median"], r["ratio_max"]))
+            r["r_wait"], r["wire"], r["idle"], r["send"], r["ratio_median"], r["ratio_max"]))
     deep = [r for r in rows if (r["layers"] or 0) >= 8]
     if deep:
         lines += ["", "At >= 8 layers: median ratio %.3f-%.3f (target <= 1.05: %s)." % (

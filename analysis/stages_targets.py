@@ -98,18 +98,25 @@ def pipeline_row(path):
 
 
 def transport_row(path):
-    """With 4 links: the shared-memory lane where the file has it (what R-workers on the S-worker's host use, the
-    engine's default), the sockets (ipc, tcp: remote workers and the fallback) stated beside; a file without shm
+    """With 4 links: the way the engine sends to R-workers on its host where the file has it (shm-inplace: the S-Part
+    writes q/k/v into the shared-memory region, the engine's default; else shm, copied into the region), the other
+    ways stated beside (shm copied in; the sockets, ipc and tcp: remote workers and the fallback); a file without shm
     points is judged on all of them."""
     by = {}
     for b in load(path)["benchmarks"]:
         if b["name"].startswith("round_trip/") and int(b.get("links", 0)) == 4:
             by.setdefault(b["name"].split("/")[1], []).append(b["GBps_per_link"])
+    sockets = verdict([v for t, vs in by.items() if not t.startswith("shm") for v in vs], lambda v: True)[0]
+    if "shm-inplace" in by:
+        rng, met = verdict(by["shm-inplace"], lambda v: v >= 4.0)
+        copied = verdict(by.get("shm", []), lambda v: True)[0]
+        return ("Transport: GB/s per link with 4 links in flight, real protocol (shared-memory lane, q/k/v written in "
+                "place; copied in and sockets beside)", ">= 4",
+                "%s (shm copied in: %s; ipc/tcp: %s)" % (rng, copied, sockets), met, rel(path))
     if "shm" in by:
         rng, met = verdict(by["shm"], lambda v: v >= 4.0)
-        sockets = [v for t, vs in by.items() if t != "shm" for v in vs]
         return ("Transport: GB/s per link with 4 links in flight, real protocol (shared-memory lane; sockets beside)",
-                ">= 4", "%s (ipc/tcp: %s)" % (rng, verdict(sockets, lambda v: True)[0]), met, rel(path))
+                ">= 4", "%s (ipc/tcp: %s)" % (rng, sockets), met, rel(path))
     rng, met = verdict([v for vs in by.values() for v in vs], lambda v: v >= 4.0)
     return ("Transport: GB/s per link with 4 links in flight, real protocol", ">= 4", rng, met, rel(path))
 

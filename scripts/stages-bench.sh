@@ -3,7 +3,8 @@
 #   quantize   fd-attn-bench --quantize: the KV quantizer, scalar vs AVX-512, one thread (OUT/quantize.json)
 #   attn       fd-attn-bench, MHA 32/32 and GQA 32/8, fp16/int8/int4, every SIMD ISA the CPU has, all cores, B 64,
 #              context 1024 and 4096 (OUT/attn_kv32.json, attn_kv8.json; with `perf stat` where perf exists: .perf)
-#   transport  fd-transport-bench, 1 and 4 links, IPC, TCP and the shared-memory lane, 1 and 4 I/O threads, 1-32 MB
+#   transport  fd-transport-bench, 1 and 4 links, IPC, TCP and the shared-memory lane (copied in, and in place), 1 and 4
+#              I/O threads, 1-32 MB
 #              (OUT/transport.json)
 #   prefill    experiments/gpu/prefill-kv-dtype.sweep.json + analysis/prefill_ttft.py (OUT/prefill/)
 #   pipeline   experiments/gpu/pipeline-layers.sweep.json at 2 and 8 layers + analysis/pipeline_bound.py and
@@ -98,7 +99,7 @@ fi
 if has transport; then
   step transport
   sizes=(1M 4M 16M 32M); ((quick)) && sizes=(4M 16M)
-  cmd=("$bin/fd-transport-bench" --sizes "${sizes[@]}" --transports ipc tcp shm --io-threads 1 4 --links 1 4 --json "$out/transport.json")
+  cmd=("$bin/fd-transport-bench" --sizes "${sizes[@]}" --transports ipc tcp shm shm-inplace --io-threads 1 4 --links 1 4 --json "$out/transport.json")
   prov "$out/transport_provenance.json" "${cmd[*]}"
   "${cmd[@]}" > "$out/transport.txt" 2>&1 || rc=1
 fi

@@ -54,6 +54,20 @@ struct HostRows {
   int64_t rows = 0;
 };
 
+// Where attention_input writes a run of consecutive rows: q [rows, q_dim], k and v [rows, kv_dim] (one R-worker's
+// share, e.g. straight into its shared-memory region). q may be null (prefill needs only k and v on the host);
+// rows = kAllRows: every row of the slot (a single part).
+struct HostRowsOut {
+  static constexpr int64_t kAllRows = -1;
+  void* q = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
+  int64_t rows = kAllRows;
+};
+// The parts with kAllRows resolved against a slot of T rows; throws unless their rows add up to T (kAllRows only
+// alone) and each part has k and v, and q in every part or none.
+std::vector<HostRowsOut> resolve_rows(const std::vector<HostRowsOut>& parts, int64_t T);
+
 class Communicator;  // fastdecode/parallel/comm.h
 
 class SPart {
@@ -66,8 +80,13 @@ class SPart {
   // Slot `slot` holds the T tokens at positions pos: x = their embeddings.
   virtual void embed(int slot, const int32_t* tokens, const int64_t* pos, int64_t T) = 0;
   // q [T, q_dim], k, v [T, kv_dim] = projections of norm(x) (+ RoPE), written to host memory in dtype
-  // (F32 or F16); q may be null (prefill needs only k and v on the host).
-  virtual void attention_input(int slot, int layer, DType dt, void* q, void* k, void* v) = 0;
+  // (F32 or F16), the slot's rows split over `parts` in order (resolve_rows); q may be null (prefill needs only k
+  // and v on the host).
+  virtual void attention_input(int slot, int layer, DType dt, const std::vector<HostRowsOut>& parts) = 0;
+  // All of them to one place each.
+  void attention_input(int slot, int layer, DType dt, void* q, void* k, void* v) {
+    attention_input(slot, layer, dt, std::vector<HostRowsOut>{{q, k, v, HostRowsOut::kAllRows}});
+  }
   // The slot's attention output = the given host rows, concatenated in order (T rows in all).
   virtual void set_attention(int slot, DType dt, const std::vector<HostRows>& parts) = 0;
   // Device time of the R-Part's copies so far (cumulative, ns): q/k/v down in attention_input (d2h) and the

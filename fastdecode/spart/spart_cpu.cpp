@@ -156,13 +156,20 @@ class CpuSPart : public SPart {
     tp_->all_reduce_sum(s.x.data(), s.x.size(), CommType::F32);
   }
 
-  void attention_input(int slot, int layer, DType dt, void* q, void* k, void* v) override {
+  using SPart::attention_input;
+  void attention_input(int slot, int layer, DType dt, const std::vector<HostRowsOut>& parts) override {
     Slot& s = at(slot);
+    const std::vector<HostRowsOut> out = resolve_rows(parts, s.T);
     ref_attention_input(w_.cfg, w_.layers[size_t(layer)], s.x.data(), s.pos.data(), s.T, s.q.data(), s.k.data(),
                         s.v.data(), kLinear);
-    if (q) store(s.q.data(), s.q.size(), dt, q);
-    store(s.k.data(), s.k.size(), dt, k);
-    store(s.v.data(), s.v.size(), dt, v);
+    const size_t qd = size_t(w_.cfg.q_dim()), kvd = size_t(w_.cfg.kv_dim());
+    size_t row = 0;
+    for (const HostRowsOut& p : out) {
+      const size_t n = size_t(p.rows);
+      if (p.q) store(&s.q[row * qd], n * qd, dt, p.q);
+      if (n) store(&s.k[row * kvd], n * kvd, dt, p.k), store(&s.v[row * kvd], n * kvd, dt, p.v);
+      row += n;
+    }
   }
 
   void set_attention(int slot, DType dt, const std::vector<HostRows>& parts) override {

@@ -90,14 +90,16 @@ class CudaSPart : public SPart {
     mark(slot, -1, nullptr);  // every span ends when its work is queued: a later mark may come after idle time
   }
 
-  void attention_input(int slot, int layer, DType dt, void* q, void* k, void* v) override {
+  using SPart::attention_input;
+  void attention_input(int slot, int layer, DType dt, const std::vector<HostRowsOut>& parts) override {
     DevActs& a = enter(slot);
     const ModelConfig& c = cfg_;
-    const size_t T = size_t(a.T), qd = size_t(c.q_dim()), kvd = size_t(c.kv_dim());
+    const std::vector<HostRowsOut> out = resolve_rows(parts, a.T);
+    const size_t qd = size_t(c.q_dim()), kvd = size_t(c.kv_dim());
     FD_CHECK(dt == DType::F16 || dt == DType::F32, "CUDA S-Part: host tensors are fp32 or fp16");
     // A prefill (no q wanted on the host) also keeps fp32 q and fp16 k/v for prefill_attention.
     unsigned outputs = dt == DType::F16 ? CudaModel::kF16 : CudaModel::kF32;
-    if (!q) outputs |= CudaModel::kF32 | CudaModel::kF16;
+    if (!out[0].q) outputs |= CudaModel::kF32 | CudaModel::kF16;
     layer_[size_t(slot)] = layer;
     mark(slot, layer, "q/k/v");
     run(slot, a, 0, layer, outputs, [&] { model_->attention_input(a, layer, outputs); });
@@ -106,9 +108,17 @@ class CudaSPart : public SPart {
     const void* dk = dt == DType::F16 ? static_cast<const void*>(a.k16.get()) : a.k.get();
     const void* dv = dt == DType::F16 ? static_cast<const void*>(a.v16.get()) : a.v.get();
     const cudaEvent_t e0 = mark(slot, layer, "d2h", true);
-    if (q) CUDA_CHECK(cudaMemcpyAsync(q, dq, T * qd * es, cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaMemcpyAsync(k, dk, T * kvd * es, cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaMemcpyAsync(v, dv, T * kvd * es, cudaMemcpyDeviceToHost, stream_));
+    // One copy per part and tensor (each part a worker's rows, perhaps in its shared-memory region: registered with
+    // the device by SRank, so these stay DMA).
+    size_t row = 0;
+    for (const HostRowsOut& p : out) {
+      const size_t n = size_t(p.rows);
+      if (n == 0) continue;
+      if (p.q) CUDA_CHECK(cudaMemcpyAsync(p.q, static_cast<const char*>(dq) + row * qd * es, n * qd * es, cudaMemcpyDeviceToHost, stream_));
+      CUDA_CHECK(cudaMemcpyAsync(p.k, static_cast<const char*>(dk) + row * kvd * es, n * kvd * es, cudaMemcpyDeviceToHost, stream_));
+      CUDA_CHECK(cudaMemcpyAsync(p.v, static_cast<const char*>(dv) + row * kvd * es, n * kvd * es, cudaMemcpyDeviceToHost, stream_));
+      row += n;
+    }
     const cudaEvent_t e1 = mark(slot, layer, nullptr, true);  // the stream idles until the attention comes back
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     copies_.d2h_ns += elapsed_ns(e0, e1);

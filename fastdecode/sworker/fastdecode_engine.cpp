@@ -214,6 +214,7 @@ FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineC
     o.tp_rank = int(t), o.tp_size = int(T), o.pp_rank = int(p), o.pp_size = int(P);
     o.layer_begin = stages[size_t(p)].first;
     o.wire = wire_;
+    o.shm_in_place = ec.rworkers.shm_in_place;
     if (G > 1) {
       o.track_suffix = " t" + std::to_string(t) + " p" + std::to_string(p);
       o.worker_prefix = "rworker g" + std::to_string(g) + ".";
@@ -363,11 +364,13 @@ StepResult FastDecodeEngine::step() {
   // last spent beyond its worker's compute (from the later of its send and the receipt of the worker's previous
   // reply, to its receipt, minus compute, capped at the wait), summed; idle, the decode's wall time outside the S-Part (the
   // device waits: for replies, r_wait, or for the S-worker's own host work). Each the largest over the ranks.
-  int64_t s_ns = 0, r_wait = 0, busiest = 0, comm = 0, d2h = 0, h2d = 0, wire = 0, idle = 0;
+  // send, the S-worker's time handing the ATTENDs over (a copy into each shared-memory region, unless the S-Part wrote
+  // q/k/v there: engine.rworkers.shm_in_place), outside s_compute.
+  int64_t s_ns = 0, r_wait = 0, busiest = 0, comm = 0, d2h = 0, h2d = 0, wire = 0, idle = 0, send = 0;
   for (auto& r : res) {
     s_ns = std::max(s_ns, r.s_ns), r_wait = std::max(r_wait, r.r_wait_ns), comm = std::max(comm, r.comm_ns);
     d2h = std::max(d2h, r.d2h_ns), h2d = std::max(h2d, r.h2d_ns), wire = std::max(wire, r.wire_ns);
-    idle = std::max(idle, r.decode_ns - r.decode_s_ns);
+    idle = std::max(idle, r.decode_ns - r.decode_s_ns), send = std::max(send, r.send_ns);
     for (int64_t w : r.worker_ns) busiest = std::max(busiest, w);
     out.spans.insert(out.spans.end(), std::make_move_iterator(r.spans.begin()), std::make_move_iterator(r.spans.end()));
   }
@@ -379,8 +382,13 @@ StepResult FastDecodeEngine::step() {
     out.breakdown_ms["h2d"] = h2d / 1e6;
     out.breakdown_ms["wire"] = wire / 1e6;
     out.breakdown_ms["idle"] = idle / 1e6;
+    out.breakdown_ms["send"] = send / 1e6;
   }
   if (ranks_.size() > 1) out.breakdown_ms["comm"] = comm / 1e6;
+  // The shared-memory lanes' request bytes (every rank's): copied into a region by the client, or already there.
+  int64_t copied = 0, in_place = 0;
+  for (const auto& r : res) copied += r.shm_bytes_copied, in_place += r.shm_bytes_in_place;
+  if (copied + in_place > 0) out.counts["shm_bytes_copied"] += copied, out.counts["shm_bytes_in_place"] += in_place;
   release_finished(out);
   return out;
 }

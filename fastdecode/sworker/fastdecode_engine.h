@@ -31,6 +31,9 @@ struct RWorkersConfig {
   // Offer every worker a shared-memory region (kEngineShmBytes): those on this host take ATTEND and APPEND_KV through
   // it, the others (another host, fd-rworker --shm-max-mb 0) stay on ZeroMQ (docs/RWORKER.md).
   bool shm = true;
+  // With shm: the S-Part writes each worker's q/k/v straight into its region (false: into staging memory, copied into
+  // the region at each send; for A/B).
+  bool shm_in_place = true;
   // CURVE (docs/SECURITY.md): the workers' public key file and this S-worker's secret key file (fd-keys).
   std::string curve_server_public, curve_client_secret;
   // Workers started by any launcher register here (fd-rworker --register ENDPOINT) and the engine waits for

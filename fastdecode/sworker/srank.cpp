@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "fastdecode/core/clock.h"
 #include "fastdecode/parallel/comm.h"
@@ -13,8 +14,10 @@ using proto::MsgType;
 using proto::WireDType;
 
 // A plan batch in flight through this rank's layers. Its rows are ordered by owning worker, so each worker's
-// rows are one contiguous range of the q/k/v host buffers and are sent from there without a copy (the
-// buffers live until the reply arrives: zero-copy sends). Activations live in the S-Part's slot.
+// rows are one contiguous range. The S-Part writes a worker's q/k/v into a block of that worker's shared-memory
+// region where it can (ids copied there too: the whole ATTEND lies in the region and goes as it lies), else into the
+// worker's range of the q/k/v staging buffers, sent from there without a copy over ZeroMQ (or copied into the
+// region). Either place lives until the reply arrives. Activations live in the S-Part's slot.
 struct SRank::Batch {
   int slot = 0;
   const PlanBatch* plan = nullptr;
@@ -24,8 +27,12 @@ struct SRank::Batch {
     std::vector<uint64_t> ids;
     uint64_t request = 0;
     int64_t sent_ns = 0;  // now_ns() once its ATTEND was handed to the socket
+    const void* ids_at = nullptr;  // where its ids, q, k and v lie (its region block, or ids and the staging ranges)
+    uint8_t *q_at = nullptr, *k_at = nullptr, *v_at = nullptr;
+    ShmBlock block;  // in the worker's region: kept between steps, taken anew when too small
   };
   std::vector<Part> parts;  // per worker
+  std::vector<HostRowsOut> outs;  // attention_input's destinations: the parts with rows, in row order
 };
 
 namespace {
@@ -33,6 +40,8 @@ namespace {
 void reserve(SPart& sp, HostBuffer& b, size_t bytes) {
   if (b.size() < bytes) b = sp.alloc_host(std::max(bytes, b.size() + b.size() / 2));
 }
+
+constexpr size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
 }  // namespace
 
@@ -123,6 +132,14 @@ void SRank::recover(const std::vector<size_t>& dead) {
 RankStep SRank::run(const StepPlan& plan) {
   pin_regions();
   RankStep out;
+  const auto lane_bytes = [&](int64_t& copied, int64_t& in_place) {
+    for (size_t w = 0; w < client_->size(); ++w) {
+      const ShmLaneStats st = client_->shm_stats(w);
+      copied += int64_t(st.bytes_copied), in_place += int64_t(st.bytes_in_place);
+    }
+  };
+  int64_t copied0 = 0, in_place0 = 0;
+  lane_bytes(copied0, in_place0);
   out.worker_ns.assign(client_->size(), 0);
   if (pp_) pp_->busy_ms_and_reset();
   collect_frees();
@@ -148,6 +165,8 @@ RankStep SRank::run(const StepPlan& plan) {
     prefill(plan.prefill, out);
   }
   if (pp_) out.comm_ns = int64_t(pp_->busy_ms_and_reset() * 1e6);
+  lane_bytes(out.shm_bytes_copied, out.shm_bytes_in_place);
+  out.shm_bytes_copied -= copied0, out.shm_bytes_in_place -= in_place0;
   // The S-Part's device timeline (CUDA: a track per stream, each span a stage of one mini-batch's slot).
   for (const SPart::DeviceSpan& d : spart_->device_spans())
     out.spans.push_back({"gpu stream " + std::to_string(d.stream) + o_.track_suffix,
@@ -176,13 +195,46 @@ void SRank::setup(Batch& b, const PlanBatch& pb, RankStep& out) {
     out.spans.push_back({"comm" + o_.track_suffix, span(0, b.slot, "residual in"), tr, now_ns() - tr});
   }
   out.s_ns += now_ns() - t0;
-  b.parts.assign(client_->size(), {});
+  b.parts.resize(client_->size());  // their blocks kept
+  for (auto& p : b.parts) p.begin = p.end = 0, p.ids.clear();
   for (size_t r = 0; r < pb.ids.size(); ++r) {
     auto& p = b.parts[pb.workers[r]];
     if (p.ids.empty()) p.begin = r;
     p.end = r + 1;
     p.ids.push_back(pb.ids[r]);
   }
+  // Each worker's place: a block of its region ([ids][q][k][v], 64-byte aligned), or its staging ranges.
+  const size_t qb = row_bytes(c.q_dim()), kvb = row_bytes(c.kv_dim());
+  b.outs.clear();
+  size_t row = 0;
+  for (size_t w = 0; w < b.parts.size(); ++w) {
+    auto& p = b.parts[w];
+    const size_t n = p.end - p.begin;
+    if (n == 0) continue;
+    FD_CHECK(p.begin == row && p.end - p.begin == p.ids.size(), "plan batch rows are not ordered by worker (worker " << w << ")");
+    row = p.end;
+    const size_t need = align64(n * 8) + align64(n * qb) + 2 * align64(n * kvb);
+    if (o_.shm_in_place && p.block.size() < need) {
+      p.block = {};  // given back first: its space may be the room the larger one needs
+      p.block = client_->shm_alloc(w, need + need / 4);  // room to grow, unless only the exact size fits
+      if (!p.block) p.block = client_->shm_alloc(w, need);
+    }
+    if (p.block) {
+      uint8_t* at = p.block.data();
+      std::memcpy(at, p.ids.data(), n * 8);
+      p.ids_at = at;
+      p.q_at = at + align64(n * 8);
+      p.k_at = p.q_at + align64(n * qb);
+      p.v_at = p.k_at + align64(n * kvb);
+    } else {
+      p.ids_at = p.ids.data();
+      p.q_at = b.q.data() + p.begin * qb;
+      p.k_at = b.k.data() + p.begin * kvb;
+      p.v_at = b.v.data() + p.begin * kvb;
+    }
+    b.outs.push_back({p.q_at, p.k_at, p.v_at, int64_t(n)});
+  }
+  FD_CHECK(row == pb.ids.size(), "plan batch: " << row << " of its " << pb.ids.size() << " rows have a worker");
 }
 
 void SRank::hand_on(int slot) { spart_->send_residual(slot, *pp_, o_.pp_rank + 1); }
@@ -192,18 +244,19 @@ void SRank::launch(Batch& b, int l, RankStep& out) {
   const ModelConfig& c = spart_->config();
   const size_t qb = row_bytes(c.q_dim()), kvb = row_bytes(c.kv_dim());
   const int64_t t0 = now_ns();
-  spart_->attention_input(b.slot, l, host_dtype(), b.q.data(), b.k.data(), b.v.data());
+  spart_->attention_input(b.slot, l, host_dtype(), b.outs);
   out.s_ns += now_ns() - t0;
   out.spans.push_back({"s-part" + o_.track_suffix, span(l, b.slot, "attention input"), t0, now_ns() - t0});
+  const int64_t ts = now_ns();
   for (size_t w = 0; w < b.parts.size(); ++w) {
     auto& p = b.parts[w];
     if (p.begin == p.end) continue;
     const size_t n = p.end - p.begin;
     p.request = client_->send(w, header(MsgType::Attend, l, n),
-                              {{p.ids.data(), p.ids.size() * 8}, {b.q.data() + p.begin * qb, n * qb},
-                               {b.k.data() + p.begin * kvb, n * kvb}, {b.v.data() + p.begin * kvb, n * kvb}});
+                              {{p.ids_at, n * 8}, {p.q_at, n * qb}, {p.k_at, n * kvb}, {p.v_at, n * kvb}});
     p.sent_ns = now_ns();
   }
+  out.send_ns += now_ns() - ts;
 }
 
 // Waits for layer l's attention of a batch, then the rest of the layer on the S-Part.

@@ -67,7 +67,11 @@ struct RankStep {
   // Decode only: the S-Part's copies (device time, inside s_ns), the wire (per layer and mini-batch, of the wait for
   // replies, what the reply taken last spent beyond its worker's compute) and the rank's decode wall time.
   int64_t d2h_ns = 0, h2d_ns = 0, wire_ns = 0, decode_ns = 0, decode_s_ns = 0;  // decode_s_ns: s_ns's decode part
+  int64_t send_ns = 0;  // decode: the S-worker's time handing ATTENDs to the client (copies into regions included)
   std::vector<int64_t> worker_ns;  // compute per R-worker of this rank's group
+  // Tensor bytes of this step's requests through the shared-memory lanes: copied into a region by the client, or
+  // sent where they lay (written there by the S-Part).
+  int64_t shm_bytes_copied = 0, shm_bytes_in_place = 0;
 };
 
 struct SRankOptions {
@@ -76,6 +80,10 @@ struct SRankOptions {
   proto::WireDType wire = proto::WireDType::F32;
   std::string track_suffix;             // "" (one rank: today's track names) or " t0 p1"
   std::string worker_prefix = "rworker ";  // span track of worker w: prefix + w ("rworker g3." with ranks)
+  // Decode: the S-Part writes each worker's ids and q/k/v straight into a block of that worker's shared-memory region
+  // when its lane is active and has room (sent where they lie: no copy into the region); false: into this rank's
+  // staging, copied into the region at each send (engine.rworkers.shm_in_place, for A/B).
+  bool shm_in_place = true;
 };
 
 class SRank {

@@ -345,6 +345,14 @@ std::shared_ptr<const shm::Region> RWorkerClient::shm_region(size_t w) const {
   return l.active && l.space ? l.space->region : nullptr;
 }
 
+ShmBlock RWorkerClient::shm_alloc(size_t w, size_t bytes) {
+  ShmLane& l = shm_.at(w);
+  if (!l.active || !l.space || bytes == 0) return {};
+  const std::optional<uint64_t> off = l.space->alloc.alloc(bytes);
+  if (!off) return {};
+  return ShmBlock(l.space, *off, bytes);
+}
+
 void RWorkerClient::offer_shm(size_t w) {
   ShmLane& l = shm_[w];
   if (shm_bytes_ == 0 || l.stats.state != "off") return;
@@ -407,16 +415,19 @@ bool RWorkerClient::send_shm(size_t w, Header& h, const std::vector<ConstBuffer>
   };
   // Space for everything first, so that a request either goes whole through the region or whole over ZeroMQ.
   std::vector<bool> copy(frames.size(), false);
+  uint64_t in_place = 0, copied = 0;
   for (size_t i = 0; i < frames.size(); ++i) {
     const ConstBuffer& b = frames[i];
     if (b.size == 0) {
       d.frames.push_back({shm::kRegionHeaderBytes, 0});
     } else if (sp.region->in_data(b.data, b.size)) {  // already in the region: sent as it lies
       d.frames.push_back({uint64_t(static_cast<const uint8_t*>(b.data) - base), b.size});
+      in_place += b.size;
     } else if (const std::optional<uint64_t> off = sp.alloc.alloc(b.size)) {
       f.blocks.push_back(*off);
       d.frames.push_back({*off, b.size});
       copy[i] = true;
+      copied += b.size;
     } else {
       give_back();
       ++l.stats.requests_zmq;
@@ -443,6 +454,8 @@ bool RWorkerClient::send_shm(size_t w, Header& h, const std::vector<ConstBuffer>
   send_head(w, head, true);
   socks_[w].send(zmq::message_t(desc.data(), desc.size()), zmq::send_flags::none);
   ++l.stats.requests_shm;
+  l.stats.bytes_copied += copied;
+  l.stats.bytes_in_place += in_place;
   return true;
 }
 

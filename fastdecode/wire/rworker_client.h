@@ -75,6 +75,42 @@ struct ShmLaneStats {
   uint64_t requests_zmq = 0;  // ATTEND / APPEND_KV sent over ZeroMQ while the lane was active (no space left)
   uint64_t replies_shm = 0;   // replies received through the region
   uint64_t replies_zmq = 0;   // replies to requests sent through the region that came over ZeroMQ (no room, ERROR)
+  uint64_t bytes_copied = 0;    // tensor bytes of requests through the region that this client copied in
+  uint64_t bytes_in_place = 0;  // ... that already lay in the region (a ShmBlock's) and went as they lay
+};
+
+// A block of one worker's region that its holder keeps (RWorkerClient::shm_alloc): request frames written there (the
+// S-Part's q/k/v, copied down straight into it) go through the lane as they lie, without the client's copy into the
+// region. Given back to the region's allocator when destroyed; keeps the mapping alive until then. Move-only.
+class ShmBlock {
+ public:
+  ShmBlock() = default;
+  ShmBlock(std::shared_ptr<shm::Space> space, uint64_t offset, size_t bytes)
+      : space_(std::move(space)), offset_(offset), size_(bytes) {}
+  ShmBlock(ShmBlock&& o) noexcept { swap(o); }
+  ShmBlock& operator=(ShmBlock&& o) noexcept {
+    ShmBlock t(std::move(o));
+    swap(t);
+    return *this;
+  }
+  ShmBlock(const ShmBlock&) = delete;
+  ShmBlock& operator=(const ShmBlock&) = delete;
+  ~ShmBlock() {
+    if (space_) space_->alloc.free(offset_);
+  }
+  uint8_t* data() const { return space_ ? space_->region->base() + offset_ : nullptr; }
+  size_t size() const { return size_; }
+  explicit operator bool() const { return space_ != nullptr; }
+
+ private:
+  void swap(ShmBlock& o) noexcept {
+    std::swap(space_, o.space_);
+    std::swap(offset_, o.offset_);
+    std::swap(size_, o.size_);
+  }
+  std::shared_ptr<shm::Space> space_;
+  uint64_t offset_ = 0;
+  size_t size_ = 0;
 };
 
 class RWorkerClient {
@@ -91,6 +127,9 @@ class RWorkerClient {
   // Worker w's region while its lane is active, else null. Its replies land there: the S-Part may register it with its
   // device (SPart::register_host). Holding it keeps the mapping alive, past the lane's end.
   std::shared_ptr<const shm::Region> shm_region(size_t w) const;
+  // A block of `bytes` in worker w's region for the caller to fill and send from (ShmBlock), or an empty one when w's
+  // lane is not active or the region has no free block that large (then send from the caller's own memory).
+  ShmBlock shm_alloc(size_t w, size_t bytes);
   // Whether worker w is known gone (its connection dropped or refused, or mark_dead).
   bool lost(size_t w) const { return !lost_.at(w).empty(); }
   // Stops using worker w: its socket is closed (queued requests dropped), waits no longer include it. Idempotent.

@@ -172,8 +172,7 @@ void register_all(CLI::App& app) {
       for (int nl : o.links)
         for (const auto& s : o.sizes)
           cases.push_back(fd::bench::make_case(tr, io, nl, fd::bench::parse_size(s), o.shape));
-  if (std::find(o.transports.begin(), o.transports.end(), "ipc") != o.transports.end() ||
-      std::find(o.transports.begin(), o.transports.end(), "shm") != o.transports.end())
+  if (std::any_of(o.transports.begin(), o.transports.end(), [](const std::string& t) { return t != "tcp"; }))
     g_ipc_dir = fd::bench::make_ipc_dir();
 
   int major = 0, minor = 0, patch = 0;
@@ -230,7 +229,8 @@ void register_all(CLI::App& app) {
       "fd_method",
       fd::json{{"step",
                 "per link one ATTEND [64 B header][ids][q][k][v] sent by fd::RWorkerClient (zero-copy from a "
-                "reused staging buffer) to an echo R-worker process (fd-transport-bench serve: proto::decode, "
+                "reused staging buffer; shm: copied into the region; shm-inplace: from a block of the region it was "
+                "written into once) to an echo R-worker process (fd-transport-bench serve: proto::decode, "
                 "then ATTEND_REPLY [64 B header][o], |o| = |q|); the step ends when all links replied"},
                {"bytes_per_second",
                 "bytes_per_step / (rtt_median_us * 1e-6); bytes_per_step = links * (request_bytes "
@@ -257,9 +257,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--transports", o.transports,
                  "tcp (127.0.0.1, ephemeral port), ipc (temp dir), shm (ipc for the headers, tensors through the "
-                 "shared-memory lane)")
+                 "shared-memory lane: copied into the region by the client), shm-inplace (the lane, each request "
+                 "written into its region once and sent from there, as FastDecode's S-Part writes q/k/v)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"tcp", "ipc", "shm"}))
+      ->check(CLI::IsMember({"tcp", "ipc", "shm", "shm-inplace"}))
       ->capture_default_str();
   app.add_option("--io-threads", o.io_threads, "zmq I/O threads of the client and of each echo R-worker")
       ->delimiter(',')

@@ -152,14 +152,15 @@ LinkSet::LinkSet(const TransportCase& c, const LinkOptions& o) : c_(c), o_(o) {
   for (int i = 0; i < c.links; ++i) {
     std::vector<std::string> args = {"serve", "--io-threads", std::to_string(c.io_threads)};
     if (o.fail_after > 0) args.insert(args.end(), {"--fail-after", std::to_string(o.fail_after)});
-    if (c.transport == "ipc" || c.transport == "shm") {
+    const bool shm = c.transport == "shm" || c.transport == "shm-inplace";
+    if (c.transport == "ipc" || shm) {
       if (o.ipc_dir.empty()) FD_THROW("internal: an ipc case without an ipc directory");
       ipc_paths_.push_back(o.ipc_dir + "/c" + std::to_string(o.index) + "-l" + std::to_string(i) + ".sock");
       std::snprintf(g_paths[i], sizeof g_paths[i], "%s", ipc_paths_.back().c_str());
       g_n_paths = i + 1;
       args.insert(args.end(), {"--ipc", ipc_paths_.back()});
     } else if (c.transport != "tcp") {
-      throw ConfigError("unknown transport '" + c.transport + "' (tcp, ipc, shm)");
+      throw ConfigError("unknown transport '" + c.transport + "' (tcp, ipc, shm, shm-inplace)");
     }
     servers_.push_back(std::make_unique<SpawnedRWorker>(bin, args, 20000));
     endpoints.push_back(servers_.back()->endpoint());
@@ -168,7 +169,9 @@ LinkSet::LinkSet(const TransportCase& c, const LinkOptions& o) : c_(c), o_(o) {
   co.timeout_ms = o.timeout_ms, co.io_threads = c.io_threads;
   // shm: the ipc link plus the shared-memory lane, with room for two steps' requests and replies (each frame's
   // block rounded up to 64 bytes) so that a step never waits for space.
-  if (c.transport == "shm") co.shm_bytes = (2 * (c.request_bytes() + c.reply_bytes()) + (size_t(1) << 20) + 4095) / 4096 * 4096;
+  // shm-inplace: the same (the request's block in place of one step's request space).
+  const bool shm = c.transport == "shm" || c.transport == "shm-inplace";
+  if (shm) co.shm_bytes = (2 * (c.request_bytes() + c.reply_bytes()) + (size_t(1) << 20) + 4095) / 4096 * 4096;
   client_ = std::make_unique<RWorkerClient>(endpoints, co);
   header_ =
       proto::make_header(MsgType::Attend, c.shape.heads, c.shape.kv_heads, c.shape.head_dim, c.shape.dtype, c.n_seq);
@@ -205,11 +208,22 @@ LinkSet::LinkSet(const TransportCase& c, const LinkOptions& o) : c_(c), o_(o) {
   }
   // The shared-memory offer went with each link's first message, and its answer came before that message's: a
   // refused lane would measure ipc under the name shm.
-  if (c.transport == "shm")
+  if (shm)
     for (size_t w = 0; w < servers_.size(); ++w)
       if (const ShmLaneStats st = client_->shm_stats(w); st.state != "active")
         FD_THROW("echo R-worker " << w << " (" << client_->endpoint(w) << "): the shared-memory lane is " << st.state
                                   << (st.reason.empty() ? "" : ": " + st.reason));
+  // shm-inplace: each link's request moves into a block of its region, written once (as the S-Part's copy down would
+  // write it each layer: that copy is the producer's, in every transport) and sent from there every step.
+  if (c.transport == "shm-inplace")
+    for (size_t w = 0; w < servers_.size(); ++w) {
+      ShmBlock b = client_->shm_alloc(w, total);
+      if (!b) FD_THROW("echo R-worker " << w << ": no block of " << total << " bytes in its region");
+      std::memcpy(b.data(), staging_[w].get(), total);
+      uint8_t* s = b.data();
+      frames_[w] = {{s, ids_b}, {s + ids_b, q_b}, {s + ids_b + q_b, kv_b}, {s + ids_b + q_b + kv_b, kv_b}};
+      blocks_.push_back(std::move(b));
+    }
 }
 
 LinkSet::~LinkSet() {
@@ -229,6 +243,11 @@ double LinkSet::step() {
     FD_THROW(e.what() << why_silent());
   }
   const double dt = double(now_ns() - t0) * 1e-9;
+  if (c_.transport == "shm-inplace")  // every request went as it lay: none copied (or sent over ZeroMQ) instead
+    for (size_t w = 0; w < servers_.size(); ++w)
+      if (const ShmLaneStats st = client_->shm_stats(w); st.bytes_copied != 0 || st.requests_zmq != 0)
+        FD_THROW("echo R-worker " << w << ": shm-inplace copied " << st.bytes_copied << " bytes into the region and sent "
+                                  << st.requests_zmq << " request(s) over ZeroMQ");
   const size_t o_bytes = c_.reply_bytes() - proto::kHeaderBytes;
   for (size_t w = 0; w < replies.size(); ++w) {
     const RWorkerReply& r = replies[w];

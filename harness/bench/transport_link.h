@@ -24,7 +24,11 @@ struct WireShape {
 // Per link per step: ATTEND [header][ids u64[n_seq]][q][k][v] -> ATTEND_REPLY [header][o], q and o
 // [n_seq, heads, head_dim], k and v [n_seq, kv_heads, head_dim].
 struct TransportCase {
-  std::string transport;  // tcp | ipc | shm (ipc plus the shared-memory lane: RWorkerClientOptions::shm_bytes)
+  // tcp | ipc | shm (ipc plus the shared-memory lane: RWorkerClientOptions::shm_bytes; the client copies each request's
+  // tensors into the region) | shm-inplace (the lane, each link's request written once into a block of its region,
+  // RWorkerClient::shm_alloc, and sent from there as it lies: the FastDecode S-rank's way, its S-Part copying q/k/v
+  // down into the block)
+  std::string transport;
   int io_threads = 1;     // zmq I/O threads of the client and of each echo server
   int links = 1;          // echo R-workers, each sent its request at once
   uint64_t size = 0;      // nominal request bytes per link (S)
@@ -78,6 +82,7 @@ class LinkSet {
   TransportCase c_;
   LinkOptions o_;
   std::vector<std::unique_ptr<SpawnedRWorker>> servers_;
+  std::vector<ShmBlock> blocks_;  // shm-inplace: each link's request in its region
   std::vector<std::string> ipc_paths_;
   std::unique_ptr<RWorkerClient> client_;
   proto::Header header_;

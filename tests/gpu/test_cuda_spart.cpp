@@ -13,6 +13,7 @@
 #include "fastdecode/spart/spart.h"
 #include "kernels/cuda/device_info.h"
 #include "tests/gpu/require_gpu.h"
+#include "tests/unit/spart_parts_check.h"
 #include "tests/unit/test_helpers.h"
 
 using namespace fd;
@@ -116,6 +117,20 @@ TEST_P(CudaSPartVsCpu, StagesWithinFp16Tolerance) { check_stages(param_model(Get
 
 TEST_P(CudaSPartVsCpu, Bf16StagesWithinBf16Tolerance) {
   check_stages(param_model(GetParam()), DType::BF16, DType::F16, kTolBf16);
+}
+
+// attention_input into per-worker parts (the S-rank's shared-memory blocks): one copy per part and tensor, the
+// same bytes as the whole copied to one place, nothing written past a part; fp16 and fp32, decode and prefill form.
+TEST_P(CudaSPartVsCpu, AttentionInputIntoPartsIsTheWholeSplit) {
+  const ModelConfig c = with_layers(param_model(GetParam()), 1);
+  auto src = make_random_source(5, DType::F16);
+  const ModelWeights w = load_model_weights(c, *src);
+  auto gpu = make_cuda_spart(w, {0, DType::F16, false});
+  for (const DType dt : {DType::F32, DType::F16})
+    for (const bool with_q : {true, false}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (with_q ? " with q" : " without q"));
+      fd::test::check_attention_input_parts(*gpu, dt, with_q);
+    }
 }
 
 // fp16 host tensors (the wire dtype of the engine on a GPU) = the fp32 ones rounded; prefill attention

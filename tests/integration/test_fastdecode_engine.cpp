@@ -94,21 +94,41 @@ TEST(FastDecodeEngine, SamplingMatchesReferenceToo) {
 
 // engine.rworkers.shm: ATTEND and APPEND_KV through the shared-memory lane or over ZeroMQ, the same tokens; each
 // worker's lane is in the engine's info (summary.json), so a refused one is seen.
+// The same tokens with the lane (the S-Part writing q/k/v into the regions, or the client copying them in) as over
+// ZeroMQ; and where the decode steps' request bytes went: with shm_in_place every ATTEND byte lies in the region
+// already (none copied), without it every one is copied; prefill's APPEND_KV is copied either way.
 TEST(FastDecodeEngine, SharedMemoryLaneGivesTheSameTokensAsZeroMQ) {
   const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama-gqa.json"));
   const auto reqs = requests(c);
-  std::map<bool, Tokens> got;
-  for (const bool shm : {true, false}) {
+  std::map<std::string, Tokens> got;
+  for (const std::string mode : {"in_place", "copied", "zmq"}) {
+    SCOPED_TRACE(mode);
+    const bool shm = mode != "zmq";
     FastDecodeConfig ec = fastdecode_config(2);
     ec.rworkers.shm = shm;
+    ec.rworkers.shm_in_place = mode == "in_place";
     auto w = make_random_source(3, DType::F16);
     auto e = make_fastdecode_engine(ec, {c, *w, SamplingParams{}});
     for (const json& worker : e->info()["rworkers"]) EXPECT_EQ(worker["shm"]["state"], shm ? "active" : "off") << worker.dump();
-    got[shm] = run_tokens(*e, reqs);
+    fd::test::EngineRun run;
+    got[mode] = run_tokens(*e, reqs, &run);
     // The CPU S-Part has no device to register the regions with (the CUDA one does: tests/gpu/test_gpu_only.cpp).
     for (const json& worker : e->info()["rworkers"]) EXPECT_EQ(worker["shm"]["device_registered"], false) << worker.dump();
+    if (!shm) {
+      EXPECT_EQ(run.counts.count("shm_bytes_copied"), 0u) << "no lane, no count";
+      continue;
+    }
+    EXPECT_GT(run.counts["shm_bytes_copied"] - run.decode_counts["shm_bytes_copied"], 0) << "prefill's APPEND_KV, copied in";
+    if (mode == "in_place") {
+      EXPECT_EQ(run.decode_counts["shm_bytes_copied"], 0) << "an ATTEND byte copied into the region";
+      EXPECT_GT(run.decode_counts["shm_bytes_in_place"], 0);
+    } else {
+      EXPECT_GT(run.decode_counts["shm_bytes_copied"], 0);
+      EXPECT_EQ(run.decode_counts["shm_bytes_in_place"], 0);
+    }
   }
-  EXPECT_EQ(got[true], got[false]) << "first divergence: " << first_divergence(got[true], got[false]);
+  EXPECT_EQ(got["in_place"], got["zmq"]) << "first divergence: " << first_divergence(got["in_place"], got["zmq"]);
+  EXPECT_EQ(got["copied"], got["zmq"]) << "first divergence: " << first_divergence(got["copied"], got["zmq"]);
 }
 
 TEST(FastDecodeEngine, DeadRWorkerFailsTheStepNamingIt) {

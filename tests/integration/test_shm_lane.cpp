@@ -141,6 +141,55 @@ TEST(ShmLane, RoundTripsAreByteIdenticalToZeroMQ) {
   EXPECT_EQ(viashm.shm_stats(0).requests_shm, 21u);
 }
 
+// A request written into a block of the region (RWorkerClient::shm_alloc, as the S-rank has the S-Part write q/k/v)
+// goes as it lies: no byte copied in, the same reply as the same bytes sent from the caller's memory; the block is
+// given back when destroyed; no block while the lane is not active, or larger than the free space.
+TEST(ShmLane, RequestInABlockOfTheRegionGoesAsItLies) {
+  Worker a("w0");
+  const size_t region = size_t(1) << 20;
+  RWorkerClient c({a.endpoint()}, with_shm(region));
+  EXPECT_FALSE(c.shm_alloc(0, 64)) << "the lane is pending until the first reply";
+  c.hello(0, kLayers, kH, kKV, kD, WireDType::F16);
+  c.add_seqs(0, {1, 2, 3});
+  ASSERT_EQ(c.shm_stats(0).state, "active");
+  EXPECT_FALSE(c.shm_alloc(0, region)) << "larger than the data area";
+  std::mt19937 rng(9);
+  const Step s(3, rng);
+  const std::vector<ConstBuffer> from = s.frames();
+  size_t total = 0;
+  for (const ConstBuffer& b : from) total += b.size;
+  const uint64_t free0 = c.shm_stats(0).free_bytes;
+  {
+    ShmBlock blk = c.shm_alloc(0, total);
+    ASSERT_TRUE(blk);
+    EXPECT_EQ(blk.size(), total);
+    EXPECT_LT(c.shm_stats(0).free_bytes, free0);
+    std::vector<ConstBuffer> in;
+    size_t at = 0;
+    for (const ConstBuffer& b : from) {
+      std::memcpy(blk.data() + at, b.data, b.size);
+      in.push_back({blk.data() + at, b.size});
+      at += b.size;
+    }
+    const RWorkerReply r1 = c.call(0, dims(MsgType::Attend, 3), in);
+    ShmLaneStats st = c.shm_stats(0);
+    EXPECT_EQ(st.bytes_copied, 0u);
+    EXPECT_EQ(st.bytes_in_place, total);
+    const std::vector<uint8_t> o1 = bytes_of(r1.frames.at(0));
+    const RWorkerReply r2 = c.call(0, dims(MsgType::Attend, 3), from);  // the same bytes from the caller's memory
+    st = c.shm_stats(0);
+    EXPECT_EQ(st.bytes_copied, total);
+    EXPECT_EQ(st.bytes_in_place, total);
+    EXPECT_EQ(o1, bytes_of(r2.frames.at(0)));
+    ShmBlock moved = std::move(blk);  // the block moves; given back once
+    EXPECT_FALSE(blk);
+    EXPECT_EQ(moved.data(), in[0].data);
+  }
+  EXPECT_EQ(c.shm_stats(0).free_bytes, free0) << "the block given back with its holder";
+  c.mark_dead(0, "test");
+  EXPECT_FALSE(c.shm_alloc(0, 64)) << "no block once the lane is closed";
+}
+
 // The worker refuses: shared memory turned off, a region over its limit. The client says why and serves the
 // worker over ZeroMQ.
 TEST(ShmLane, RefusedOfferFallsBackToZeroMQVisibly) {
@@ -338,7 +387,8 @@ class RecordingSPart : public SPart {
   std::string describe() const override { return in_->describe(); }
   HostBuffer alloc_host(size_t bytes) override { return in_->alloc_host(bytes); }
   void embed(int s, const int32_t* t, const int64_t* p, int64_t T) override { in_->embed(s, t, p, T); }
-  void attention_input(int s, int l, DType dt, void* q, void* k, void* v) override { in_->attention_input(s, l, dt, q, k, v); }
+  using SPart::attention_input;
+  void attention_input(int s, int l, DType dt, const std::vector<HostRowsOut>& parts) override { in_->attention_input(s, l, dt, parts); }
   void set_attention(int s, DType dt, const std::vector<HostRows>& parts) override { in_->set_attention(s, dt, parts); }
   void prefill_attention(int s, const std::vector<int64_t>& starts) override { in_->prefill_attention(s, starts); }
   void attention_output_and_mlp(int s, int l) override { in_->attention_output_and_mlp(s, l); }

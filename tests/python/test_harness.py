@@ -229,7 +229,8 @@ def test_fastdecode_engine_run_folder(fd_bin, models_dir, tmp_path):
     # Decode steps split the S side: the CPU S-Part copies nothing (d2h = h2d = 0); the wire and idle are
     # measured (idle: the decode's time outside the S-Part, which holds the waits for replies).
     dec = [s for s in steps if s["decode_tokens"] > 0]
-    assert dec and all({"d2h", "h2d", "wire", "idle"} <= set(s["breakdown_ms"]) for s in dec)
+    assert dec and all({"d2h", "h2d", "wire", "idle", "send"} <= set(s["breakdown_ms"]) for s in dec)
+    assert all(0 < s["breakdown_ms"]["send"] <= s["step_ms"] for s in dec)
     assert all(s["breakdown_ms"]["d2h"] == 0 and s["breakdown_ms"]["h2d"] == 0 for s in dec)
     assert all(0 <= s["breakdown_ms"]["wire"] <= s["step_ms"] for s in dec)
     assert all(0 < s["breakdown_ms"]["idle"] <= s["step_ms"] for s in dec)

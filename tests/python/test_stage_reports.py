@@ -55,7 +55,7 @@ def test_pipeline_bound_is_step_over_the_busier_side(tmp_path):
     def step(ms, s, r):
         return {"decode_tokens": 256, "prefill_tokens": 0, "step_ms": ms,
                 "breakdown_ms": {"s_compute": s, "r_compute_max": r, "r_wait": r - s, "d2h": 0.1, "h2d": 0.3,
-                                 "wire": 0.5, "idle": ms - s}}
+                                 "wire": 0.5, "idle": ms - s, "send": 0.25}}
     write_sweep(tmp_path / "p", {
         "layers-2": [({"model": {"layers": 2}}, [step(12.0, 2.0, 10.0), step(13.0, 2.0, 10.0), step(11.0, 2.0, 10.0)])],
         "layers-8": [({"model": {"layers": 8}}, [step(41.0, 40.0, 30.0), step(42.0, 40.0, 30.0)])]})
@@ -64,6 +64,7 @@ def test_pipeline_bound_is_step_over_the_busier_side(tmp_path):
     assert rows[2]["ratio_median"] == pytest.approx(1.2) and rows[2]["ratio_max"] == pytest.approx(1.3)
     assert rows[8]["ratio_median"] == pytest.approx(1.0375)  # S-Part-bound: the step over s_compute
     assert rows[8]["wire"] == pytest.approx(0.5) and rows[8]["h2d"] == pytest.approx(0.3)
+    assert rows[8]["send"] == pytest.approx(0.25)
     assert "target <= 1.05: met" in (tmp_path / "p" / "pipeline_bound.md").read_text()
 
 
@@ -183,6 +184,10 @@ def test_stage_targets_verdicts(tmp_path):
                                              rt("shm", 1, 0.5)]}))
     row = st.transport_row(str(tr))
     assert row[2] == "4.20-5.00 (ipc/tcp: 1.30-1.50)" and row[3] is True
+    tr.write_text(json.dumps({"benchmarks": [rt("ipc", 4, 1.3), rt("shm", 4, 2.0), rt("shm-inplace", 4, 9.5),
+                                             rt("shm-inplace", 4, 3.5), rt("shm-inplace", 1, 30.0)]}))
+    row = st.transport_row(str(tr))  # in place, the engine's way, judged; copied in and the sockets beside
+    assert row[2] == "3.50-9.50 (shm copied in: 2.00; ipc/tcp: 1.30)" and row[3] is False
     tr.write_text(json.dumps({"benchmarks": [rt("ipc", 4, 4.5), rt("tcp", 4, 3.9)]}))
     assert st.transport_row(str(tr))[2:4] == ("3.90-4.50", False)
     sp = tmp_path / "spart.json"  # the S-Part judged from graphs where the row has them, eagerly above kMaxRows

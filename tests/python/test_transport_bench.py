@@ -18,7 +18,7 @@ import pytest
 
 SIZES = {"64K": 64 * 1024, "1M": 1024 * 1024}
 HEADER = 64
-QUICK = {"transports": ("ipc", "tcp", "shm"), "io_threads": (1,), "links": (1, 2)}
+QUICK = {"transports": ("ipc", "tcp", "shm", "shm-inplace"), "io_threads": (1,), "links": (1, 2)}
 
 
 def parse(name):
@@ -37,7 +37,7 @@ def shape_bytes(ctx):
 @pytest.fixture(scope="module")
 def quick(fd_bin, tmp_path_factory, run_program):
     out = tmp_path_factory.mktemp("transport") / "transport.json"
-    proc = run_program([fd_bin("fd-transport-bench"), "--quick", "--sizes", "64K,1M", "--transports", "ipc,tcp,shm",
+    proc = run_program([fd_bin("fd-transport-bench"), "--quick", "--sizes", "64K,1M", "--transports", "ipc,tcp,shm,shm-inplace",
                         "--json", out], timeout=120)
     assert "target" in proc.stdout and "4.0 GB/s" in proc.stdout
     return out, json.loads(out.read_text())

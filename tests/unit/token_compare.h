@@ -53,6 +53,8 @@ struct EngineRun {
   int64_t steps = 0;
   int64_t max_running = 0;          // most requests with tokens and not yet finished after a step
   int64_t max_prefill_tokens = 0;   // most prompt tokens in one step
+  // StepResult::counts summed over every step, and over the steps without prefill.
+  std::map<std::string, int64_t> counts, decode_counts;
   // The recorded logits rows, one per token, of the requests with record_logits (none for the others).
   std::map<uint64_t, std::vector<std::vector<float>>> logits;
   std::string describe_errors() const {
@@ -87,6 +89,10 @@ inline EngineRun run_engine(Engine& e, const std::vector<Request>& reqs,
     const StepResult r = e.step();
     ++run.steps;
     run.max_prefill_tokens = std::max(run.max_prefill_tokens, r.prefill_tokens);
+    for (const auto& [k, v] : r.counts) {
+      run.counts[k] += v;
+      if (r.prefill_tokens == 0) run.decode_counts[k] += v;
+    }
     if (prefill_budget > 0 && r.prefill_tokens > prefill_budget) {
       bool single_long = false;  // allowed: one whole prompt longer than the budget
       for (const auto& [id, q] : sent)
