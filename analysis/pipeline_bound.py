@@ -38,7 +38,8 @@ def main(argv=None):
                 continue
             bd = lambda k: statistics.median(s["breakdown_ms"].get(k, 0.0) for s in steps)  # noqa: E731
             ratio = [s["step_ms"] / max(s["breakdown_ms"]["s_compute"], s["breakdown_ms"]["r_compute_max"]) for s in steps]
-            row = {"point": name, "dir": str(d), "layers": summ.get("model", {}).get("layers"),
+            point = "%s/%s" % (Path(root).name, name) if len(a.dirs) > 1 else name  # several folders: which one
+            row = {"point": point, "dir": str(d), "layers": summ.get("model", {}).get("layers"),
                    "batch": statistics.mean(s["decode_tokens"] for s in steps), "steps": len(steps),
                    "step_ms": statistics.median(s["step_ms"] for s in steps), "ratio_median": statistics.median(ratio),
                    "ratio_max": max(ratio), "has_copy_fields": all("d2h" in s["breakdown_ms"] for s in steps)}

@@ -28,7 +28,7 @@ DEFAULTS = {
               "new_attn_kv8_avx512vnni.json")],
     "prefill": os.path.join(ART, "stages", "prefill", "prefill_ttft.json"),
     "pipeline": os.path.join(ART, "stages", "pipeline", "pipeline_bound.json"),
-    "transport": os.path.join(ART, "stages", "transport-1917121", "transport.json"),
+    "transport": os.path.join(ART, "stages", "transport-inplace-236fbe0", "transport.json"),
     "spart": [os.path.join(ART, "stages", "spart-8bd75d7", f) for f in ("spart_llama-2-7b.json", "spart_llama-2-7b_bf16.json")],
     "roofline": os.path.join(ART, "stages", "baselines-935e2f5", "gpu_roofline.json"),
     "kernels": os.path.join(ART, "stages", "kernels-ae65a3a", "kernel_profile.json"),
