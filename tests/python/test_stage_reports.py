@@ -207,6 +207,17 @@ def test_stage_targets_verdicts(tmp_path):
     kern.write_text(json.dumps([{"file": "paged-swap-b64.csv.gz", "attention_roofline": {"batch": 64, "ratio": 1.31}}]))
     assert st.roofline_rows(str(roof), str(kern))[1][3] is False
 
+    # fp16 GQA against its ceiling: the best ISA of one run, but every repeat (*_rN.json) kept, not the kindest.
+    def attn(path, isa_ratios):
+        b = [{"name": "decode_attention/%s/fp16/B:64/ctx:1024" % isa, "context": 1024, "batch": 64, "n_heads": 32,
+              "n_kv_heads": 8, "ratio_to_ceiling": r} for isa, r in isa_ratios]
+        path.write_text(json.dumps({"benchmarks": b}))
+        return str(path)
+    one = [attn(tmp_path / "a_avx2.json", [("avx2", 0.7)]), attn(tmp_path / "a_avx512.json", [("avx512", 0.97)])]
+    assert st.attn_rows(one)[-1][2:4] == ("0.97", True)  # the best ISA of the run
+    reps = [attn(tmp_path / "f_r1.json", [("avx512", 0.97)]), attn(tmp_path / "f_r2.json", [("avx512", 0.8)])]
+    assert st.attn_rows(reps)[-1][2:4] == ("0.80-0.97", False)
+
 
 def write_trace(d, tracks):
     """tracks: {track name: [(ts_us, dur_us, span name)]} -> d/trace.json in the harness's Chrome trace format."""
