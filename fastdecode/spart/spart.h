@@ -64,8 +64,9 @@ struct HostRowsOut {
   void* v = nullptr;
   int64_t rows = kAllRows;
 };
-// The parts with kAllRows resolved against a slot of T rows; throws unless their rows add up to T (kAllRows only
-// alone) and each part has k and v, and q in every part or none.
+// The parts with kAllRows resolved against a slot of T rows and empty parts dropped (at least one part is left, so
+// out[0].q says whether q is wanted); throws unless their rows add up to T (kAllRows only alone), each part has k and
+// v, and q is in every part or in none.
 std::vector<HostRowsOut> resolve_rows(const std::vector<HostRowsOut>& parts, int64_t T);
 
 class Communicator;  // fastdecode/parallel/comm.h
