@@ -380,19 +380,29 @@ void SRank::prefill(const PlanBatch& pb, RankStep& out) {
     a.counts.push_back(uint32_t(pb.starts[si + 1] - pb.starts[si]));
   }
   std::vector<std::pair<size_t, uint64_t>> pending[2];
+  // Host spans of each layer's stages (a CUDA S-Part's launches return early: a stage's device time shows in the
+  // next call that waits, attention_input's copy of k/v down).
+  const auto timed = [&](int l, const char* track, const char* what, auto&& f) {
+    const int64_t t = now_ns();
+    f();
+    out.spans.push_back({std::string(track) + o_.track_suffix, span(l, slot, what), t, now_ns() - t});
+  };
   for (int l = 0; l < c.num_layers; ++l) {
     const int b = l % 2;
     if (!pending[b].empty()) {
       const int64_t tw = now_ns();
-      client_->wait(pending[b]);
+      timed(l, "s-worker", "prefill append wait", [&] { client_->wait(pending[b]); });
       out.r_wait_ns += now_ns() - tw;
       pending[b].clear();
     }
     reserve(*spart_, prefill_k_[b], size_t(T) * kvb);
     reserve(*spart_, prefill_v_[b], size_t(T) * kvb);
-    spart_->attention_input(slot, l, host_dtype(), nullptr, prefill_k_[b].data(), prefill_v_[b].data());
-    spart_->prefill_attention(slot, pb.starts);
-    spart_->attention_output_and_mlp(slot, l);
+    timed(l, "s-part", "prefill k/v", [&] {
+      spart_->attention_input(slot, l, host_dtype(), nullptr, prefill_k_[b].data(), prefill_v_[b].data());
+    });
+    timed(l, "s-part", "prefill attention", [&] { spart_->prefill_attention(slot, pb.starts); });
+    timed(l, "s-part", "prefill output+MLP", [&] { spart_->attention_output_and_mlp(slot, l); });
+    const int64_t ts = now_ns();
     for (auto& [w, a] : per_worker) {
       Header h = header(MsgType::AppendKV, l, a.ids.size());
       h.n_tokens = uint32_t(a.end - a.begin);
@@ -401,6 +411,7 @@ void SRank::prefill(const PlanBatch& pb, RankStep& out) {
                                                     {prefill_k_[b].data() + a.begin * kvb, n * kvb},
                                                     {prefill_v_[b].data() + a.begin * kvb, n * kvb}})});
     }
+    out.spans.push_back({"s-worker" + o_.track_suffix, span(l, slot, "prefill append send"), ts, now_ns() - ts});
   }
   if (o_.pp_rank + 1 < o_.pp_size) {
     hand_on(slot);
@@ -413,6 +424,7 @@ void SRank::prefill(const PlanBatch& pb, RankStep& out) {
   }
   const int64_t t1 = now_ns();
   for (auto& p : pending) client_->wait(p);
+  out.spans.push_back({"s-worker" + o_.track_suffix, "prefill append wait (last layers)", t1, now_ns() - t1});
   if (pp_ && o_.pp_rank + 1 < o_.pp_size) pp_->flush_sends();
   out.r_wait_ns += now_ns() - t1;
   out.s_ns += t1 - t_start;
