@@ -226,14 +226,12 @@ void KVStore::append(uint64_t seq, int layer, const T* k, const T* v, int64_t n)
     for (int64_t h = 0; h < H; ++h) {
       uint16_t* kd = l.tail + (h * kKVBlockTokens + l.n_tail) * D;
       uint16_t* vd = kd + H * kKVBlockTokens * D;
-      const T* ks = k + t * row + h * D;
-      const T* vs = v + t * row + h * D;
-      if constexpr (sizeof(T) == 2) {
-        std::memcpy(kd, ks, size_t(D) * 2);
-        std::memcpy(vd, vs, size_t(D) * 2);
+      if constexpr (sizeof(T) == 1) {  // fp16 bits as bytes
+        std::memcpy(kd, k + (t * row + h * D) * 2, size_t(D) * 2);
+        std::memcpy(vd, v + (t * row + h * D) * 2, size_t(D) * 2);
       } else {
-        convert_from_f32(DType::F16, ks, kd, size_t(D));
-        convert_from_f32(DType::F16, vs, vd, size_t(D));
+        convert_from_f32(DType::F16, k + t * row + h * D, kd, size_t(D));
+        convert_from_f32(DType::F16, v + t * row + h * D, vd, size_t(D));
       }
     }
     if (++l.n_tail == kKVBlockTokens) {
@@ -253,8 +251,8 @@ void KVStore::append(uint64_t seq, int layer, const T* k, const T* v, int64_t n)
   total_tokens_ += n;
 }
 
-void KVStore::append_f16(uint64_t seq, int layer, const uint16_t* k, const uint16_t* v, int64_t n) {
-  append(seq, layer, k, v, n);
+void KVStore::append_f16(uint64_t seq, int layer, const void* k, const void* v, int64_t n) {
+  append(seq, layer, static_cast<const uint8_t*>(k), static_cast<const uint8_t*>(v), n);
 }
 void KVStore::append_f32(uint64_t seq, int layer, const float* k, const float* v, int64_t n) {
   append(seq, layer, k, v, n);

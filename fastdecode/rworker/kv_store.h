@@ -69,7 +69,8 @@ class KVStore {
 
   // Appends n tokens. k, v: [n, n_kv_heads, head_dim] as fp16 bits (kv_half) or fp32. The caller has
   // checked memory with extra_bytes(); append throws fd::Error if the limit would be exceeded anyway.
-  void append_f16(uint64_t seq, int layer, const uint16_t* k, const uint16_t* v, int64_t n);
+  // fp16 is copied bytewise: k and v need no alignment (a message's frames, as they lie).
+  void append_f16(uint64_t seq, int layer, const void* k, const void* v, int64_t n);
   void append_f32(uint64_t seq, int layer, const float* k, const float* v, int64_t n);
 
   // The kernel's view of one (sequence, layer); valid until the next append or free of that sequence.

@@ -237,12 +237,10 @@ std::vector<zmq::message_t> RWorkerService::on_append(Session& s, const Message&
     const uint32_t n = proto::read_u32(m.frames[1].data, i);
     const uint8_t* k = m.frames[2].data + tok * row * es;
     const uint8_t* v = m.frames[3].data + tok * row * es;
-    // Frames may be unaligned: copy into aligned scratch first.
+    // fp16 is appended from the frames as they lie (copied bytewise); fp32 frames may be unaligned: copied into
+    // aligned scratch first.
     if (es == 2) {
-      std::vector<uint16_t> kk(n * row), vv(n * row);
-      copy_bytes(kk.data(), k, n * row * 2);
-      copy_bytes(vv.data(), v, n * row * 2);
-      store.append_f16(ids[i], int(h.layer), kk.data(), vv.data(), n);
+      store.append_f16(ids[i], int(h.layer), k, v, n);
     } else {
       std::vector<float> kk(n * row), vv(n * row);
       copy_bytes(kk.data(), k, n * row * 4);
@@ -270,10 +268,8 @@ std::vector<zmq::message_t> RWorkerService::on_attend(Session& s, const Message&
   const WireDType wd = WireDType(h.dtype);
   // Append this step's k, v (one token per sequence), then attend over the whole cache.
   if (wd == WireDType::F16) {
-    std::vector<uint16_t> kk(ns * kvrow), vv(ns * kvrow);
-    copy_bytes(kk.data(), m.frames[2].data, kk.size() * 2);
-    copy_bytes(vv.data(), m.frames[3].data, vv.size() * 2);
-    for (size_t i = 0; i < ns; ++i) store.append_f16(ids[i], int(h.layer), &kk[i * kvrow], &vv[i * kvrow], 1);
+    for (size_t i = 0; i < ns; ++i)
+      store.append_f16(ids[i], int(h.layer), m.frames[2].data + i * kvrow * 2, m.frames[3].data + i * kvrow * 2, 1);
     q32_.resize(ns * qrow);
     std::vector<uint16_t> qq(ns * qrow);
     copy_bytes(qq.data(), m.frames[1].data, qq.size() * 2);

@@ -29,7 +29,11 @@ TEST(KVStore, Fp16LayoutAcrossBlocks) {
   KVStore s(KVDType::F16, 3, kH, kD, size_t(1) << 30);
   s.add(7);
   const auto k1 = coded(20, 0, 1), v1 = coded(20, 0, -1);
-  s.append_f16(7, 1, k1.data(), v1.data(), 20);  // prompt
+  // The prompt from odd addresses, as a message's frames may lie (fp16 is appended bytewise, no aligned copy first).
+  std::vector<uint8_t> kb(k1.size() * 2 + 1), vb(v1.size() * 2 + 3);
+  std::memcpy(kb.data() + 1, k1.data(), k1.size() * 2);
+  std::memcpy(vb.data() + 3, v1.data(), v1.size() * 2);
+  s.append_f16(7, 1, kb.data() + 1, vb.data() + 3, 20);  // prompt
   for (int t = 20; t < 70; ++t) {                // decode, one token at a time
     const auto k = coded(1, t, 1), v = coded(1, t, -1);
     s.append_f16(7, 1, k.data(), v.data(), 1);
