@@ -1,5 +1,7 @@
 #include "fastdecode/rworker/kv_store.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -55,6 +57,23 @@ size_t KVStore::free_bytes() const {
   return f;
 }
 
+namespace {
+
+// A fresh block's pages made present in one call (MADV_POPULATE_WRITE, Linux 5.14) instead of one page fault per
+// 4 KiB as the append first writes each: a prompt's APPEND_KV fills hundreds of MB of new blocks. Best effort: a
+// kernel without it leaves the faults to the writes.
+void populate(void* p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  const uintptr_t page = 4096, a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1),
+                  e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(page - 1);
+  if (e > a) (void)madvise(reinterpret_cast<void*>(a), e - a, MADV_POPULATE_WRITE);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+}  // namespace
+
 void* KVStore::alloc_block(size_t bytes) {
   auto& pool = bytes == full_bytes_ ? free_full_ : free_tail_;
   auto& other = bytes == full_bytes_ ? free_tail_ : free_full_;
@@ -82,6 +101,7 @@ void* KVStore::alloc_block(size_t bytes) {
     credit(bytes);
     FD_THROW("out of host memory allocating a KV block of " << bytes << " bytes");
   }
+  populate(p, bytes);
   return p;
 }
 
