@@ -47,6 +47,7 @@ RWorkersConfig RWorkersConfig::parse(StrictObject& r, int64_t ranks) {
   rw.heartbeat_timeout_ms = r.get_int("heartbeat_timeout_ms", 1, 3600000, 3000);
   rw.shm = r.get_bool("shm", true);
   rw.shm_in_place = r.get_bool("shm_in_place", true);
+  rw.append_chunk_kb = r.get_int("append_chunk_kb", 1, int64_t(1) << 22, 8192);
   if (rw.heartbeat_ms > 0 && rw.heartbeat_timeout_ms < rw.heartbeat_ms)
     r.fail("heartbeat_timeout_ms", "must be at least heartbeat_ms (" + std::to_string(rw.heartbeat_ms) + ")");
   if (r.has("curve")) {
@@ -159,6 +160,7 @@ json RWorkersConfig::to_json() const {
   j["heartbeat_timeout_ms"] = r.heartbeat_timeout_ms;
   j["shm"] = r.shm;
   j["shm_in_place"] = r.shm_in_place;
+  j["append_chunk_kb"] = r.append_chunk_kb;
   if (!r.curve_server_public.empty())
     j["curve"] = {{"server_public", r.curve_server_public}, {"client_secret", r.curve_client_secret}};
   if (!r.groups.empty()) {

@@ -215,6 +215,7 @@ FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineC
     o.layer_begin = stages[size_t(p)].first;
     o.wire = wire_;
     o.shm_in_place = ec.rworkers.shm_in_place;
+    o.append_chunk_bytes = size_t(ec.rworkers.append_chunk_kb) << 10;
     if (G > 1) {
       o.track_suffix = " t" + std::to_string(t) + " p" + std::to_string(p);
       o.worker_prefix = "rworker g" + std::to_string(g) + ".";
@@ -389,6 +390,9 @@ StepResult FastDecodeEngine::step() {
   int64_t copied = 0, in_place = 0;
   for (const auto& r : res) copied += r.shm_bytes_copied, in_place += r.shm_bytes_in_place;
   if (copied + in_place > 0) out.counts["shm_bytes_copied"] += copied, out.counts["shm_bytes_in_place"] += in_place;
+  int64_t appends = 0;
+  for (const auto& r : res) appends += r.append_requests;
+  if (appends > 0) out.counts["append_kv_requests"] += appends;
   release_finished(out);
   return out;
 }

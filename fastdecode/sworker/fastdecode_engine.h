@@ -34,6 +34,9 @@ struct RWorkersConfig {
   // With shm: the S-Part writes each worker's q/k/v straight into its region (false: into staging memory, copied into
   // the region at each send; for A/B).
   bool shm_in_place = true;
+  // Prefill: a worker's K/V of a layer goes in APPEND_KVs of at most this many KiB (whole sequences; a longer prompt
+  // alone), so the worker stores one while the next is on its way.
+  int64_t append_chunk_kb = 8192;
   // CURVE (docs/SECURITY.md): the workers' public key file and this S-worker's secret key file (fd-keys).
   std::string curve_server_public, curve_client_secret;
   // Workers started by any launcher register here (fd-rworker --register ENDPOINT) and the engine waits for

@@ -364,7 +364,9 @@ void SRank::prefill(const PlanBatch& pb, RankStep& out) {
     out.spans.push_back({"comm" + o_.track_suffix, "prefill residual in", tr, now_ns() - tr});
   }
   // APPEND_KV per (layer, worker) from two alternating K/V buffers: before a buffer is refilled, the sends of
-  // two layers earlier (its readers, zero-copy) are answered.
+  // two layers earlier (its readers, zero-copy) are answered. A worker's share goes in chunks of whole sequences of
+  // at most o_.append_chunk_bytes of K and V (a longer prompt alone): the worker stores one while the next is on its
+  // way (one message of hundreds of MB was first carried whole, then stored), and each fits its shared-memory lane.
   struct Append {
     std::vector<uint64_t> ids;
     std::vector<uint32_t> counts;
@@ -373,7 +375,10 @@ void SRank::prefill(const PlanBatch& pb, RankStep& out) {
   std::vector<std::pair<size_t, Append>> per_worker;  // in row order (rows are ordered by worker)
   for (size_t si = 0; si + 1 < pb.starts.size(); ++si) {
     const size_t w = pb.workers[si];
-    if (per_worker.empty() || per_worker.back().first != w) per_worker.push_back({w, {}}), per_worker.back().second.begin = size_t(pb.starts[si]);
+    const size_t rows = size_t(pb.starts[si + 1] - pb.starts[si]);
+    if (per_worker.empty() || per_worker.back().first != w ||
+        (per_worker.back().second.end - per_worker.back().second.begin + rows) * 2 * kvb > o_.append_chunk_bytes)
+      per_worker.push_back({w, {}}), per_worker.back().second.begin = size_t(pb.starts[si]);
     Append& a = per_worker.back().second;
     a.end = size_t(pb.starts[si + 1]);
     a.ids.push_back(pb.ids[si]);
@@ -411,6 +416,7 @@ void SRank::prefill(const PlanBatch& pb, RankStep& out) {
                                                     {prefill_k_[b].data() + a.begin * kvb, n * kvb},
                                                     {prefill_v_[b].data() + a.begin * kvb, n * kvb}})});
     }
+    out.append_requests += int64_t(per_worker.size());
     out.spans.push_back({"s-worker" + o_.track_suffix, span(l, slot, "prefill append send"), ts, now_ns() - ts});
   }
   if (o_.pp_rank + 1 < o_.pp_size) {

@@ -72,6 +72,7 @@ struct RankStep {
   // Tensor bytes of this step's requests through the shared-memory lanes: copied into a region by the client, or
   // sent where they lay (written there by the S-Part).
   int64_t shm_bytes_copied = 0, shm_bytes_in_place = 0;
+  int64_t append_requests = 0;  // prefill: APPEND_KV messages sent (per layer and worker, one per chunk)
 };
 
 struct SRankOptions {
@@ -84,6 +85,9 @@ struct SRankOptions {
   // when its lane is active and has room (sent where they lie: no copy into the region); false: into this rank's
   // staging, copied into the region at each send (engine.rworkers.shm_in_place, for A/B).
   bool shm_in_place = true;
+  // Prefill: the most K and V bytes of one APPEND_KV (whole sequences; a longer prompt goes alone), so that a worker
+  // stores one chunk while the next is on its way (engine.rworkers.append_chunk_kb).
+  size_t append_chunk_bytes = size_t(8) << 20;
 };
 
 class SRank {

@@ -131,6 +131,27 @@ TEST(FastDecodeEngine, SharedMemoryLaneGivesTheSameTokensAsZeroMQ) {
   EXPECT_EQ(got["copied"], got["zmq"]) << "first divergence: " << first_divergence(got["copied"], got["zmq"]);
 }
 
+// A prefill's K/V in APPEND_KV chunks of whole sequences (engine.rworkers.append_chunk_kb): the same tokens as one
+// message per layer and worker, in more messages.
+TEST(FastDecodeEngine, PrefillInChunksGivesTheSameTokens) {
+  const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama-gqa.json"));
+  const auto reqs = requests(c);
+  std::map<int64_t, fd::test::EngineRun> got;
+  for (const int64_t kb : {int64_t(8192), int64_t(1)}) {
+    FastDecodeConfig ec = fastdecode_config(2);
+    ec.rworkers.append_chunk_kb = kb;
+    auto w = make_random_source(3, DType::F16);
+    auto e = make_fastdecode_engine(ec, {c, *w, SamplingParams{}});
+    run_tokens(*e, reqs, &got[kb]);
+  }
+  EXPECT_EQ(got[1].tokens, got[8192].tokens) << "first divergence: " << first_divergence(got[1].tokens, got[8192].tokens);
+  // Unchunked: one APPEND_KV per layer and worker with prompts; 1 KiB holds less than one of these prompts' K and V,
+  // so each prompt is a message of its own.
+  EXPECT_GT(got[8192].counts["append_kv_requests"], 0);
+  EXPECT_GT(got[1].counts["append_kv_requests"], got[8192].counts["append_kv_requests"]);
+  EXPECT_EQ(got[1].counts["append_kv_requests"], int64_t(reqs.size()) * c.num_layers);
+}
+
 TEST(FastDecodeEngine, DeadRWorkerFailsTheStepNamingIt) {
   const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama.json"));
   FastDecodeConfig ec = fastdecode_config(2);
