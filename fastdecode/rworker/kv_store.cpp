@@ -75,6 +75,7 @@ void populate(void* p, size_t bytes) {
 }  // namespace
 
 void* KVStore::alloc_block(size_t bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
   auto& pool = bytes == full_bytes_ ? free_full_ : free_tail_;
   auto& other = bytes == full_bytes_ ? free_tail_ : free_full_;
   used_ += bytes;
@@ -101,12 +102,14 @@ void* KVStore::alloc_block(size_t bytes) {
     credit(bytes);
     FD_THROW("out of host memory allocating a KV block of " << bytes << " bytes");
   }
+  lock.unlock();  // the pages are this caller's alone
   populate(p, bytes);
   return p;
 }
 
 void KVStore::release_block(const void* p, size_t bytes) {
   if (!p) return;
+  std::lock_guard<std::mutex> lock(mu_);
   used_ -= bytes;
   credit(bytes);
   // Keep a bounded number of blocks for reuse (never more than the shared limit leaves); the rest go back to the
@@ -235,8 +238,11 @@ template <typename T>
 void KVStore::append(uint64_t seq, int layer, const T* k, const T* v, int64_t n) {
   if (n <= 0) return;
   const size_t extra = extra_bytes(seq, layer, n);
-  if (!fits(extra))
-    FD_THROW("out of KV memory: appending " << n << " tokens needs " << extra << " more bytes, " << free_bytes() << " free");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fits(extra))
+      FD_THROW("out of KV memory: appending " << n << " tokens needs " << extra << " more bytes, " << free_bytes() << " free");
+  }
   LayerCache& l = cache(seq, layer);
   const int64_t H = n_kv_heads_, D = head_dim_, row = H * D;
   for (int64_t t = 0; t < n; ++t) {
@@ -268,6 +274,7 @@ void KVStore::append(uint64_t seq, int layer, const T* k, const T* v, int64_t n)
       l.n_tail = 0;
     }
   }
+  std::lock_guard<std::mutex> lock(mu_);
   total_tokens_ += n;
 }
 

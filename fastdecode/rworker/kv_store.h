@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <unordered_map>
+#include <mutex>
 #include <vector>
 
 #include "kernels/cpu/decode_attention.h"
@@ -70,6 +71,8 @@ class KVStore {
   // Appends n tokens. k, v: [n, n_kv_heads, head_dim] as fp16 bits (kv_half) or fp32. The caller has
   // checked memory with extra_bytes(); append throws fd::Error if the limit would be exceeded anyway.
   // fp16 is copied bytewise: k and v need no alignment (a message's frames, as they lie).
+  // Appends to different sequences may run at once on different threads (the block allocator and the accounting
+  // are behind a mutex); nothing else of the store may run meanwhile.
   void append_f16(uint64_t seq, int layer, const void* k, const void* v, int64_t n);
   void append_f32(uint64_t seq, int layer, const float* k, const float* v, int64_t n);
 
@@ -101,6 +104,7 @@ class KVStore {
   void credit(size_t bytes);
   size_t full_bytes_, tail_bytes_;
   int64_t total_tokens_ = 0;
+  std::mutex mu_;  // alloc_block, release_block and append's accounting: appends to different sequences at once
   std::unordered_map<uint64_t, Sequence> seqs_;
   std::vector<void*> free_full_, free_tail_;  // recycled blocks (counted as free memory)
 };

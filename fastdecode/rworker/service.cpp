@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <unordered_set>
 
 #include "fastdecode/core/clock.h"
@@ -232,24 +234,42 @@ std::vector<zmq::message_t> RWorkerService::on_append(Session& s, const Message&
                                                     std::to_string(store.free_bytes()) + " free");
   const size_t row = size_t(h.n_kv_heads) * h.head_dim;
   const size_t es = proto::wire_dtype_size(WireDType(h.dtype));
-  size_t tok = 0;
-  for (uint32_t i = 0; i < h.n_seq; ++i) {
-    const uint32_t n = proto::read_u32(m.frames[1].data, i);
+  // The sequences' first tokens in the frames, then their appends on the worker's threads at once (a prompt's
+  // blocks are independent of the others'; the store's allocator takes a lock).
+  std::vector<size_t> first(h.n_seq + 1, 0);
+  for (uint32_t i = 0; i < h.n_seq; ++i) first[i + 1] = first[i] + proto::read_u32(m.frames[1].data, i);
+  std::exception_ptr failed;
+  std::mutex failed_mu;
+#pragma omp parallel for num_threads(std::max(1, cfg_.threads)) schedule(dynamic, 1) if (h.n_seq > 1 && cfg_.threads > 1)
+  for (int64_t si = 0; si < int64_t(h.n_seq); ++si) {
+    try {
+      append_one(store, ids[size_t(si)], int(h.layer), m, first[size_t(si)], first[size_t(si) + 1] - first[size_t(si)], row, es);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failed_mu);
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+  return reply(h, MsgType::Ok);
+}
+
+// One sequence's n tokens of an APPEND_KV, from token `tok` of its frames.
+void RWorkerService::append_one(KVStore& store, uint64_t id, int layer, const Message& m, size_t tok, size_t n, size_t row,
+                                size_t es) {
+  {
     const uint8_t* k = m.frames[2].data + tok * row * es;
     const uint8_t* v = m.frames[3].data + tok * row * es;
     // fp16 is appended from the frames as they lie (copied bytewise); fp32 frames may be unaligned: copied into
     // aligned scratch first.
     if (es == 2) {
-      store.append_f16(ids[i], int(h.layer), k, v, n);
+      store.append_f16(id, layer, k, v, int64_t(n));
     } else {
       std::vector<float> kk(n * row), vv(n * row);
       copy_bytes(kk.data(), k, n * row * 4);
       copy_bytes(vv.data(), v, n * row * 4);
-      store.append_f32(ids[i], int(h.layer), kk.data(), vv.data(), n);
+      store.append_f32(id, layer, kk.data(), vv.data(), int64_t(n));
     }
-    tok += n;
   }
-  return reply(h, MsgType::Ok);
 }
 
 std::vector<zmq::message_t> RWorkerService::on_attend(Session& s, const Message& m) {

@@ -72,6 +72,8 @@ class RWorkerService {
   std::vector<zmq::message_t> on_hello(const std::string& peer, const proto::Message& m);
   std::vector<zmq::message_t> on_add(Session& s, const proto::Message& m);
   std::vector<zmq::message_t> on_append(Session& s, const proto::Message& m);
+  static void append_one(KVStore& store, uint64_t id, int layer, const proto::Message& m, size_t tok, size_t n,
+                         size_t row, size_t es);
   std::vector<zmq::message_t> on_attend(Session& s, const proto::Message& m);
   std::vector<zmq::message_t> on_free(Session& s, const proto::Message& m);
   std::vector<zmq::message_t> on_truncate(Session& s, const proto::Message& m);
