@@ -216,6 +216,7 @@ FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineC
     o.wire = wire_;
     o.shm_in_place = ec.rworkers.shm_in_place;
     o.append_chunk_bytes = size_t(ec.rworkers.append_chunk_kb) << 10;
+    o.prefill_reserve_tokens = ec.prefill_tokens;
     if (G > 1) {
       o.track_suffix = " t" + std::to_string(t) + " p" + std::to_string(p);
       o.worker_prefix = "rworker g" + std::to_string(g) + ".";

@@ -88,6 +88,9 @@ struct SRankOptions {
   // Prefill: the most K and V bytes of one APPEND_KV (whole sequences; a longer prompt goes alone), so that a worker
   // stores one chunk while the next is on its way (engine.rworkers.append_chunk_kb).
   size_t append_chunk_bytes = size_t(8) << 20;
+  // Prefill: the host K/V buffers (pinned on a CUDA S-Part) are made for this many tokens when the rank is built,
+  // not at the first prefill, whose time to first token they would add to (engine.prefill_tokens; 0: at first use).
+  int64_t prefill_reserve_tokens = 0;
 };
 
 class SRank {

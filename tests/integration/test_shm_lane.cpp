@@ -381,11 +381,15 @@ class RecordingSPart : public SPart {
   struct Log {
     std::vector<std::pair<void*, size_t>> registered;
     std::vector<void*> unregistered;
+    std::vector<size_t> host_allocs;  // alloc_host sizes, in order
   };
   RecordingSPart(std::unique_ptr<SPart> inner, Log* log, bool accept) : in_(std::move(inner)), log_(log), accept_(accept) {}
   const ModelConfig& config() const override { return in_->config(); }
   std::string describe() const override { return in_->describe(); }
-  HostBuffer alloc_host(size_t bytes) override { return in_->alloc_host(bytes); }
+  HostBuffer alloc_host(size_t bytes) override {
+    log_->host_allocs.push_back(bytes);
+    return in_->alloc_host(bytes);
+  }
   void embed(int s, const int32_t* t, const int64_t* p, int64_t T) override { in_->embed(s, t, p, T); }
   using SPart::attention_input;
   void attention_input(int s, int l, DType dt, const std::vector<HostRowsOut>& parts) override { in_->attention_input(s, l, dt, parts); }
@@ -439,5 +443,24 @@ TEST(ShmLane, SRankRegistersTheRegionsWithItsDevice) {
       base.resize(1);  // worker 0's region, still registered when the rank goes
     }
     EXPECT_EQ(log.unregistered, accept ? base : std::vector<void*>{}) << "worker 0's region, left when the rank went";
+  }
+}
+
+// The prefill's host K/V buffers (pinned on a CUDA S-Part: ~0.5 s a GB) are made with the rank when it is told the
+// prefill budget, not in the first prefill's time to first token; without it, at first use.
+TEST(ShmLane, SRankMakesThePrefillBuffersUpFront) {
+  const ModelConfig c = load_model_config(fd::test::repo_path("experiments/models/tiny-llama.json"));
+  auto src = make_random_source(3, DType::F16);
+  const ModelWeights w = load_model_weights(c, *src);
+  Worker a("w0");
+  for (const int64_t tokens : {int64_t(0), int64_t(100)}) {
+    RecordingSPart::Log log;
+    auto client = std::make_unique<RWorkerClient>(std::vector<std::string>{a.endpoint()}, with_shm(0));
+    SRankOptions o;
+    o.prefill_reserve_tokens = tokens;
+    SRank rank(std::make_unique<RecordingSPart>(make_cpu_spart(w), &log, false), std::move(client), nullptr, o);
+    const size_t kv_row = size_t(c.kv_dim()) * 4;  // the wire dtype of SRankOptions: fp32
+    EXPECT_EQ(log.host_allocs, tokens ? std::vector<size_t>(4, size_t(tokens) * kv_row) : std::vector<size_t>{});
+    rank.client().close_session(0);
   }
 }
