@@ -28,7 +28,7 @@ DEFAULTS = {
              ("new_attn_kv32_avx512.json", "new_attn_kv32_avx512vnni.json", "new_attn_kv8_avx512.json",
               "new_attn_kv8_avx512vnni.json")] +
             [os.path.join(ART, "rworker", "gpu-machine-fp16-ceiling-25565d5", "fp16_kv8_r%d.json" % r) for r in (1, 2, 3)],
-    "prefill": os.path.join(ART, "stages", "prefill", "prefill_ttft.json"),
+    "prefill": os.path.join(ART, "stages", "prefill-974bbf0", "prefill_ttft.json"),
     "pipeline": os.path.join(ART, "stages", "pipeline", "pipeline_bound.json"),
     "transport": os.path.join(ART, "stages", "transport-inplace-236fbe0", "transport.json"),
     "spart": [os.path.join(ART, "stages", "spart-8bd75d7", f) for f in ("spart_llama-2-7b.json", "spart_llama-2-7b_bf16.json")],
