@@ -6,8 +6,8 @@
 // against the shared limit too, so what the worker holds never exceeds it.
 #pragma once
 #include <cstdint>
-#include <unordered_map>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/cpu/decode_attention.h"

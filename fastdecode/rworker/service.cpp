@@ -256,20 +256,18 @@ std::vector<zmq::message_t> RWorkerService::on_append(Session& s, const Message&
 // One sequence's n tokens of an APPEND_KV, from token `tok` of its frames.
 void RWorkerService::append_one(KVStore& store, uint64_t id, int layer, const Message& m, size_t tok, size_t n, size_t row,
                                 size_t es) {
-  {
-    const uint8_t* k = m.frames[2].data + tok * row * es;
-    const uint8_t* v = m.frames[3].data + tok * row * es;
-    // fp16 is appended from the frames as they lie (copied bytewise); fp32 frames may be unaligned: copied into
-    // aligned scratch first.
-    if (es == 2) {
-      store.append_f16(id, layer, k, v, int64_t(n));
-    } else {
-      std::vector<float> kk(n * row), vv(n * row);
-      copy_bytes(kk.data(), k, n * row * 4);
-      copy_bytes(vv.data(), v, n * row * 4);
-      store.append_f32(id, layer, kk.data(), vv.data(), int64_t(n));
-    }
+  const uint8_t* k = m.frames[2].data + tok * row * es;
+  const uint8_t* v = m.frames[3].data + tok * row * es;
+  // fp16 is appended from the frames as they lie (copied bytewise); fp32 frames may be unaligned: copied into
+  // aligned scratch first.
+  if (es == 2) {
+    store.append_f16(id, layer, k, v, int64_t(n));
+    return;
   }
+  std::vector<float> kk(n * row), vv(n * row);
+  copy_bytes(kk.data(), k, n * row * 4);
+  copy_bytes(vv.data(), v, n * row * 4);
+  store.append_f32(id, layer, kk.data(), vv.data(), int64_t(n));
 }
 
 std::vector<zmq::message_t> RWorkerService::on_attend(Session& s, const Message& m) {
