@@ -60,10 +60,11 @@ SRank::SRank(std::unique_ptr<SPart> spart, std::unique_ptr<RWorkerClient> client
     }
   }
   pin_regions();  // the lanes' offers were answered on the way to the HELLO replies: register them now, not at step 1
-  // Pinning GBs of host memory takes ~0.5 s a GB (cudaMallocHost): here, with the load, not in the first prompts' TTFT.
+  // Pinning GBs of host memory takes ~0.5 s a GB (cudaMallocHost): here, with the load, not in the first prompts' TTFT;
+  // at most kPrefillReserveBytes a buffer (a budget far above what ever runs grows at first use, as before).
   if (o_.prefill_reserve_tokens > 0)
     for (HostBuffer* b : {&prefill_k_[0], &prefill_k_[1], &prefill_v_[0], &prefill_v_[1]})
-      reserve(*spart_, *b, size_t(o_.prefill_reserve_tokens) * row_bytes(c.kv_dim()));
+      reserve(*spart_, *b, std::min(kPrefillReserveBytes, size_t(o_.prefill_reserve_tokens) * row_bytes(c.kv_dim())));
 }
 
 SRank::~SRank() {

@@ -89,9 +89,11 @@ struct SRankOptions {
   // stores one chunk while the next is on its way (engine.rworkers.append_chunk_kb).
   size_t append_chunk_bytes = size_t(8) << 20;
   // Prefill: the host K/V buffers (pinned on a CUDA S-Part) are made for this many tokens when the rank is built,
-  // not at the first prefill, whose time to first token they would add to (engine.prefill_tokens; 0: at first use).
+  // not at the first prefill, whose time to first token they would add to (engine.prefill_tokens; 0: at first use),
+  // each at most kPrefillReserveBytes.
   int64_t prefill_reserve_tokens = 0;
 };
+constexpr size_t kPrefillReserveBytes = size_t(1) << 30;
 
 class SRank {
  public:
