@@ -72,8 +72,8 @@ def attn_rows(paths):
             key = (shape, dt, int(b["context"]), int(b["batch"]))
             if dt == "fp16":
                 if shape != "MHA":
-                    fp16_gqa[key + (p if rep else "", rep)] = max(fp16_gqa.get(key + (p if rep else "", rep), 0.0),
-                                                              b["ratio_to_ceiling"])
+                    k = key + (p if rep else "",)  # a repeat is a point of its own; the ISAs of one run share one
+                    fp16_gqa[k] = max(fp16_gqa.get(k, 0.0), b["ratio_to_ceiling"])
             elif "speedup_vs_fp16" in b:
                 best[key] = max(best.get(key, 0.0), b["speedup_vs_fp16"])
     rows = []

@@ -274,7 +274,6 @@ void KVStore::append(uint64_t seq, int layer, const T* k, const T* v, int64_t n)
       l.n_tail = 0;
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
   total_tokens_ += n;
 }
 

@@ -5,6 +5,7 @@
 // client session); an append that would exceed either changes nothing. Blocks a store keeps for reuse count
 // against the shared limit too, so what the worker holds never exceeds it.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
@@ -66,7 +67,7 @@ class KVStore {
   // Whether `extra` more bytes fit this store's quota and the shared limit; the bytes free under both.
   bool fits(size_t extra) const;
   size_t free_bytes() const;
-  int64_t total_tokens() const { return total_tokens_; }
+  int64_t total_tokens() const { return total_tokens_.load(std::memory_order_relaxed); }
 
   // Appends n tokens. k, v: [n, n_kv_heads, head_dim] as fp16 bits (kv_half) or fp32. The caller has
   // checked memory with extra_bytes(); append throws fd::Error if the limit would be exceeded anyway.
@@ -103,8 +104,8 @@ class KVStore {
   void charge(size_t bytes);  // used_/meta_ grew by bytes: the shared ledger too
   void credit(size_t bytes);
   size_t full_bytes_, tail_bytes_;
-  int64_t total_tokens_ = 0;
-  std::mutex mu_;  // alloc_block, release_block and append's accounting: appends to different sequences at once
+  std::atomic<int64_t> total_tokens_{0};  // appends to different sequences add to it at once
+  std::mutex mu_;  // alloc_block, release_block and append's memory check: appends to different sequences at once
   std::unordered_map<uint64_t, Sequence> seqs_;
   std::vector<void*> free_full_, free_tail_;  // recycled blocks (counted as free memory)
 };
