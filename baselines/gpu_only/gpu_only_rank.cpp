@@ -90,22 +90,13 @@ HostBuffer& GpuOnlyRank::mirror(size_t i, size_t bytes) {
   return h;
 }
 
-void GpuOnlyRank::decode_body(DevActs& a, int64_t Tb, const int32_t* d_slots, const int32_t* d_pos,
-                              const int32_t* d_lens, bool timed) {
+void GpuOnlyRank::decode_body(DevActs& a, int64_t Tb, const int32_t* d_slots, const int32_t* d_lens, bool timed) {
   const ModelConfig& c = config();
   if (o_.pp_rank == 0) model_->embed(a);
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    model_->attention_input(a, int(l), CudaModel::kF32);
-    cuda::append_kv({.k = a.k.get(),
-                     .v = a.v.get(),
-                     .slots = d_slots,
-                     .pos = d_pos,
-                     .T = Tb,
-                     .max_ctx = o_.max_ctx,
-                     .kv_dim = int(c.kv_dim()),
-                     .k_cache = k_cache_[size_t(l)].get(),
-                     .v_cache = v_cache_[size_t(l)].get()},
-                    stream_);
+    // q in fp32; the new token's k and v straight into the cache at (slot, position a.pos).
+    const CudaModel::KvCacheRows cache{k_cache_[size_t(l)].get(), v_cache_[size_t(l)].get(), d_slots, o_.max_ctx};
+    model_->attention_input(a, int(l), CudaModel::kF32, &cache);
     if (timed) CUDA_CHECK(cudaEventRecord(events_[size_t(2 + 2 * l)], stream_));
     cuda::decode_attention({.q = a.q.get(),
                             .k_cache = k_cache_[size_t(l)].get(),
@@ -145,8 +136,7 @@ void GpuOnlyRank::decode_graph(const GoRows& r, int32_t* tok, float* recorded, G
   model_->ensure(graph_dec_, Tb);  // sized for graph_rows_ at allocate(): sets T, never reallocates
   CUDA_CHECK(cudaEventRecord(events_[0], stream_));
   graphs_->run(uint64_t(Tb), [&] {
-    decode_body(graph_dec_, Tb, graph_aux_.get(), graph_aux_.get() + graph_rows_, graph_aux_.get() + 2 * graph_rows_,
-                false);
+    decode_body(graph_dec_, Tb, graph_aux_.get(), graph_aux_.get() + 2 * graph_rows_, false);
     model_->logits(graph_dec_, Tb);
     cuda::argmax_rows(graph_dec_.logits.get(), Tb, config().vocab_size, graph_dec_.out_tokens.get(), stream_);
   });
@@ -185,6 +175,7 @@ void GpuOnlyRank::hand_on(size_t i, DevActs& a, GoRankStep& out) {
   const size_t bytes = size_t(a.T * config().hidden_size) * 4;
   HostBuffer& h = mirror(i, bytes);
   const int64_t t0 = now_ns();
+  model_->settle(a);  // the last layer's branch, waiting in 16 bits, into x
   CUDA_CHECK(cudaMemcpyAsync(h.data(), a.x.get(), bytes, cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   o_.pp->send(h.data(), bytes, o_.pp_rank + 1);
@@ -218,7 +209,7 @@ void GpuOnlyRank::decode_wave(size_t i, const GoRows& r, GoRankStep& out) {
     DeviceBuffer<int32_t>& x = aux(i);
     upload_rows(*model_, x, r);
     CUDA_CHECK(cudaEventRecord(events_[0], stream_));
-    decode_body(a, T, x.get(), x.get() + T, x.get() + 2 * T, true);
+    decode_body(a, T, x.get(), x.get() + 2 * T, true);
     CUDA_CHECK(cudaEventRecord(events_[1], stream_));
     if (last_stage())  // synchronises the stream
       model_->sample(a, T, r.draws.params, r.draws.ids, r.draws.steps, tok.data(), r.draws.record, recorded.data());

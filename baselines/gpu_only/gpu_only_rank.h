@@ -85,9 +85,9 @@ class GpuOnlyRank {
   bool last_stage() const { return o_.pp_rank + 1 == o_.pp_size; }
   void current() const;
   // Per-layer GPU work of a decode batch on a (inputs on the device): no host synchronisation and no allocation,
-  // so it can be captured into a graph. `timed`: attention events per layer (eager only).
-  void decode_body(DevActs& a, int64_t Tb, const int32_t* d_slots, const int32_t* d_pos, const int32_t* d_lens,
-                   bool timed);
+  // so it can be captured into a graph. Positions: a.pos (the new token's k and v go to (d_slots, a.pos) of the
+  // cache). `timed`: attention events per layer (eager only).
+  void decode_body(DevActs& a, int64_t Tb, const int32_t* d_slots, const int32_t* d_lens, bool timed);
   void decode_graph(const GoRows& r, int32_t* tok, float* recorded, GoRankStep& out);
   // Batch i of a step (waves 0..W-1, then the prefill) has its own activations, row arrays and hand-off buffer.
   void decode_wave(size_t i, const GoRows& r, GoRankStep& out);

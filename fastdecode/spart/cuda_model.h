@@ -2,14 +2,18 @@
 // engine). 16-bit weights and activations (GEMM inputs and outputs), fp16 or bf16 (the model's `act`
 // type), fp32 accumulation inside the GEMMs (cuBLAS GemmEx, compute 32F), an fp32 residual stream, fp32
 // logits. Fused GEMMs: one [q|k|v] projection and, for Llama, one [gate|up] projection. The o- and
-// down-projections add their product straight into the fp32 residual (GEMM with an fp32 C and beta = 1),
-// so no kernel reads and writes the residual just to add; the elementwise work after a GEMM is one
-// kernel (bias + RoPE + split; norm; activation).
+// down-projections write 16-bit outputs (the same GEMM kernels as the other projections: an fp32 output with
+// beta = 1 ran 1.2-1.6x slower at B >= 256) and the next norm adds them into the fp32 residual on its way (o's
+// in the MLP's norm, down's in the next layer's attention norm, the last layer's in logits()' row gather): no
+// kernel reads and writes the residual just to add, and the elementwise work after a GEMM is one kernel (bias +
+// RoPE + split; add + norm; activation). Between layers x therefore lacks the down-projection's branch, which
+// waits in a.r16: settle() adds it where x itself leaves (a pipeline hand-off).
 // Work goes to one stream at a time: the constructor's, or the one use_stream() names last (the CUDA S-Part keeps a
 // stream per mini-batch slot); nothing is allocated per step once a batch size (and a stream) has been seen.
 // Tensor parallelism (a Communicator tp of size T > 1, weights = one rank's shard): the embedding is masked to
 // the rank's vocabulary and all-reduced; rank 0 adds each residual branch (o, down) and its bias into x while
-// the others write only their share, then x is all-reduced (every rank holds the same x); the LM head's
+// the others write only their share, into x as an fp32 GEMM output (beta = 1 on rank 0), then x is all-reduced
+// (every rank holds the same x; nothing waits in a.r16 there); the LM head's
 // vocabulary slices are all-gathered into the full logits. Device buffers go to the communicator on the
 // stream when it takes them (nccl); otherwise through a pinned host copy (gloo), synchronising the stream.
 #pragma once
@@ -76,6 +80,7 @@ struct DevActs {
   DeviceBuffer<float> x, q, k, v, att, sel, logits;
   DeviceBuffer<float> lshard, lpad, lall;  // tensor parallel: this rank's logits slice, padded, gathered
   DeviceBuffer<uint16_t> h16, a16, i16, qkv16, gu16;
+  DeviceBuffer<uint16_t> r16;  // a residual branch (o, down) in 16 bits, until a norm adds it into x
   DeviceBuffer<__half> q16, k16, v16;
   DeviceBuffer<int32_t> tokens, rows, starts, out_tokens;
   DeviceBuffer<int64_t> pos;
@@ -139,12 +144,26 @@ class CudaModel {
   // a.x = embeddings of a.tokens at a.pos (both already on the device).
   void embed(DevActs& a) const;
   // q, k, v = projections of norm(a.x) (+ bias, + RoPE at a.pos), contiguous, into a.q/a.k/a.v (fp32)
-  // and/or a.q16/a.k16/a.v16 (fp16) as `outputs` says.
+  // and/or a.q16/a.k16/a.v16 (fp16) as `outputs` says. At layer > 0 the previous layer's down-projection
+  // branch (a.r16) is first added into a.x: layer l follows attention_output_and_mlp(l - 1) on the same a.
   enum Outputs : unsigned { kF32 = 1, kF16 = 2 };
-  void attention_input(DevActs& a, int layer, unsigned outputs = kF32) const;
-  // a.x += o-proj(a.a16) (+ bias); a.x += MLP(norm(a.x)). a.a16 holds the attention output (act type).
+  // With `cache`: k and v go (fp16) straight into that KV-cache (cuda::QkvPostParams::slots) instead, and only q
+  // comes out as `outputs` says (the GPU-only engine's decode: no fp32 k/v and no append_kv kernel).
+  struct KvCacheRows {
+    __half* k_cache;
+    __half* v_cache;
+    const int32_t* slots;  // [T] device
+    int64_t max_ctx;
+  };
+  void attention_input(DevActs& a, int layer, unsigned outputs = kF32, const KvCacheRows* cache = nullptr) const;
+  // a.x += o-proj(a.a16) (+ bias); then the MLP of norm(a.x), left in a.r16 for the next norm to add (see the
+  // top; under tensor parallelism added into a.x here). a.a16 holds the attention output (act type).
   void attention_output_and_mlp(DevActs& a, int layer) const;
-  // a.logits [n, V] = LM head of final-norm(a.x[a.rows[0..n)]).
+  // a.x += the last layer's branch left in a.r16 (+ its bias): x complete, as a pipeline stage hands it on.
+  // Call once, after the last layer's attention_output_and_mlp (a no-op under tensor parallelism).
+  void settle(DevActs& a) const;
+  // a.logits [n, V] = LM head of final-norm(a.x[a.rows[0..n)]), the rows taken with the last layer's branch
+  // (a.r16) added: after the last layer's attention_output_and_mlp (never after settle(), which adds it too).
   void logits(DevActs& a, int64_t n) const;
   // Next tokens for a.x[a.rows[0..n)], sampled on the device (only n token ids come down), row i as
   // fd::sample_token with params[i] and (request_ids[i], steps[i]): every row greedy -> an argmax; one
@@ -188,8 +207,11 @@ class CudaModel {
     DeviceBuffer<float> attn_norm_w, attn_norm_b, mlp_norm_w, mlp_norm_b, bqkv, bo, b_up, b_down;
     bool has_qkv_bias = false, has_o_bias = false, has_down_bias = false;
   };
-  // out (act type) = norm(x), after x += add_bias when given.
-  void norm(float* x, const float* add_bias, const float* w, const float* b, int64_t T, void* out) const;
+  // out (act type) = norm(x), after x += add_rows (act type, [T, hidden]) + add_bias when given.
+  void norm(float* x, const void* add_rows, const float* add_bias, const float* w, const float* b, int64_t T,
+            void* out) const;
+  // The bias that goes with the down-projection branch waiting in a.r16 after layer l (null when none).
+  const float* down_bias(int64_t l) const;
   // Tensor parallel: buf (device, n floats) = its sum over the group's ranks / out = [rank 0's in | ...].
   void all_reduce(float* buf, int64_t n) const;
   void all_gather(const float* in, float* out, int64_t n) const;
@@ -198,6 +220,7 @@ class CudaModel {
   ModelConfig cfg_;
   WeightShard shard_;
   Communicator* tp_ = nullptr;  // size > 1 only
+  bool pending_ = true;         // residual branches wait in a.r16 for the next norm (false under tensor parallelism)
   mutable void* tp_stage_ = nullptr;  // pinned
   mutable size_t tp_stage_bytes_ = 0;
   cudaStream_t stream_;

@@ -21,7 +21,7 @@ using namespace detail;
 template <typename T>
 __global__ void qkv_post_kernel(const T* qkv, const float* bias, const int64_t* pos, const float* inv_freq,
                                 float rope_scale, int64_t Hq, int64_t Hkv, int64_t D, float* q, float* k, float* v,
-                                __half* q16, __half* k16, __half* v16) {
+                                __half* q16, __half* k16, __half* v16, const int32_t* slots, int64_t max_ctx) {
   extern __shared__ float cs[];  // [D/2] cos, then [D/2] sin (both times rope_scale)
   const int64_t t = blockIdx.x, half = D / 2, heads = Hq + 2 * Hkv, ld = heads * D;
   if (inv_freq)
@@ -52,7 +52,9 @@ __global__ void qkv_post_kernel(const T* qkv, const float* bias, const int64_t* 
     else o32 = v, o16 = v16, oh = h - Hq - Hkv, width = Hkv * D;
     const int64_t o = t * width + oh * D + i;
     if (o32) *reinterpret_cast<float4*>(o32 + o) = a, *reinterpret_cast<float4*>(o32 + o + half) = b;
-    if (o16) store4(o16 + o, a), store4(o16 + o + half, b);
+    // k and v into a cache: row slots[t] * max_ctx + pos[t] of width Hkv * D.
+    const int64_t o16_at = slots && h >= Hq ? (int64_t(slots[t]) * max_ctx + pos[t]) * width + oh * D + i : o;
+    if (o16) store4(o16 + o16_at, a), store4(o16 + o16_at + half, b);
   }
 }
 
@@ -63,7 +65,7 @@ void qkv_post(const QkvPostParams& p, cudaStream_t s) {
   FD_ACT_DISPATCH(p.dtype, "qkv_post",
                   if (p.T > 0) qkv_post_kernel<A16><<<unsigned(p.T), kThreads, size_t(p.D) * sizeof(float), s>>>(
                       static_cast<const A16*>(p.qkv), p.bias, p.pos, p.inv_freq, p.rope_scale, p.Hq, p.Hkv, p.D,
-                      p.q, p.k, p.v, p.q16, p.k16, p.v16));
+                      p.q, p.k, p.v, p.q16, p.k16, p.v16, p.slots, p.max_ctx));
   check_launch("qkv_post");
 }
 

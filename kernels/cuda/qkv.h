@@ -1,5 +1,6 @@
 // After the fused [q|k|v] GEMM: + bias (if any), RoPE on q and k (if inv_freq), split into contiguous
-// q [T, Hq*D], k, v [T, Hkv*D], written as fp32 and/or fp16 (null outputs skipped). D % 8 == 0.
+// q [T, Hq*D], k, v [T, Hkv*D], written as fp32 and/or fp16 (null outputs skipped), the fp16 k and v either
+// contiguous or straight into a KV-cache (QkvPostParams::slots). D % 8 == 0.
 #pragma once
 #include <cstdint>
 
@@ -24,6 +25,10 @@ struct QkvPostParams {
   __half* q16 = nullptr;              // fp16 outputs (the wire tensors), each may be null
   __half* k16 = nullptr;
   __half* v16 = nullptr;
+  // When given, k16 and v16 are KV-caches in decode_attention's contiguous layout (attention.h) and row t's k and
+  // v go to cache row slots[t] * max_ctx + pos[t] (what append_kv would store from the fp32 k and v).
+  const int32_t* slots = nullptr;     // [T] device
+  int64_t max_ctx = 0;
 };
 void qkv_post(const QkvPostParams& p, cudaStream_t s);
 
