@@ -307,14 +307,8 @@ void CudaModel::norm(float* x, const void* add_rows, const float* add_bias, cons
     cuda::layernorm(x, add_rows, add_bias, w, b, float(cfg_.norm_eps), T, cfg_.hidden_size, out, act_, stream_);
 }
 
-const float* CudaModel::down_bias(int64_t l) const {
-  const Layer& L = layers_[size_t(l)];
-  return L.has_down_bias ? L.b_down.get() : nullptr;
-}
-
 void CudaModel::settle(DevActs& a) const {
-  if (pending_ && !layers_.empty())
-    cuda::add_rows(a.x.get(), a.r16.get(), act_, down_bias(int64_t(layers_.size()) - 1), a.T, cfg_.hidden_size, stream_);
+  if (pending_) cuda::add_rows(a.x.get(), a.r16.get(), act_, nullptr, a.T, cfg_.hidden_size, stream_);
 }
 
 void CudaModel::attention_from_f32(DevActs& a) const {
@@ -335,8 +329,7 @@ void CudaModel::attention_input(DevActs& a, int layer, unsigned outputs, const K
   const Layer& L = layers_[size_t(layer)];
   const int64_t T = a.T, H = c.hidden_size, ld = c.q_dim() + 2 * c.kv_dim();
   const bool fold = pending_ && layer > 0;  // the previous layer's down-projection branch waits in r16
-  norm(a.x.get(), fold ? a.r16.get() : nullptr, fold ? down_bias(layer - 1) : nullptr, L.attn_norm_w.get(),
-       L.attn_norm_b.get(), T, a.h16.get());
+  norm(a.x.get(), fold ? a.r16.get() : nullptr, nullptr, L.attn_norm_w.get(), L.attn_norm_b.get(), T, a.h16.get());
   gemm(a.h16.get(), T, H, L.wqkv.get(), ld, a.qkv16.get());
   const bool f32 = outputs & kF32, f16 = outputs & kF16;
   cuda::qkv_post({.qkv = a.qkv16.get(),
@@ -369,6 +362,9 @@ void CudaModel::attention_output_and_mlp(DevActs& a, int layer) const {
     gemm(a.a16.get(), T, qd, L.wo.get(), H, a.r16.get());
     norm(a.x.get(), a.r16.get(), L.has_o_bias ? L.bo.get() : nullptr, L.mlp_norm_w.get(), L.mlp_norm_b.get(), T,
          a.h16.get());
+    // The down-projection's bias (OPT) goes into x now, ahead of its branch: what waits in r16 is then the same
+    // for every layer, whichever of them a later fold follows.
+    if (L.has_down_bias) cuda::add_rows(a.x.get(), nullptr, act_, L.b_down.get(), T, H, stream_);
   } else {
     // Tensor parallel: rank 0 adds its share and the bias to x, the others write their share alone; the sum
     // over the ranks is then x + o-proj + bias (the bias lives on rank 0 only: shard.cpp).
@@ -386,7 +382,7 @@ void CudaModel::attention_output_and_mlp(DevActs& a, int layer) const {
     cuda::relu_bias(a.gu16.get(), act_, L.b_up.get(), T, I, a.i16.get(), stream_);
   }
   if (pending_) {
-    gemm(a.i16.get(), T, I, L.wdown.get(), H, a.r16.get());  // down-proj, added (+ bias) by the next norm
+    gemm(a.i16.get(), T, I, L.wdown.get(), H, a.r16.get());  // down-proj, added by the next fold (its bias is in x)
     return;
   }
   gemm(a.i16.get(), T, I, L.wdown.get(), H, a.x.get(), true, tp_->rank() != 0 ? 0.0f : 1.0f);  // x += down-proj
@@ -407,9 +403,9 @@ void CudaModel::layer_gemms_only(DevActs& a, int layer) const {
 void CudaModel::logits(DevActs& a, int64_t n) const {
   const ModelConfig& c = cfg_;
   a.logits.resize(size_t(std::max<int64_t>(n, 1) * c.vocab_size));
-  const bool fold = pending_ && !layers_.empty();  // the last layer's down-projection branch waits in r16
-  cuda::gather_rows(a.x.get(), a.rows.get(), n, c.hidden_size, a.sel.get(), stream_, fold ? a.r16.get() : nullptr, act_,
-                    fold ? down_bias(int64_t(layers_.size()) - 1) : nullptr);
+  // The last layer's down-projection branch waits in r16: added to the rows on their way to the final norm.
+  cuda::gather_rows(a.x.get(), a.rows.get(), n, c.hidden_size, a.sel.get(), stream_, pending_ ? a.r16.get() : nullptr,
+                    act_);
   norm(a.sel.get(), nullptr, nullptr, final_norm_w_.get(), final_norm_b_.size() ? final_norm_b_.get() : nullptr, n, a.h16.get());
   const void* head = lm_head_.size() ? lm_head_.get() : embed_.get();
   if (!tp_) {

@@ -159,11 +159,11 @@ class CudaModel {
   // a.x += o-proj(a.a16) (+ bias); then the MLP of norm(a.x), left in a.r16 for the next norm to add (see the
   // top; under tensor parallelism added into a.x here). a.a16 holds the attention output (act type).
   void attention_output_and_mlp(DevActs& a, int layer) const;
-  // a.x += the last layer's branch left in a.r16 (+ its bias): x complete, as a pipeline stage hands it on.
+  // a.x += the last layer's branch left in a.r16: x complete, as a pipeline stage hands it on.
   // Call once, after the last layer's attention_output_and_mlp (a no-op under tensor parallelism).
   void settle(DevActs& a) const;
-  // a.logits [n, V] = LM head of final-norm(a.x[a.rows[0..n)]), the rows taken with the last layer's branch
-  // (a.r16) added: after the last layer's attention_output_and_mlp (never after settle(), which adds it too).
+  // a.logits [n, V] = LM head of final-norm(a.x[a.rows[0..n)]), the rows taken with the branch left in a.r16
+  // added: after an attention_output_and_mlp (never after settle(), which adds it too).
   void logits(DevActs& a, int64_t n) const;
   // Next tokens for a.x[a.rows[0..n)], sampled on the device (only n token ids come down), row i as
   // fd::sample_token with params[i] and (request_ids[i], steps[i]): every row greedy -> an argmax; one
@@ -210,8 +210,6 @@ class CudaModel {
   // out (act type) = norm(x), after x += add_rows (act type, [T, hidden]) + add_bias when given.
   void norm(float* x, const void* add_rows, const float* add_bias, const float* w, const float* b, int64_t T,
             void* out) const;
-  // The bias that goes with the down-projection branch waiting in a.r16 after layer l (null when none).
-  const float* down_bias(int64_t l) const;
   // Tensor parallel: buf (device, n floats) = its sum over the group's ranks / out = [rank 0's in | ...].
   void all_reduce(float* buf, int64_t n) const;
   void all_gather(const float* in, float* out, int64_t n) const;
