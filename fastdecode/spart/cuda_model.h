@@ -2,12 +2,12 @@
 // engine). 16-bit weights and activations (GEMM inputs and outputs), fp16 or bf16 (the model's `act`
 // type), fp32 accumulation inside the GEMMs (cuBLAS GemmEx, compute 32F), an fp32 residual stream, fp32
 // logits. Fused GEMMs: one [q|k|v] projection and, for Llama, one [gate|up] projection. The o- and
-// down-projections write 16-bit outputs (the same GEMM kernels as the other projections: an fp32 output with
-// beta = 1 ran 1.2-1.6x slower at B >= 256) and the next norm adds them into the fp32 residual on its way (o's
-// in the MLP's norm, down's in the next layer's attention norm, the last layer's in logits()' row gather): no
-// kernel reads and writes the residual just to add, and the elementwise work after a GEMM is one kernel (bias +
-// RoPE + split; add + norm; activation). Between layers x therefore lacks the down-projection's branch, which
-// waits in a.r16: settle() adds it where x itself leaves (a pipeline hand-off).
+// down-projections write 16-bit outputs (cuBLAS's 16-bit-output kernels, as for the other projections, instead of
+// its fp32-C kernels with beta = 1) and the next norm adds them into the fp32 residual on its way (o's in the MLP's
+// norm, down's in the next layer's attention norm, the last layer's in logits()' row gather): no kernel reads and
+// writes the residual just to add, and the elementwise work after a GEMM is one kernel (bias + RoPE + split; add +
+// norm; activation). Between layers x therefore lacks the down-projection's branch, which waits in a.r16 (its
+// bias, OPT's, went into x with the MLP norm): settle() adds it where x itself leaves (a pipeline hand-off).
 // Work goes to one stream at a time: the constructor's, or the one use_stream() names last (the CUDA S-Part keeps a
 // stream per mini-batch slot); nothing is allocated per step once a batch size (and a stream) has been seen.
 // Tensor parallelism (a Communicator tp of size T > 1, weights = one rank's shard): the embedding is masked to
