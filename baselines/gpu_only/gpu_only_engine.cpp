@@ -113,7 +113,7 @@ class GpuOnlyEngine : public Engine {
     const GpuOnlyRank& r0 = *ranks_.front();
     json j = {{"device", device_name_},
               {"s_part", "cuda: " + ec_.dtype + " weights and activations, fused QKV and gate|up GEMMs (cuBLAS GemmEx, "
-                         "fp32 accumulation, residual branches added by the next norm)"},
+                         "fp32 accumulation, residual added in the GEMM)"},
               {"attention", "cuda: flash-decoding split-K over a contiguous fp16 KV-cache; tiled causal prefill"},
               {"sm_count", r0.sm_count()},
               {"sm_limited", r0.sm_limited()},

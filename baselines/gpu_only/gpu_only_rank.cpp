@@ -175,7 +175,6 @@ void GpuOnlyRank::hand_on(size_t i, DevActs& a, GoRankStep& out) {
   const size_t bytes = size_t(a.T * config().hidden_size) * 4;
   HostBuffer& h = mirror(i, bytes);
   const int64_t t0 = now_ns();
-  model_->settle(a);  // the last layer's branch, waiting in 16 bits, into x
   CUDA_CHECK(cudaMemcpyAsync(h.data(), a.x.get(), bytes, cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   o_.pp->send(h.data(), bytes, o_.pp_rank + 1);

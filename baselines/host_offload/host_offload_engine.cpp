@@ -156,7 +156,7 @@ class HostOffloadEngine : public Engine {
   json info() const override {
     return {{"device", device_name_},
             {"s_part", "cuda: " + ec_.dtype + " weights and activations, fused QKV and gate|up GEMMs (cuBLAS GemmEx, "
-                       "fp32 accumulation, residual branches added by the next norm); eager (no CUDA graphs)"},
+                       "fp32 accumulation, residual added in the GEMM); eager (no CUDA graphs)"},
             {"attention", "cuda: every KV byte in pinned host memory; per layer the batch's K/V rows copied H2D (" +
                               ec_.copy + ") into a double-buffered staging buffer on a copy stream, then flash-decoding "
                               "over it; new rows written to host memory through the mapped pointer (zero-copy); tiled causal prefill"},

@@ -105,7 +105,7 @@ class PagedSwapEngine : public Engine {
   json info() const override {
     return {{"device", device_name_},
             {"s_part", "cuda: " + ec_.dtype + " weights and activations, fused QKV and gate|up GEMMs (cuBLAS GemmEx, "
-                       "fp32 accumulation, residual branches added by the next norm)"},
+                       "fp32 accumulation, residual added in the GEMM)"},
             {"attention", "cuda: flash-decoding split-K over a block-paged fp16 KV-cache (block tables); tiled causal "
                           "prefill; prefill and decode in separate steps (vLLM v0.2)"},
             {"sm_count", streams_->sm_count()},

@@ -46,7 +46,7 @@ DeviceBuffer<float> upload_f32(std::initializer_list<const std::vector<float>*> 
 }  // namespace
 
 CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_target, DType act, Communicator* tp)
-    : cfg_(w.cfg), shard_(w.shard), tp_(tp && tp->size() > 1 ? tp : nullptr), pending_(!tp_), stream_(stream), act_(act) {
+    : cfg_(w.cfg), shard_(w.shard), tp_(tp && tp->size() > 1 ? tp : nullptr), stream_(stream), act_(act) {
   const ModelConfig& c = cfg_;
   const int64_t T = tp_ ? tp_->size() : 1;
   FD_CHECK(shard_.tp_size == T, "CUDA S-Part: weights of tensor part " << shard_.tp_rank << " of " << shard_.tp_size
@@ -281,7 +281,7 @@ void CudaModel::ensure(DevActs& a, int64_t T, int64_t capacity) const {
   a.x.resize(t * H), a.h16.resize(t * H), a.sel.resize(t * H);
   a.qkv16.resize(t * (qd + 2 * kvd)), a.q.resize(t * qd), a.att.resize(t * qd), a.a16.resize(t * qd), a.q16.resize(t * qd);
   a.k.resize(t * kvd), a.v.resize(t * kvd), a.k16.resize(t * kvd), a.v16.resize(t * kvd);
-  a.gu16.resize(t * 2 * I), a.i16.resize(t * I), a.r16.resize(t * H);
+  a.gu16.resize(t * 2 * I), a.i16.resize(t * I);
   a.tokens.resize(t), a.rows.resize(t), a.out_tokens.resize(t), a.pos.resize(t), a.starts.resize(t + 1);
 }
 
@@ -299,16 +299,11 @@ void CudaModel::embed(DevActs& a) const {
   all_reduce(a.x.get(), a.T * cfg_.hidden_size);
 }
 
-void CudaModel::norm(float* x, const void* add_rows, const float* add_bias, const float* w, const float* b, int64_t T,
-                     void* out) const {
+void CudaModel::norm(float* x, const float* add_bias, const float* w, const float* b, int64_t T, void* out) const {
   if (cfg_.arch == Arch::Llama)
-    cuda::rmsnorm(x, add_rows, add_bias, w, float(cfg_.norm_eps), T, cfg_.hidden_size, out, act_, stream_);
+    cuda::rmsnorm(x, add_bias, w, float(cfg_.norm_eps), T, cfg_.hidden_size, out, act_, stream_);
   else
-    cuda::layernorm(x, add_rows, add_bias, w, b, float(cfg_.norm_eps), T, cfg_.hidden_size, out, act_, stream_);
-}
-
-void CudaModel::settle(DevActs& a) const {
-  if (pending_) cuda::add_rows(a.x.get(), a.r16.get(), act_, nullptr, a.T, cfg_.hidden_size, stream_);
+    cuda::layernorm(x, add_bias, w, b, float(cfg_.norm_eps), T, cfg_.hidden_size, out, act_, stream_);
 }
 
 void CudaModel::attention_from_f32(DevActs& a) const {
@@ -328,8 +323,7 @@ void CudaModel::attention_input(DevActs& a, int layer, unsigned outputs, const K
   const ModelConfig& c = cfg_;
   const Layer& L = layers_[size_t(layer)];
   const int64_t T = a.T, H = c.hidden_size, ld = c.q_dim() + 2 * c.kv_dim();
-  const bool fold = pending_ && layer > 0;  // the previous layer's down-projection branch waits in r16
-  norm(a.x.get(), fold ? a.r16.get() : nullptr, nullptr, L.attn_norm_w.get(), L.attn_norm_b.get(), T, a.h16.get());
+  norm(a.x.get(), nullptr, L.attn_norm_w.get(), L.attn_norm_b.get(), T, a.h16.get());
   gemm(a.h16.get(), T, H, L.wqkv.get(), ld, a.qkv16.get());
   const bool f32 = outputs & kF32, f16 = outputs & kF16;
   cuda::qkv_post({.qkv = a.qkv16.get(),
@@ -357,23 +351,16 @@ void CudaModel::attention_output_and_mlp(DevActs& a, int layer) const {
   const ModelConfig& c = cfg_;
   const Layer& L = layers_[size_t(layer)];
   const int64_t T = a.T, H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim();
-  if (pending_) {
-    // o-proj in 16 bits into r16; the MLP's norm adds it (+ bias) into x on its way.
-    gemm(a.a16.get(), T, qd, L.wo.get(), H, a.r16.get());
-    norm(a.x.get(), a.r16.get(), L.has_o_bias ? L.bo.get() : nullptr, L.mlp_norm_w.get(), L.mlp_norm_b.get(), T,
-         a.h16.get());
-    // The down-projection's bias (OPT) goes into x now, ahead of its branch: what waits in r16 is then the same
-    // for every layer, whichever of them a later fold follows.
-    if (L.has_down_bias) cuda::add_rows(a.x.get(), nullptr, act_, L.b_down.get(), T, H, stream_);
-  } else {
-    // Tensor parallel: rank 0 adds its share and the bias to x, the others write their share alone; the sum
-    // over the ranks is then x + o-proj + bias (the bias lives on rank 0 only: shard.cpp).
-    const float beta = tp_->rank() != 0 ? 0.0f : 1.0f;
-    gemm(a.a16.get(), T, qd, L.wo.get(), H, a.x.get(), true, beta);  // x += o-proj
-    if (L.has_o_bias) cuda::add_rows(a.x.get(), nullptr, act_, L.bo.get(), T, H, stream_);
+  // Tensor parallel: rank 0 adds its share and the bias to x, the others write their share alone; the sum
+  // over the ranks is then x + o-proj + bias (the bias lives on rank 0 only: shard.cpp).
+  const float beta = tp_ && tp_->rank() != 0 ? 0.0f : 1.0f;
+  gemm(a.a16.get(), T, qd, L.wo.get(), H, a.x.get(), true, beta);  // x += o-proj
+  if (tp_) {
+    if (L.has_o_bias) cuda::add_bias_rows(a.x.get(), L.bo.get(), T, H, stream_);
     all_reduce(a.x.get(), T * H);
-    norm(a.x.get(), nullptr, nullptr, L.mlp_norm_w.get(), L.mlp_norm_b.get(), T, a.h16.get());
   }
+  // (+ the o-proj bias, stored back into x), then the MLP's norm, in one pass.
+  norm(a.x.get(), L.has_o_bias && !tp_ ? L.bo.get() : nullptr, L.mlp_norm_w.get(), L.mlp_norm_b.get(), T, a.h16.get());
   if (c.arch == Arch::Llama) {
     gemm(a.h16.get(), T, H, L.wgu.get(), 2 * I, a.gu16.get());
     cuda::silu_mul(a.gu16.get(), act_, T, I, a.i16.get(), stream_);
@@ -381,13 +368,9 @@ void CudaModel::attention_output_and_mlp(DevActs& a, int layer) const {
     gemm(a.h16.get(), T, H, L.wgu.get(), I, a.gu16.get());
     cuda::relu_bias(a.gu16.get(), act_, L.b_up.get(), T, I, a.i16.get(), stream_);
   }
-  if (pending_) {
-    gemm(a.i16.get(), T, I, L.wdown.get(), H, a.r16.get());  // down-proj, added by the next fold (its bias is in x)
-    return;
-  }
-  gemm(a.i16.get(), T, I, L.wdown.get(), H, a.x.get(), true, tp_->rank() != 0 ? 0.0f : 1.0f);  // x += down-proj
-  if (L.has_down_bias) cuda::add_rows(a.x.get(), nullptr, act_, L.b_down.get(), T, H, stream_);
-  all_reduce(a.x.get(), T * H);
+  gemm(a.i16.get(), T, I, L.wdown.get(), H, a.x.get(), true, beta);  // x += down-proj
+  if (L.has_down_bias) cuda::add_bias_rows(a.x.get(), L.b_down.get(), T, H, stream_);
+  if (tp_) all_reduce(a.x.get(), T * H);
 }
 
 void CudaModel::layer_gemms_only(DevActs& a, int layer) const {
@@ -403,10 +386,8 @@ void CudaModel::layer_gemms_only(DevActs& a, int layer) const {
 void CudaModel::logits(DevActs& a, int64_t n) const {
   const ModelConfig& c = cfg_;
   a.logits.resize(size_t(std::max<int64_t>(n, 1) * c.vocab_size));
-  // The last layer's down-projection branch waits in r16: added to the rows on their way to the final norm.
-  cuda::gather_rows(a.x.get(), a.rows.get(), n, c.hidden_size, a.sel.get(), stream_, pending_ ? a.r16.get() : nullptr,
-                    act_);
-  norm(a.sel.get(), nullptr, nullptr, final_norm_w_.get(), final_norm_b_.size() ? final_norm_b_.get() : nullptr, n, a.h16.get());
+  cuda::gather_rows(a.x.get(), a.rows.get(), n, c.hidden_size, a.sel.get(), stream_);
+  norm(a.sel.get(), nullptr, final_norm_w_.get(), final_norm_b_.size() ? final_norm_b_.get() : nullptr, n, a.h16.get());
   const void* head = lm_head_.size() ? lm_head_.get() : embed_.get();
   if (!tp_) {
     gemm(a.h16.get(), n, c.hidden_size, head, c.vocab_size, a.logits.get(), true);

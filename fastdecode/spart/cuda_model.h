@@ -2,18 +2,16 @@
 // engine). 16-bit weights and activations (GEMM inputs and outputs), fp16 or bf16 (the model's `act`
 // type), fp32 accumulation inside the GEMMs (cuBLAS GemmEx, compute 32F), an fp32 residual stream, fp32
 // logits. Fused GEMMs: one [q|k|v] projection and, for Llama, one [gate|up] projection. The o- and
-// down-projections write 16-bit outputs (cuBLAS's 16-bit-output kernels, as for the other projections, instead of
-// its fp32-C kernels with beta = 1) and the next norm adds them into the fp32 residual on its way (o's in the MLP's
-// norm, down's in the next layer's attention norm, the last layer's in logits()' row gather): no kernel reads and
-// writes the residual just to add, and the elementwise work after a GEMM is one kernel (bias + RoPE + split; add +
-// norm; activation). Between layers x therefore lacks the down-projection's branch, which waits in a.r16 (its
-// bias, OPT's, went into x with the MLP norm): settle() adds it where x itself leaves (a pipeline hand-off).
+// down-projections add their product straight into the fp32 residual (GEMM with an fp32 C and beta = 1),
+// so no kernel reads and writes the residual just to add; the elementwise work after a GEMM is one
+// kernel (bias + RoPE + split; norm; activation). (Tried: 16-bit o/down outputs added into x by the next norm, so
+// that every GEMM is a 16-bit-output kernel: the layer ran 0-4 us slower at B = 64-1024 on the H200, the norms'
+// extra reads costing more than the fp32-output GEMMs did; artifacts/stages/spart-residual-ab-d5980ce.)
 // Work goes to one stream at a time: the constructor's, or the one use_stream() names last (the CUDA S-Part keeps a
 // stream per mini-batch slot); nothing is allocated per step once a batch size (and a stream) has been seen.
 // Tensor parallelism (a Communicator tp of size T > 1, weights = one rank's shard): the embedding is masked to
 // the rank's vocabulary and all-reduced; rank 0 adds each residual branch (o, down) and its bias into x while
-// the others write only their share, into x as an fp32 GEMM output (beta = 1 on rank 0), then x is all-reduced
-// (every rank holds the same x; nothing waits in a.r16 there); the LM head's
+// the others write only their share, then x is all-reduced (every rank holds the same x); the LM head's
 // vocabulary slices are all-gathered into the full logits. Device buffers go to the communicator on the
 // stream when it takes them (nccl); otherwise through a pinned host copy (gloo), synchronising the stream.
 #pragma once
@@ -80,7 +78,6 @@ struct DevActs {
   DeviceBuffer<float> x, q, k, v, att, sel, logits;
   DeviceBuffer<float> lshard, lpad, lall;  // tensor parallel: this rank's logits slice, padded, gathered
   DeviceBuffer<uint16_t> h16, a16, i16, qkv16, gu16;
-  DeviceBuffer<uint16_t> r16;  // a residual branch (o, down) in 16 bits, until a norm adds it into x
   DeviceBuffer<__half> q16, k16, v16;
   DeviceBuffer<int32_t> tokens, rows, starts, out_tokens;
   DeviceBuffer<int64_t> pos;
@@ -144,8 +141,7 @@ class CudaModel {
   // a.x = embeddings of a.tokens at a.pos (both already on the device).
   void embed(DevActs& a) const;
   // q, k, v = projections of norm(a.x) (+ bias, + RoPE at a.pos), contiguous, into a.q/a.k/a.v (fp32)
-  // and/or a.q16/a.k16/a.v16 (fp16) as `outputs` says. At layer > 0 the previous layer's down-projection
-  // branch (a.r16) is first added into a.x: layer l follows attention_output_and_mlp(l - 1) on the same a.
+  // and/or a.q16/a.k16/a.v16 (fp16) as `outputs` says.
   enum Outputs : unsigned { kF32 = 1, kF16 = 2 };
   // With `cache`: k and v go (fp16) straight into that KV-cache (cuda::QkvPostParams::slots) instead, and only q
   // comes out as `outputs` says (the GPU-only engine's decode: no fp32 k/v and no append_kv kernel).
@@ -156,14 +152,9 @@ class CudaModel {
     int64_t max_ctx;
   };
   void attention_input(DevActs& a, int layer, unsigned outputs = kF32, const KvCacheRows* cache = nullptr) const;
-  // a.x += o-proj(a.a16) (+ bias); then the MLP of norm(a.x), left in a.r16 for the next norm to add (see the
-  // top; under tensor parallelism added into a.x here). a.a16 holds the attention output (act type).
+  // a.x += o-proj(a.a16) (+ bias); a.x += MLP(norm(a.x)). a.a16 holds the attention output (act type).
   void attention_output_and_mlp(DevActs& a, int layer) const;
-  // a.x += the last layer's branch left in a.r16: x complete, as a pipeline stage hands it on.
-  // Call once, after the last layer's attention_output_and_mlp (a no-op under tensor parallelism).
-  void settle(DevActs& a) const;
-  // a.logits [n, V] = LM head of final-norm(a.x[a.rows[0..n)]), the rows taken with the branch left in a.r16
-  // added: after an attention_output_and_mlp (never after settle(), which adds it too).
+  // a.logits [n, V] = LM head of final-norm(a.x[a.rows[0..n)]).
   void logits(DevActs& a, int64_t n) const;
   // Next tokens for a.x[a.rows[0..n)], sampled on the device (only n token ids come down), row i as
   // fd::sample_token with params[i] and (request_ids[i], steps[i]): every row greedy -> an argmax; one
@@ -207,9 +198,8 @@ class CudaModel {
     DeviceBuffer<float> attn_norm_w, attn_norm_b, mlp_norm_w, mlp_norm_b, bqkv, bo, b_up, b_down;
     bool has_qkv_bias = false, has_o_bias = false, has_down_bias = false;
   };
-  // out (act type) = norm(x), after x += add_rows (act type, [T, hidden]) + add_bias when given.
-  void norm(float* x, const void* add_rows, const float* add_bias, const float* w, const float* b, int64_t T,
-            void* out) const;
+  // out (act type) = norm(x), after x += add_bias when given.
+  void norm(float* x, const float* add_bias, const float* w, const float* b, int64_t T, void* out) const;
   // Tensor parallel: buf (device, n floats) = its sum over the group's ranks / out = [rank 0's in | ...].
   void all_reduce(float* buf, int64_t n) const;
   void all_gather(const float* in, float* out, int64_t n) const;
@@ -218,7 +208,6 @@ class CudaModel {
   ModelConfig cfg_;
   WeightShard shard_;
   Communicator* tp_ = nullptr;  // size > 1 only
-  bool pending_ = true;         // residual branches wait in a.r16 for the next norm (false under tensor parallelism)
   mutable void* tp_stage_ = nullptr;  // pinned
   mutable size_t tp_stage_bytes_ = 0;
   cudaStream_t stream_;

@@ -211,7 +211,6 @@ class CudaSPart : public SPart {
     const size_t bytes = size_t(a.T * cfg_.hidden_size) * 4;
     mark(slot, -1, "residual out");
     const Closer close{this, slot};  // the span ends after the hand-off's device work
-    model_->settle(a);  // the last layer's branch, waiting in 16 bits, into x
     if (c.device_buffers()) {
       c.send(a.x.get(), bytes, peer, stream_);
       return;

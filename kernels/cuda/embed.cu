@@ -24,10 +24,9 @@ __global__ void embed_kernel(const int32_t* tokens, const int64_t* pos, const T*
     x[t * H + i] = (e ? Act<T>::to(e[i]) : 0.0f) + (p ? Act<T>::to(p[i]) : 0.0f);
 }
 
-template <typename T>
-__global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t H, float* out, const T* add) {
-  const int64_t r = int64_t(rows[blockIdx.x]) * H;
-  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[blockIdx.x * H + i] = x[r + i] + (add ? Act<T>::to(add[r + i]) : 0.0f);
+__global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t H, float* out) {
+  const float* src = x + int64_t(rows[blockIdx.x]) * H;
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[blockIdx.x * H + i] = src[i];
 }
 
 }  // namespace
@@ -41,11 +40,8 @@ void embed(const int32_t* tokens, const int64_t* pos, const void* table, const v
                       vocab_begin, vocab_end, H, x));
   check_launch("embed");
 }
-void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s, const void* add,
-                 DType t) {
-  FD_ACT_DISPATCH(t, "gather_rows",
-                  if (n > 0) gather_rows_kernel<A16><<<unsigned(n), kThreads, 0, s>>>(x, rows, H, out,
-                                                                                   static_cast<const A16*>(add)));
+void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s) {
+  if (n > 0) gather_rows_kernel<<<unsigned(n), kThreads, 0, s>>>(x, rows, H, out);
   check_launch("gather_rows");
 }
 

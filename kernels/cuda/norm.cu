@@ -14,28 +14,22 @@ namespace {
 
 using namespace detail;
 
-// Row x (n % 4 == 0) in float4s: x += rows (16-bit, this row's) + bias, stored back, when either is given;
-// returns the element.
-template <typename T>
-__device__ __forceinline__ float4 row4(float4* xr, const T* rows, const float4* bias, int64_t i) {
+// Row x (n % 4 == 0) in float4s: x += bias (stored back) when bias is given; returns the element.
+__device__ __forceinline__ float4 row4(float4* xr, const float4* bias, int64_t i) {
   float4 v = xr[i];
-  if (rows) v = v + load4(rows + 4 * i);
-  if (bias) v = v + bias[i];
-  if (rows || bias) xr[i] = v;
+  if (bias) xr[i] = v = v + bias[i];
   return v;
 }
 
 template <typename T>
-__global__ void rmsnorm_kernel(float* x, const T* add_rows, const float* add_bias, const float* w, float eps, int64_t n,
-                               T* out) {
+__global__ void rmsnorm_kernel(float* x, const float* add_bias, const float* w, float eps, int64_t n, T* out) {
   float4* xr = reinterpret_cast<float4*>(x + blockIdx.x * n);
-  const T* ar = add_rows ? add_rows + blockIdx.x * n : nullptr;
   const float4* b4 = reinterpret_cast<const float4*>(add_bias);
   const float4* w4 = reinterpret_cast<const float4*>(w);
   T* o = out + blockIdx.x * n;
   float ss = 0;
   for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
-    const float4 v = row4(xr, ar, b4, i);
+    const float4 v = row4(xr, b4, i);
     ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
   }
   const float r = rsqrtf(block_sum(ss) / float(n) + eps);
@@ -46,17 +40,16 @@ __global__ void rmsnorm_kernel(float* x, const T* add_rows, const float* add_bia
 }
 
 template <typename T>
-__global__ void layernorm_kernel(float* x, const T* add_rows, const float* add_bias, const float* w, const float* b,
-                                 float eps, int64_t n, T* out) {
+__global__ void layernorm_kernel(float* x, const float* add_bias, const float* w, const float* b, float eps, int64_t n,
+                                 T* out) {
   float4* xr = reinterpret_cast<float4*>(x + blockIdx.x * n);
-  const T* ar = add_rows ? add_rows + blockIdx.x * n : nullptr;
   const float4* b4 = reinterpret_cast<const float4*>(add_bias);
   const float4* w4 = reinterpret_cast<const float4*>(w);
   const float4* bb4 = reinterpret_cast<const float4*>(b);
   T* o = out + blockIdx.x * n;
   float s = 0;
   for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
-    const float4 v = row4(xr, ar, b4, i);
+    const float4 v = row4(xr, b4, i);
     s += v.x + v.y + v.z + v.w;
   }
   const float mean = block_sum(s) / float(n);
@@ -74,43 +67,31 @@ __global__ void layernorm_kernel(float* x, const T* add_rows, const float* add_b
   }
 }
 
-// Four elements per thread (n % 4 == 0); rows on grid y (striding past 65535).
-template <typename T>
-__global__ void add_rows_kernel(float* x, const T* rows, const float* bias, int64_t T_rows, int64_t n) {
+__global__ void add_bias_rows_kernel(float* x, const float* bias, int64_t total, int64_t n) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (4 * i >= n) return;
-  const float4* b4 = reinterpret_cast<const float4*>(bias);
-  for (int64_t t = blockIdx.y; t < T_rows; t += gridDim.y) {
-    float4* xr = reinterpret_cast<float4*>(x + t * n);
-    row4(xr, rows ? rows + t * n : nullptr, b4, i);
-  }
+  if (i < total) x[i] += bias[i % n];
 }
 
 }  // namespace
 
-void rmsnorm(float* x, const void* add_rows, const float* add_bias, const float* w, float eps, int64_t T, int64_t n,
-             void* out, DType ot, cudaStream_t s) {
+void rmsnorm(float* x, const float* add_bias, const float* w, float eps, int64_t T, int64_t n, void* out, DType ot,
+             cudaStream_t s) {
   check_width(n, 4, "rmsnorm");
   FD_ACT_DISPATCH(ot, "rmsnorm",
-                  if (T > 0) rmsnorm_kernel<A16><<<unsigned(T), kThreads, 0, s>>>(
-                      x, static_cast<const A16*>(add_rows), add_bias, w, eps, n, static_cast<A16*>(out)));
+                  if (T > 0) rmsnorm_kernel<A16><<<unsigned(T), kThreads, 0, s>>>(x, add_bias, w, eps, n, static_cast<A16*>(out)));
   check_launch("rmsnorm");
 }
-void layernorm(float* x, const void* add_rows, const float* add_bias, const float* w, const float* b, float eps,
-               int64_t T, int64_t n, void* out, DType ot, cudaStream_t s) {
+void layernorm(float* x, const float* add_bias, const float* w, const float* b, float eps, int64_t T, int64_t n,
+               void* out, DType ot, cudaStream_t s) {
   check_width(n, 4, "layernorm");
   FD_ACT_DISPATCH(ot, "layernorm",
-                  if (T > 0) layernorm_kernel<A16><<<unsigned(T), kThreads, 0, s>>>(
-                      x, static_cast<const A16*>(add_rows), add_bias, w, b, eps, n, static_cast<A16*>(out)));
+                  if (T > 0) layernorm_kernel<A16><<<unsigned(T), kThreads, 0, s>>>(x, add_bias, w, b, eps, n,
+                                                                                 static_cast<A16*>(out)));
   check_launch("layernorm");
 }
-void add_rows(float* x, const void* rows, DType t, const float* bias, int64_t T, int64_t n, cudaStream_t s) {
-  check_width(n, 4, "add_rows");
-  if (!rows && !bias) return;
-  FD_ACT_DISPATCH(t, "add_rows",
-                  if (T * n > 0) add_rows_kernel<A16><<<dim3(blocks(n / 4), unsigned(std::min<int64_t>(T, 65535))),
-                                                        kThreads, 0, s>>>(x, static_cast<const A16*>(rows), bias, T, n));
-  check_launch("add_rows");
+void add_bias_rows(float* x, const float* bias, int64_t T, int64_t n, cudaStream_t s) {
+  if (T * n > 0) add_bias_rows_kernel<<<blocks(T * n), kThreads, 0, s>>>(x, bias, T * n, n);
+  check_launch("add_bias_rows");
 }
 
 }  // namespace fd::cuda
