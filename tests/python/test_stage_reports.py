@@ -206,6 +206,13 @@ def test_stage_targets_verdicts(tmp_path):
     assert ps[3] is True and ps[2] == "1.06x (its whole decode step: 1.31x)" and "(B 256)" in ps[0]
     kern.write_text(json.dumps([{"file": "paged-swap-b64.csv.gz", "attention_roofline": {"batch": 64, "ratio": 1.31}}]))
     assert st.roofline_rows(str(roof), str(kern))[1][3] is False
+    # Runs at two depths: each depth's range, met only when every point of both is.
+    roof.write_text(json.dumps({"rows": [{"engine": "gpu-only", "layers": 2, "requested_batch": 64, "step_vs_roofline": 1.38},
+                                         {"engine": "gpu-only", "layers": 2, "requested_batch": 256, "step_vs_roofline": 1.29},
+                                         {"engine": "gpu-only", "layers": 4, "requested_batch": 256, "step_vs_roofline": 1.25},
+                                         {"engine": "paged-swap", "layers": 2, "requested_batch": 64, "step_vs_roofline": 1.31}]}))
+    go = st.roofline_rows(str(roof), str(kern))[0]
+    assert go[2] == "2 layers: 1.29-1.38x; 4 layers: 1.25x" and go[3] is False
 
     # fp16 GQA against its ceiling: the best ISA of one run, but every repeat (*_rN.json) kept, not the kindest.
     def attn(path, isa_ratios):
