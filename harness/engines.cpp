@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <filesystem>
 #include <functional>
 #include <set>
 
@@ -13,7 +14,9 @@
 #include "baselines/paged_swap/paged_swap_engine.h"
 #include "baselines/reference/reference_engine.h"
 #include "baselines/vanilla/vanilla_engine.h"
+#include "fastdecode/spart/gemm_table.h"
 #include "fastdecode/sworker/fastdecode_engine.h"
+#include "kernels/cuda/device_info.h"
 
 namespace fd {
 
@@ -76,9 +79,20 @@ json engine_spec_to_json(const EngineSpec& spec) {
   return j;
 }
 
+std::string resolve_gemm_table(const std::string& spec) {
+  if (spec == "none" || spec.empty()) return "";
+  if (spec != "auto") return spec;
+  const auto devs = cuda_devices();
+  if (devs.empty()) return "";
+  const std::string p = std::string(FD_SOURCE_DIR) + "/configs/gemm/" + gemm_table_file_name(devs[0].name);
+  return std::filesystem::exists(p) ? p : "";
+}
+
 std::unique_ptr<Engine> make_engine(const EngineSpec& spec, const EngineContext& ctx) {
   if (spec.threads > 0) omp_set_num_threads(int(spec.threads));
-  return find(spec.type).make(spec.config, ctx);
+  EngineContext c = ctx;
+  c.hardware.gpu_gemm_table = resolve_gemm_table(ctx.hardware.gpu_gemm_table);
+  return find(spec.type).make(spec.config, c);
 }
 
 }  // namespace fd

@@ -24,6 +24,10 @@ EngineSpec parse_engine_spec(StrictObject o);
 json engine_spec_to_json(const EngineSpec& spec);
 // Names accepted by "engine.type".
 std::vector<std::string> engine_types();
+// ctx.hardware.gpu_gemm_table is resolved first (resolve_gemm_table): the engines get a file or "".
 std::unique_ptr<Engine> make_engine(const EngineSpec& spec, const EngineContext& ctx);
+// hardware.gpu.gemm_table as the engines take it: "none" -> ""; "auto" -> configs/gemm/<the first CUDA device's
+// table file> (gemm_table_file_name) in the source tree when it exists, else ""; a file as it is.
+std::string resolve_gemm_table(const std::string& spec);
 
 }  // namespace fd

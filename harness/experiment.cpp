@@ -315,6 +315,7 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
 
   e.engine = parse_engine_spec(top.get_object("engine"));
 
+  e.hardware.gpu_gemm_table = "auto";
   if (top.has("hardware")) {
     StrictObject h = top.get_object("hardware");
     if (h.has("gpu")) {
@@ -322,6 +323,10 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
       // 0 (the default) = the device's own: a resolved config (summary.json, run --check) loads again as written.
       e.hardware.gpu_memory_gb = g.get_number("memory_gb", 0.0, 1e6, 0.0);
       e.hardware.gpu_sm_count = g.get_int("sm_count", 0, 1 << 16, 0);
+      // "auto": the device's table in configs/gemm/ if there is one (make_engine resolves it); "none"; or a file.
+      const std::string table = g.get_string("gemm_table", "auto");
+      if (table.empty()) g.fail("gemm_table", "\"auto\", \"none\" or a GEMM table file");
+      e.hardware.gpu_gemm_table = table == "auto" || table == "none" ? table : resolve(path, table);
       g.finish();
     } else {
       h.get_raw("gpu");
@@ -460,7 +465,8 @@ json ExperimentConfig::resolved() const {
         {"kv_capacity_tokens", schedule.kv_capacity_tokens}}},
       {"engine", engine_spec_to_json(engine)},
       {"hardware",
-       {{"gpu", {{"memory_gb", hardware.gpu_memory_gb}, {"sm_count", hardware.gpu_sm_count}}},
+       {{"gpu", {{"memory_gb", hardware.gpu_memory_gb}, {"sm_count", hardware.gpu_sm_count},
+                 {"gemm_table", hardware.gpu_gemm_table}}},
         {"rworkers", {{"count", hardware.rworkers}, {"threads", hardware.rworker_threads}}},
         {"network", network_json(hardware.network)}}},
       {"output", out},

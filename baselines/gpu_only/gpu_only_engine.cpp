@@ -60,6 +60,7 @@ class GpuOnlyEngine : public Engine {
       o.sm_count = int(ctx.hardware.gpu_sm_count);
       o.act = dtype_from_name(ec.dtype);
       o.cuda_graphs = ec.cuda_graphs && G == 1;
+      o.gemm_table = ctx.hardware.gpu_gemm_table;
       o.max_ctx = max_ctx_;
       o.tp = comms_.tp(size_t(g));
       o.pp = comms_.pp(size_t(g));
@@ -121,6 +122,7 @@ class GpuOnlyEngine : public Engine {
               {"max_context", max_ctx_},
               {"slots", slots_},
               {"cuda_graphs", r0.graphs()},
+              {"gemm_table", r0.model().gemm_table_info()},
               {"slots_limited_by_device", slots_device_limited_}};
     if (ranks_.size() > 1) {
       const ParallelConfig& pc = ec_.parallel;

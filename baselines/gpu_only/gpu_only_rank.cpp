@@ -21,6 +21,7 @@ GpuOnlyRank::GpuOnlyRank(const ModelWeights& w, const GoRankOptions& o) : o_(o) 
   stream_ = streams_->stream(0);
   Communicator* tp = o_.tp && o_.tp->size() > 1 ? o_.tp : nullptr;
   model_ = std::make_unique<CudaModel>(w, stream_, streams_->limited() ? streams_->sm_count() : 0, o_.act, tp);
+  model_->use_gemm_table(load_gemm_table(o_.gemm_table));
   if (tp || o_.pp) o_.cuda_graphs = false;  // collectives and hand-offs synchronise: not inside a captured graph
   for (int i = 0; i < 2 * int(w.cfg.num_layers) + 2; ++i) {
     cudaEvent_t e;

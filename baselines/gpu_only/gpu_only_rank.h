@@ -58,6 +58,7 @@ struct GoRankOptions {
   int pp_rank = 0, pp_size = 1;
   std::string track = "gpu stream 0";  // trace track of its spans
   std::string comm_track;              // trace track of its stage hand-offs (pipeline parallel)
+  std::string gemm_table;              // a GEMM table file (fastdecode/spart/gemm_table.h), "" for none
 };
 
 class GpuOnlyRank {
@@ -80,6 +81,7 @@ class GpuOnlyRank {
   int sm_count() const { return streams_->sm_count(); }
   bool sm_limited() const { return streams_->limited(); }
   bool graphs() const { return graphs_ != nullptr; }
+  const CudaModel& model() const { return *model_; }
 
  protected:  // the hybrid engine's rank (baselines/hybrid) adds rows whose KV lives on R-workers
   bool last_stage() const { return o_.pp_rank + 1 == o_.pp_size; }

@@ -99,6 +99,7 @@ class HostOffloadEngine : public Engine {
     h2d_ceiling_gbs_ = measure_h2d_gbs(copy_, size_t(256) << 20, 3);
     model_ = std::make_unique<CudaModel>(load_model_weights(cfg_, ctx.weights), stream_,
                                          streams_->limited() ? streams_->sm_count() : 0, dtype_from_name(ec.dtype));
+    model_->use_gemm_table(load_gemm_table(ctx.hardware.gpu_gemm_table));
     max_ctx_ = ec.max_context > 0 ? ec.max_context : cfg_.position_limit();
     host_bytes_ = ec.host_kv_gb * 1e9;
     slots_ = host_offload_slots(cfg_, host_bytes_, max_ctx_);
@@ -157,6 +158,7 @@ class HostOffloadEngine : public Engine {
     return {{"device", device_name_},
             {"s_part", "cuda: " + ec_.dtype + " weights and activations, fused QKV and gate|up GEMMs (cuBLAS GemmEx, "
                        "fp32 accumulation, residual added in the GEMM); eager (no CUDA graphs)"},
+            {"gemm_table", model_->gemm_table_info()},
             {"attention", "cuda: every KV byte in pinned host memory; per layer the batch's K/V rows copied H2D (" +
                               ec_.copy + ") into a double-buffered staging buffer on a copy stream, then flash-decoding "
                               "over it; new rows written to host memory through the mapped pointer (zero-copy); tiled causal prefill"},

@@ -69,6 +69,7 @@ class HybridEngine : public Engine {
     o.act = dtype_from_name(ec_.dtype);
     o.cuda_graphs = ec_.cuda_graphs;
     o.max_ctx = max_ctx_;
+    o.gemm_table = ctx.hardware.gpu_gemm_table;
     rank_ = std::make_unique<HybridRank>(load_model_weights(ctx.model, ctx.weights), o,
                                          std::make_unique<RWorkerClient>(endpoints, co));
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -117,7 +118,8 @@ class HybridEngine : public Engine {
     return {{"controller", ec_.controller.to_json()}, {"prior", prior}, {"slots", slots_}, {"max_context", max_ctx_},
             {"memory_budget_gb", budget_bytes_ / 1e9}, {"slots_limited_by_device", slots_device_limited_},
             {"combined_capacity_tokens", ctl_->combined_capacity_tokens()}, {"rworkers", workers},
-            {"cuda_graphs", rank_->graphs()}, {"sm_count", rank_->sm_count()}};
+            {"cuda_graphs", rank_->graphs()}, {"sm_count", rank_->sm_count()},
+            {"gemm_table", rank_->model().gemm_table_info()}};
   }
 
  public:

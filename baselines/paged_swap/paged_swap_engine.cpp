@@ -52,6 +52,7 @@ class PagedSwapEngine : public Engine {
     stream_ = streams_->stream(0);
     model_ = std::make_unique<CudaModel>(load_model_weights(cfg_, ctx.weights), stream_,
                                          streams_->limited() ? streams_->sm_count() : 0, dtype_from_name(ec.dtype));
+    model_->use_gemm_table(load_gemm_table(ctx.hardware.gpu_gemm_table));
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     budget_bytes_ = ctx.hardware.gpu_memory_gb > 0 ? ctx.hardware.gpu_memory_gb * 1e9 : double(total_b);
@@ -122,7 +123,8 @@ class PagedSwapEngine : public Engine {
             {"watermark", ec_.watermark},
             {"max_num_seqs", ec_.max_num_seqs},
             {"max_num_batched_tokens", ec_.max_num_batched_tokens},
-            {"cuda_graphs", false}};
+            {"cuda_graphs", false},
+            {"gemm_table", model_->gemm_table_info()}};
   }
 
   void add(const std::vector<Request>& requests) override {

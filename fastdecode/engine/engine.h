@@ -152,6 +152,10 @@ struct HardwareBalance {
   int64_t rworkers = 0;        // spawned R-workers, pinned to disjoint cores; 0 = the engine's own count
   int64_t rworker_threads = 0; // compute threads (cores) per spawned R-worker
   NetworkLink network;         // spawned R-workers behind an emulated link (multi-host emulation)
+  // The CUDA S-Part's GEMM table (fastdecode/spart/gemm_table.h): a file, or "" for none (cuBLAS's default
+  // algorithms). Experiment configs say "auto" (the default), which the harness resolves to the device's table in
+  // configs/gemm/ when there is one, or "none".
+  std::string gpu_gemm_table;
 };
 
 // What an engine is made with besides its own config section.

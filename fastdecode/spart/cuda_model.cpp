@@ -18,6 +18,9 @@ namespace fd {
 
 namespace {
 
+// The workspace given to cuBLAS per stream (set_blas_stream); cuBLASLt's algorithms are asked for within it.
+constexpr size_t kBlasWorkspace = size_t(32) << 20;
+
 // Uploads the concatenation of `parts` (fp32 host) as the 16-bit type t.
 DeviceBuffer<uint16_t> upload_16(DType t, std::initializer_list<const std::vector<float>*> parts, size_t& bytes) {
   size_t n = 0;
@@ -67,6 +70,8 @@ CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_ta
     return upload_16(act, parts, bytes);
   };
   CUBLAS_CHECK(cublasCreate(&blas_));
+  CUBLAS_CHECK(cublasLtCreate(&lt_));
+  sm_count_target_ = sm_count_target;
   if (sm_count_target > 0) CUBLAS_CHECK(cublasSetSmCountTarget(blas_, sm_count_target));
   set_blas_stream(stream_);
   CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_, cudaEventDisableTiming));
@@ -109,7 +114,7 @@ CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_ta
 void CudaModel::set_blas_stream(cudaStream_t s) {
   CUBLAS_CHECK(cublasSetStream(blas_, s));
   DeviceBuffer<uint8_t>& w = blas_workspaces_[s];
-  w.resize(size_t(32) << 20);
+  w.resize(kBlasWorkspace);
   CUBLAS_CHECK(cublasSetWorkspace(blas_, w.get(), w.size()));
 }
 
@@ -121,6 +126,12 @@ void CudaModel::use_stream(cudaStream_t s) {
 }
 
 CudaModel::~CudaModel() {
+  for (auto& [p, l] : lt_plans_) {
+    if (l.desc) cublasLtMatmulDescDestroy(l.desc);
+    for (auto m : {l.a, l.b, l.c})
+      if (m) cublasLtMatrixLayoutDestroy(m);
+  }
+  if (lt_) cublasLtDestroy(lt_);
   if (blas_) cublasDestroy(blas_);
   if (staging_done_) cudaEventDestroy(staging_done_);
   if (staging_) cudaFreeHost(staging_);
@@ -310,13 +321,88 @@ void CudaModel::attention_from_f32(DevActs& a) const {
   cuda::cast(a.att.get(), DType::F32, a.a16.get(), act_, a.T * cfg_.q_dim(), stream_);
 }
 
-// Row-major y = x · W^T as column-major: Y^T (out x T) = op(W) · X^T with W viewed as [in x out] col-major.
 void CudaModel::gemm(const void* x, int64_t T, int64_t in, const void* W, int64_t out, void* y, bool y_fp32,
                      float beta) const {
+  gemm_with(table_ ? table_->find({out, in, T, act_, y_fp32, beta != 0.0f}) : -1, x, T, in, W, out, y, y_fp32, beta);
+}
+
+const CudaModel::LtPlan& CudaModel::lt_plan(const GemmProblem& p) const {
+  auto it = lt_plans_.find(p);
+  if (it != lt_plans_.end()) return it->second;
+  LtPlan& l = lt_plans_[p];
+  const cudaDataType_t yt = p.y_fp32 ? CUDA_R_32F : act_cuda_;
+  // The same product as cublasGemmEx below: column-major y^T [out, T] = W^T [out, in] · x^T [in, T].
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&l.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(l.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(l.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.a, act_cuda_, uint64_t(p.in), uint64_t(p.out), int64_t(p.in)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.b, act_cuda_, uint64_t(p.in), uint64_t(p.rows), int64_t(p.in)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.c, yt, uint64_t(p.out), uint64_t(p.rows), int64_t(p.out)));
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kBlasWorkspace,
+                                                    sizeof kBlasWorkspace));
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, l.desc, l.a, l.b, l.c, l.c, pref, 16, l.algos, &l.n);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS) l.n = 0;  // none offered: gemm_with runs cuBLAS's default
+  return l;
+}
+
+int CudaModel::gemm_algos(const GemmProblem& p) const { return lt_plan(p).n; }
+
+// Row-major y = x · W^T as column-major: Y^T (out x T) = op(W) · X^T with W viewed as [in x out] col-major.
+void CudaModel::gemm_with(int algo, const void* x, int64_t T, int64_t in, const void* W, int64_t out, void* y,
+                          bool y_fp32, float beta) const {
   const float one = 1.0f;
+  if (algo >= 0) {
+    const LtPlan& l = lt_plan({out, in, T, act_, y_fp32, beta != 0.0f});
+    if (algo < l.n) {
+      void* ws = blas_workspaces_.at(stream_).get();
+      CUBLAS_CHECK(cublasLtMatmul(lt_, l.desc, &one, W, l.a, x, l.b, &beta, y, l.c, y, l.c, &l.algos[algo].algo, ws,
+                                  kBlasWorkspace, stream_));
+      ++lt_gemms_;
+      return;
+    }
+  }
   CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(T), int(in), &one, W, act_cuda_, int(in), x,
                             act_cuda_, int(in), &beta, y, y_fp32 ? CUDA_R_32F : act_cuda_, int(out), CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaModel::use_gemm_table(std::shared_ptr<const GemmTable> table) {
+  table_.reset();
+  table_note_.clear();
+  table_file_ = table ? table->source : "";
+  if (!table) return;
+  cudaDeviceProp prop{};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  const int64_t version = int64_t(cublasLtGetVersion());
+  if (table->device != prop.name)
+    table_note_ = "tuned on " + table->device + ", this is " + prop.name + ": cuBLAS's default algorithms";
+  else if (table->cublaslt_version != version)
+    table_note_ = "tuned with cuBLASLt " + std::to_string(table->cublaslt_version) + ", this is " +
+                  std::to_string(version) + ": cuBLAS's default algorithms";
+  else if (sm_count_target_ > 0)
+    table_note_ = "a green context of " + std::to_string(sm_count_target_) +
+                  " SMs (the table is tuned at all SMs): cuBLAS's default algorithms";
+  else
+    table_ = std::move(table);
+}
+
+std::string CudaModel::gemm_table_describe() const {
+  if (table_) return "GEMM algorithms from " + table_file_ + " (" + std::to_string(table_->size()) + " problems; cuBLAS's "
+                     "default for the others)";
+  return table_note_.empty() ? "cuBLAS's default GEMM algorithms" : "GEMM table " + table_file_ + ": " + table_note_;
+}
+
+json CudaModel::gemm_table_info() const {
+  json j = {{"file", table_file_.empty() ? json(nullptr) : json(table_file_)}, {"used", table_ != nullptr},
+            {"entries", table_ ? table_->size() : 0}, {"lt_gemms", lt_gemms_}};
+  if (!table_note_.empty()) j["note"] = table_note_;
+  return j;
 }
 
 void CudaModel::attention_input(DevActs& a, int layer, unsigned outputs, const KvCacheRows* cache) const {

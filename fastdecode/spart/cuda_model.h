@@ -15,6 +15,7 @@
 // vocabulary slices are all-gathered into the full logits. Device buffers go to the communicator on the
 // stream when it takes them (nccl); otherwise through a pinned host copy (gloo), synchronising the stream.
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -22,6 +23,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +32,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "fastdecode/core/sampling.h"
 #include "fastdecode/model/weights.h"
+#include "fastdecode/spart/gemm_table.h"
 
 
 namespace fd {
@@ -188,9 +191,21 @@ class CudaModel {
   // the ceiling the S-Part layer is benchmarked against (fd-spart-bench).
   void layer_gemms_only(DevActs& a, int layer) const;
   // y[T, out] = x[T, in] · W[out, in]^T (+ beta · y), x and W of the act type, fp32 accumulation; y of the
-  // act type or fp32 (y_fp32).
+  // act type or fp32 (y_fp32). The algorithm: the GEMM table's for this problem, else cuBLAS's default.
   void gemm(const void* x, int64_t T, int64_t in, const void* W, int64_t out, void* y, bool y_fp32 = false,
             float beta = 0.0f) const;
+
+  // The GEMM table (gemm_table.h): each GEMM whose problem it lists runs that cuBLASLt algorithm. Not used (and
+  // gemm_table_info() says why) when it was tuned on another device or cuBLASLt version, or when the model runs on
+  // a green context (the table is tuned at all SMs). Null: none.
+  void use_gemm_table(std::shared_ptr<const GemmTable> table);
+  json gemm_table_info() const;  // {"file", "entries", "used", "lt_gemms" (GEMMs issued by it), "note"}
+  std::string gemm_table_describe() const;  // the same in words, for an engine's description
+  // For tuning (fd-spart-bench --tune-gemm): how many algorithms cuBLASLt's heuristic offers for p (at most 16),
+  // and the GEMM run with the i-th of them (-1: cuBLAS's default), as gemm() runs it.
+  int gemm_algos(const GemmProblem& p) const;
+  void gemm_with(int algo, const void* x, int64_t T, int64_t in, const void* W, int64_t out, void* y, bool y_fp32,
+                 float beta) const;
 
  private:
   struct Layer {
@@ -212,6 +227,19 @@ class CudaModel {
   mutable size_t tp_stage_bytes_ = 0;
   cudaStream_t stream_;
   cublasHandle_t blas_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;  // the GEMM table's algorithms
+  int sm_count_target_ = 0;
+  std::shared_ptr<const GemmTable> table_;  // null: none, or not usable here (table_note_ says why)
+  std::string table_file_, table_note_;
+  struct LtPlan {  // one problem's descriptors and the heuristic's algorithms, made at its first use
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulHeuristicResult_t algos[16];
+    int n = 0;
+  };
+  mutable std::map<GemmProblem, LtPlan> lt_plans_;
+  mutable int64_t lt_gemms_ = 0;
+  const LtPlan& lt_plan(const GemmProblem& p) const;
   std::map<cudaStream_t, DeviceBuffer<uint8_t>> blas_workspaces_;  // per stream used
   void set_blas_stream(cudaStream_t s);
   std::vector<Layer> layers_;

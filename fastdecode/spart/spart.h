@@ -173,6 +173,7 @@ struct CudaSPartOptions {
   bool cuda_graphs = false; // decode stages of at most 1024 rows replayed from CUDA graphs (batch padded)
   int device = 0;           // the CUDA device (every call sets it current on the calling thread)
   SPartComms comms;         // tp of size T > 1: `weights` is tensor rank tp->rank()'s shard, as for the cpu S-Part
+  std::string gemm_table;   // a GEMM table file (fastdecode/spart/gemm_table.h), "" for none
 };
 // 16-bit weights on a CUDA device, cuBLAS GEMMs with fp32 accumulation, activations resident in device
 // memory, each slot's work on a CUDA stream of its own (kStreams streams, slot s on stream s % kStreams; one stream

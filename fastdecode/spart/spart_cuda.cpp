@@ -45,6 +45,7 @@ class CudaSPart : public SPart {
     streams_ = std::make_unique<cuda::SmLimitedStreams>(o.sm_count, tp_ ? 1 : kStreams, device_);
     stream_ = streams_->stream(0);
     model_ = std::make_unique<CudaModel>(w, stream_, streams_->limited() ? streams_->sm_count() : 0, o.act, tp_);
+    model_->use_gemm_table(load_gemm_table(o.gemm_table));
     CUDA_CHECK(cudaEventCreate(&anchor_));
   }
   ~CudaSPart() override {
@@ -69,7 +70,7 @@ class CudaSPart : public SPart {
            " weights and GEMM inputs, fp32 accumulation (cuBLAS GemmEx), fused QKV and gate|up GEMMs, residual added "
            "in the GEMM, activations resident on the device, " + std::to_string(streams_->n_streams()) +
            " CUDA stream(s) (a slot's work on stream slot % " + std::to_string(streams_->n_streams()) + ")" +
-           std::string(graphs_on_ ? ", CUDA graphs" : "");
+           std::string(graphs_on_ ? ", CUDA graphs" : "") + "; " + model_->gemm_table_describe();
   }
 
   HostBuffer alloc_host(size_t bytes) override {

@@ -207,7 +207,8 @@ FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineC
     std::unique_ptr<SPart> sp =
         ec.backend == "cuda"
             ? make_cuda_spart(std::move(weights[size_t(g)]), {int(ctx.hardware.gpu_sm_count), dtype_from_name(ec.dtype),
-                                                              ec.cuda_graphs, devices[size_t(g)], comms})
+                                                              ec.cuda_graphs, devices[size_t(g)], comms,
+                                                              ctx.hardware.gpu_gemm_table})
             : make_cpu_spart(std::move(weights[size_t(g)]), comms);
     auto client = std::make_unique<RWorkerClient>(endpoints[size_t(g)], client_options);
     SRankOptions o;

@@ -9,9 +9,17 @@
 // measured on one GPU: PREDICTED per-rank compute at T GPUs, without the two all-reduces of B x hidden fp32
 // per layer that T ranks add. Those are measured (NCCL, one thread per GPU, CUDA events) only where T GPUs
 // answer and the build has NCCL; otherwise allreduce_ms is null and the output says why.
+// The GEMMs run the GEMM table's algorithms, as the engines do (--gemm-table: "auto", the default, is the device's
+// table in configs/gemm/; "none" is cuBLAS's default). --tune-gemm FILE instead times, for each of the model's
+// weight GEMMs ([q|k|v], o, [gate|up], down as one layer calls them, the LM head) at each --tune-rows, cuBLAS's default
+// and every algorithm cuBLASLt's heuristic offers (on four copies of the weight in turn, so that none is read from
+// L2), and writes the fastest into FILE (fastdecode/spart/gemm_table.h) where it beats the default by more than
+// --tune-margin; entries of FILE for other problems are kept.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 
 #include <thread>
@@ -20,6 +28,7 @@
 #include "fastdecode/model/shard.h"
 #include "fastdecode/parallel/comm.h"
 #include "fastdecode/spart/cuda_model.h"
+#include "harness/engines.h"
 #include "harness/bench/cuda_timing.h"
 #include "harness/provenance.h"
 #include "kernels/cuda/activation.h"
@@ -28,13 +37,102 @@
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/qkv.h"
 
+namespace {
+
+// --tune-gemm: the model's weight GEMM problems at each of `rows`, each algorithm timed against cuBLAS's default.
+int tune(const fd::CudaModel& m, const fd::ModelConfig& c, fd::DType act, const std::vector<int64_t>& rows, int64_t reps,
+         double margin, const std::string& file, const std::string& command) {
+  if (c.arch != fd::Arch::Llama && c.arch != fd::Arch::OPT) FD_THROW("--tune-gemm: unknown architecture");
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  fd::GemmTable t;
+  if (std::filesystem::exists(file)) {
+    t = fd::GemmTable::load(file);  // merged: its other problems are kept
+    if (t.device != prop.name || t.cublaslt_version != int64_t(cublasLtGetVersion()))
+      FD_THROW_BAD_INPUT(file << " holds a table for " << t.device << " with cuBLASLt " << t.cublaslt_version
+                              << "; this is " << prop.name << " with " << cublasLtGetVersion()
+                              << ": write another file");
+  }
+  t.device = prop.name;
+  t.cublaslt_version = int64_t(cublasLtGetVersion());
+  fd::json made = t.notes.is_object() && t.notes.contains("made_by") ? t.notes["made_by"] : fd::json::array();
+  if (!made.is_array()) made = fd::json::array({made});
+  made.push_back(command);  // every tuning run that wrote into this file
+  t.notes = {{"made_by", made}, {"rule", "the fastest of cuBLAS's default and cuBLASLt's heuristic algorithms (at most "
+                                            "16), each timed over four weight copies; an entry only where it beats the "
+                                            "default by more than the margin"},
+             {"margin", margin}, {"provenance", fd::collect_provenance(command)}};
+  const int64_t H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
+  const bool llama = c.arch == fd::Arch::Llama;
+  struct Shape {
+    const char* name;
+    int64_t out, in;
+    bool y_fp32;
+    float beta;
+  };
+  // As CudaModel calls them (one GPU: the o and down projections add into the fp32 residual).
+  const std::vector<Shape> shapes = {{"qkv", qd + 2 * kvd, H, false, 0.0f}, {"o", H, qd, true, 1.0f},
+                                     {"gate_up", llama ? 2 * I : I, H, false, 0.0f}, {"down", H, I, true, 1.0f},
+                                     {"lm_head", c.vocab_size, H, true, 0.0f}};
+  const cudaStream_t s = m.stream();
+  int changed = 0;
+  std::printf("%-8s %6s %5s %11s %9s %6s\n", "gemm", "rows", "algos", "default_us", "best_us", "algo");
+  for (const Shape& g : shapes) {
+    constexpr int kCopies = 4;
+    std::vector<fd::DeviceBuffer<uint16_t>> W;
+    for (int k = 0; k < kCopies; ++k) {
+      W.emplace_back(size_t(g.out * g.in));
+      CUDA_CHECK(cudaMemsetAsync(W.back().get(), 0, size_t(g.out * g.in) * 2, s));
+    }
+    const int64_t rmax = *std::max_element(rows.begin(), rows.end());
+    fd::DeviceBuffer<uint16_t> x(size_t(rmax * g.in));
+    fd::DeviceBuffer<float> y(size_t(rmax * g.out));
+    CUDA_CHECK(cudaMemsetAsync(x.get(), 0, x.size() * 2, s));
+    CUDA_CHECK(cudaMemsetAsync(y.get(), 0, y.size() * 4, s));
+    for (const int64_t T : rows) {
+      const fd::GemmProblem p{g.out, g.in, T, act, g.y_fp32, g.beta != 0.0f};
+      int turn = 0;
+      const auto time = [&](int algo) {
+        return fd::cuda_ms_per_call(s, reps, [&] {
+          m.gemm_with(algo, x.get(), T, g.in, W[size_t(turn++ % kCopies)].get(), g.out, y.get(), g.y_fp32, g.beta);
+        });
+      };
+      const double def = time(-1);
+      const int n = m.gemm_algos(p);
+      int best = -1;
+      double best_ms = def;
+      for (int a = 0; a < n; ++a) {
+        const double ms = time(a);
+        if (ms < best_ms) best = a, best_ms = ms;
+      }
+      std::printf("%-8s %6lld %5d %11.1f %9.1f %6d\n", g.name, (long long)T, n, def * 1e3, best_ms * 1e3, best);
+      if (best >= 0 && best_ms < def * (1.0 - margin)) {
+        t.set(p, best, {{"us", best_ms * 1e3}, {"default_us", def * 1e3}});
+        ++changed;
+      } else {
+        t.erase(p);  // tuned before, perhaps: the default is as fast now
+      }
+    }
+  }
+  fd::write_json_file(file, t.to_json());
+  std::printf("%s: %zu problems with an algorithm of their own (%d from this run)\n", file.c_str(), t.size(), changed);
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"S-Part layer time on the GPU vs its cuBLAS GEMMs alone (same shapes, same run)"};
   app.name("fd-spart-bench");
   std::string model_path, out;
   std::vector<int64_t> batches = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
   int64_t reps = 20, sm_count = 0, tensor = 1;
-  std::string dtype = "fp16";
+  std::string dtype = "fp16", gemm_table = "auto", tune_out;
+  std::vector<int64_t> tune_rows;
+  for (int64_t r = 1; r <= 1024; r = fd::GraphCache::bucket(r + 1)) tune_rows.push_back(r);  // the graphs' buckets
+  double tune_margin = 0.02;
   app.add_option("--model", model_path, "Model config (HF config.json)")->required();
   app.add_option("--batches", batches, "Decode batch sizes B")->capture_default_str();
   app.add_option("--reps", reps, "Timed repetitions per B (after one warm-up)")->capture_default_str()->check(CLI::PositiveNumber);
@@ -43,6 +141,13 @@ int main(int argc, char** argv) {
   app.add_option("--tensor", tensor, "Time one tensor rank's layer of T (per-rank shapes, one GPU); T GPUs and NCCL: "
                  "also the all-reduces")->capture_default_str()->check(CLI::Range(1, 64));
   app.add_option("--out", out, "JSON file to write");
+  app.add_option("--gemm-table", gemm_table, "GEMM table: auto (configs/gemm/<device>.json when there is one), none, "
+                 "or a file")->capture_default_str();
+  app.add_option("--tune-gemm", tune_out, "Tune: time every cuBLASLt algorithm of each weight GEMM and write the "
+                 "fastest into this GEMM table file (merged with what it holds), instead of the layer benchmark");
+  app.add_option("--tune-rows", tune_rows, "Rows (B) to tune at (default: the CUDA graphs' batch buckets, 1-1024)");
+  app.add_option("--tune-margin", tune_margin, "An algorithm replaces cuBLAS's default only when faster by more than "
+                 "this fraction")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   return fd::guarded_main(app, argc, argv, [&]() {
     const auto devs = fd::cuda_devices();
     if (devs.empty()) FD_THROW("no CUDA device answers");
@@ -90,6 +195,9 @@ int main(int argc, char** argv) {
     fd::cuda::SmLimitedStreams streams(int(sm_count), 1);
     cudaStream_t s = streams.stream(0);
     fd::CudaModel m(fd::load_model_weights(c, *src), s, streams.limited() ? streams.sm_count() : 0, act);
+    if (!tune_out.empty()) return tune(m, c, act, tune_rows, reps, tune_margin, tune_out, fd::join_args(argc, argv));
+    m.use_gemm_table(fd::load_gemm_table(fd::resolve_gemm_table(gemm_table)));
+    std::printf("%s\n", m.gemm_table_describe().c_str());
     const double H = double(c.hidden_size), I = double(c.intermediate_size), qd = double(c.q_dim()),
                  kvd = double(c.kv_dim());
     const double layer_params = H * (qd + 2 * kvd) + qd * H + (c.arch == fd::Arch::Llama ? 3 : 2) * H * I;
@@ -193,6 +301,7 @@ int main(int argc, char** argv) {
                              {"sm_count", streams.sm_count()},
                              {"reps", reps},
                              {"dtype", dtype},
+                             {"gemm_table", m.gemm_table_info()},
                              {"method", "CUDA events over reps back-to-back; S-Part = one layer's device stages "
                                         "(no host transfers); ceiling = the same layer's 4 cuBLAS GemmEx calls "
                                         "(16-bit in and out, fp32 accumulation) alone"},

@@ -70,7 +70,7 @@ TEST(Experiment, DefaultsAndOverrides) {
 // accepted and means the same as leaving the keys out (a sweep axis can name "the whole device" so).
 TEST(Experiment, GpuZerosMeanTheDevice) {
   const ExperimentConfig unset = parse_experiment(base_config(), kFile);
-  EXPECT_EQ(unset.resolved()["hardware"]["gpu"], (json{{"memory_gb", 0.0}, {"sm_count", 0}}));
+  EXPECT_EQ(unset.resolved()["hardware"]["gpu"], (json{{"memory_gb", 0.0}, {"sm_count", 0}, {"gemm_table", "auto"}}));
   json j = base_config();
   j["hardware"] = {{"gpu", {{"memory_gb", 0}, {"sm_count", 0}}}};
   const ExperimentConfig zeros = parse_experiment(j, kFile);
