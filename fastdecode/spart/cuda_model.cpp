@@ -400,7 +400,7 @@ std::string CudaModel::gemm_table_describe() const {
 
 json CudaModel::gemm_table_info() const {
   json j = {{"file", table_file_.empty() ? json(nullptr) : json(table_file_)}, {"used", table_ != nullptr},
-            {"entries", table_ ? table_->size() : 0}, {"lt_gemms", lt_gemms_}};
+            {"entries", table_ ? table_->size() : 0}};
   if (!table_note_.empty()) j["note"] = table_note_;
   return j;
 }

@@ -199,7 +199,8 @@ class CudaModel {
   // gemm_table_info() says why) when it was tuned on another device or cuBLASLt version, or when the model runs on
   // a green context (the table is tuned at all SMs). Null: none.
   void use_gemm_table(std::shared_ptr<const GemmTable> table);
-  json gemm_table_info() const;  // {"file", "entries", "used", "lt_gemms" (GEMMs issued by it), "note"}
+  json gemm_table_info() const;  // {"file", "entries", "used", "note"}
+  int64_t lt_gemms() const { return lt_gemms_; }  // GEMMs issued with a cuBLASLt algorithm so far (table or gemm_with)
   std::string gemm_table_describe() const;  // the same in words, for an engine's description
   // For tuning (fd-spart-bench --tune-gemm): how many algorithms cuBLASLt's heuristic offers for p (at most 16),
   // and the GEMM run with the i-th of them (-1: cuBLAS's default), as gemm() runs it.

@@ -131,7 +131,9 @@ int main(int argc, char** argv) {
   int64_t reps = 20, sm_count = 0, tensor = 1;
   std::string dtype = "fp16", gemm_table = "auto", tune_out;
   std::vector<int64_t> tune_rows;
-  for (int64_t r = 1; r <= 1024; r = fd::GraphCache::bucket(r + 1)) tune_rows.push_back(r);  // the graphs' buckets
+  // The graphs' buckets up to 128 rows: tuned at 192-1024 too, the S-Part ran slower in place at 1024 rows
+  // (artifacts/stages/gemm-table-7062fd9/README.md), so the default tunes where it was seen to pay.
+  for (int64_t r = 1; r <= fd::GraphCache::kPow2Rows; r *= 2) tune_rows.push_back(r);
   double tune_margin = 0.02;
   app.add_option("--model", model_path, "Model config (HF config.json)")->required();
   app.add_option("--batches", batches, "Decode batch sizes B")->capture_default_str();
@@ -145,7 +147,7 @@ int main(int argc, char** argv) {
                  "or a file")->capture_default_str();
   app.add_option("--tune-gemm", tune_out, "Tune: time every cuBLASLt algorithm of each weight GEMM and write the "
                  "fastest into this GEMM table file (merged with what it holds), instead of the layer benchmark");
-  app.add_option("--tune-rows", tune_rows, "Rows (B) to tune at (default: the CUDA graphs' batch buckets, 1-1024)");
+  app.add_option("--tune-rows", tune_rows, "Rows (B) to tune at (default: the CUDA graphs' batch buckets 1-128)");
   app.add_option("--tune-margin", tune_margin, "An algorithm replaces cuBLAS's default only when faster by more than "
                  "this fraction")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   return fd::guarded_main(app, argc, argv, [&]() {

@@ -93,17 +93,17 @@ TEST_P(CudaGemmTable, EveryAlgorithmIsTheDefaultsProductAndTheTableChoosesOne) {
       table->set(p, n - 1);
       m.use_gemm_table(table);
       ASSERT_TRUE(m.gemm_table_info()["used"].get<bool>()) << m.gemm_table_info().dump();
-      const int64_t before = m.gemm_table_info()["lt_gemms"];
+      const int64_t before = m.lt_gemms();
       EXPECT_EQ(run(-1, true).first, run(n - 1, false).first);
-      EXPECT_EQ(m.gemm_table_info()["lt_gemms"].get<int64_t>(), before + 2);  // gemm() through the table, then gemm_with
+      EXPECT_EQ(m.lt_gemms(), before + 2);  // gemm() through the table, then gemm_with
       // Another problem (one row fewer) is not in the table: cuBLAS's default, not counted.
-      const int64_t c0 = m.gemm_table_info()["lt_gemms"];
+      const int64_t c0 = m.lt_gemms();
       {
         Dev<uint8_t> y(ybytes);
         m.gemm(X.get(), k.rows - 1, k.in, W.get(), k.out, y.get(), k.y_fp32, 0.0f);
         CUDA_CHECK(cudaStreamSynchronize(s));
       }
-      EXPECT_EQ(m.gemm_table_info()["lt_gemms"].get<int64_t>(), c0);
+      EXPECT_EQ(m.lt_gemms(), c0);
       m.use_gemm_table(nullptr);
     }
     // A table from another device or cuBLASLt version is not used, and the info says why.
