@@ -147,7 +147,8 @@ int main(int argc, char** argv) {
                  "or a file")->capture_default_str();
   app.add_option("--tune-gemm", tune_out, "Tune: time every cuBLASLt algorithm of each weight GEMM and write the "
                  "fastest into this GEMM table file (merged with what it holds), instead of the layer benchmark");
-  app.add_option("--tune-rows", tune_rows, "Rows (B) to tune at (default: the CUDA graphs' batch buckets 1-128)");
+  app.add_option("--tune-rows", tune_rows, "Rows (B) to tune at (default: the CUDA graphs' batch buckets 1-128)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--tune-margin", tune_margin, "An algorithm replaces cuBLAS's default only when faster by more than "
                  "this fraction")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   return fd::guarded_main(app, argc, argv, [&]() {
@@ -197,7 +198,12 @@ int main(int argc, char** argv) {
     fd::cuda::SmLimitedStreams streams(int(sm_count), 1);
     cudaStream_t s = streams.stream(0);
     fd::CudaModel m(fd::load_model_weights(c, *src), s, streams.limited() ? streams.sm_count() : 0, act);
-    if (!tune_out.empty()) return tune(m, c, act, tune_rows, reps, tune_margin, tune_out, fd::join_args(argc, argv));
+    if (!tune_out.empty()) {
+      // A table holds for the whole device and one GPU's shapes (CudaModel ignores it on a green context).
+      if (sm_count > 0 || tensor > 1) FD_THROW_BAD_INPUT("--tune-gemm tunes at all SMs and the whole model's shapes: "
+                                                         "drop --sm-count and --tensor");
+      return tune(m, c, act, tune_rows, reps, tune_margin, tune_out, fd::join_args(argc, argv));
+    }
     m.use_gemm_table(fd::load_gemm_table(fd::resolve_gemm_table(gemm_table)));
     std::printf("%s\n", m.gemm_table_describe().c_str());
     const double H = double(c.hidden_size), I = double(c.intermediate_size), qd = double(c.q_dim()),
