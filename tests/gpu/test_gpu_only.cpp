@@ -11,6 +11,8 @@
 #include "baselines/gpu_only/gpu_only_engine.h"
 #include "baselines/reference/reference_engine.h"
 #ifdef FD_HAVE_CUDA
+#include <cublasLt.h>
+
 #include "fastdecode/spart/cuda_model.h"
 #endif
 #include "kernels/cuda/device_info.h"
@@ -88,6 +90,56 @@ TEST_P(GpuEngines, GreedyTokensVsReference) {
           wire[2] == '1' ? "fastdecode (cuda, fp16 wire)" : "fastdecode (cuda, fp32 wire)");
   }
 }
+
+#ifdef FD_HAVE_CUDA
+// With a GEMM table (fastdecode/spart/gemm_table.h) that names a cuBLASLt algorithm other than the heuristic's first
+// for every weight GEMM problem the run can meet (its shapes at 1-512 rows: decode batches, graph buckets, prefills),
+// the engines take it (engine_info / the S-Part's description say so) and give the reference's greedy tokens under
+// the same near-tie rule: the algorithm changes the order of the sums, nothing else.
+TEST_P(GpuEngines, GreedyTokensWithAGemmTable) {
+  const ModelConfig c = load_model_config(repo_path(std::string("experiments/models/") + GetParam() + ".json"));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  GemmTable t;
+  t.device = prop.name;
+  t.cublaslt_version = int64_t(cublasLtGetVersion());
+  const int64_t H = c.hidden_size, I = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
+  for (int64_t rows = 1; rows <= 512; ++rows)
+    for (const GemmProblem& p : {GemmProblem{qd + 2 * kvd, H, rows, DType::F16, false, false},
+                                 GemmProblem{H, qd, rows, DType::F16, true, true},
+                                 GemmProblem{c.arch == Arch::Llama ? 2 * I : I, H, rows, DType::F16, false, false},
+                                 GemmProblem{H, I, rows, DType::F16, true, true},
+                                 GemmProblem{c.vocab_size, H, rows, DType::F16, true, false}})
+      t.set(p, 1);  // the heuristic's second algorithm (its first where it offers one only: cuBLAS's default then)
+  fd::test::TempDir dir("gemm-table");
+  const std::string file = dir.file("table.json");
+  write_json_file(file, t.to_json());
+  const auto reqs = requests(6, 64);
+  auto w0 = make_random_source(3, DType::F16);
+  const ModelWeights weights = load_model_weights(c, *w0);
+  auto check = [&](auto make, const char* what) {
+    auto w = make_random_source(3, DType::F16);
+    EngineContext ctx{c, *w};
+    ctx.hardware.gpu_gemm_table = file;
+    auto e = make(ctx);
+    const std::string info = e->info().dump();
+    EXPECT_TRUE(info.find("\"used\":true") != std::string::npos || info.find("GEMM algorithms from " + file) != std::string::npos)
+        << what << ": the table is not in use: " << info;
+    const auto k = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, run_tokens(*e, reqs), kNearTie);
+    std::printf("%s %s with a GEMM table vs reference: %s\n", GetParam(), what, k.describe().c_str());
+    EXPECT_TRUE(k.ok()) << what << ": " << k.describe();
+  };
+  GpuOnlyConfig go;
+  go.max_context = 128;
+  for (bool graphs : {false, true}) {
+    go.cuda_graphs = graphs;
+    check([&](const EngineContext& x) { return make_gpu_only_engine(go, x); }, graphs ? "gpu-only (CUDA graphs)" : "gpu-only");
+  }
+  FastDecodeConfig fdc = cuda_fastdecode();
+  fdc.wire_dtype = "fp16";
+  check([&](const EngineContext& x) { return make_fastdecode_engine(fdc, x); }, "fastdecode (cuda)");
+}
+#endif
 
 // bf16 weights and activations (weights drawn as bf16, so the reference holds the same values): the
 // reference's own logits must be a near-tie at bf16 resolution wherever the tokens diverge (bf16 rounds
