@@ -1,6 +1,7 @@
 // The GEMM table (fastdecode/spart/gemm_table.h): its file read and written back, lookups, errors that name the file
 // and the entry; hardware.gpu.gemm_table in an experiment config and its resolution (harness/engines.h). The table's
-// algorithms on the device: tests/gpu/test_cuda_spart.cpp (CudaGemmTable).
+// algorithms on the device: tests/gpu/test_cuda_gemm_table.cpp; the engines with a table:
+// tests/gpu/test_gpu_only.cpp (GreedyTokensWithAGemmTable).
 #include "fastdecode/spart/gemm_table.h"
 
 #include <gmock/gmock.h>
