@@ -43,6 +43,16 @@ struct V256 {
     s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
   }
+  // out[k] = the max (sum) of v[k]'s lanes, k < 4: see the AVX-512 twin; here the two 128-bit lanes meet at the end.
+  template <class Op>
+  static __m128 reduce4(const T* v, Op op) {
+    const T a = op(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1]));
+    const T b = op(_mm256_unpacklo_ps(v[2], v[3]), _mm256_unpackhi_ps(v[2], v[3]));
+    const T m = op(_mm256_shuffle_ps(a, b, 0x44), _mm256_shuffle_ps(a, b, 0xee));
+    return _mm256_castps256_ps128(op(m, _mm256_permute2f128_ps(m, m, 0x01)));
+  }
+  static __m128 hmax4(const T* v) { return reduce4(v, [](T a, T b) { return _mm256_max_ps(a, b); }); }
+  static __m128 hsum4(const T* v) { return reduce4(v, [](T a, T b) { return _mm256_add_ps(a, b); }); }
   // r: 8 rows of 8 floats -> lane i = sum of row i (unpack + add, shuffle + add, then the two 128-bit
   // halves of tokens 0-3 and 4-7 are summed across with permute2f128).
   static T reduce_rows(const float* r) {
@@ -65,6 +75,15 @@ struct V256 {
     const __m256i mask = _mm256_set1_epi32(0x00780000), one = _mm256_set1_epi32(0x3f800000);
     lo = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(x, 19), mask), one));
     hi = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(x, 15), mask), one));
+  }
+  using TI = __m256i;  // int4 keys' words: see the AVX-512 twin (decode_attention_v512.h)
+  static TI load_w(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  template <int P>
+  static T nib(TI x) {
+    __m256i y;
+    if constexpr (P <= 19) y = _mm256_slli_epi32(x, 19 - P);
+    else y = _mm256_srli_epi32(x, P - 19);
+    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(y, _mm256_set1_epi32(0x00780000)), _mm256_set1_epi32(0x3f800000)));
   }
   static float h2f(uint16_t h) { return _cvtsh_ss(h); }
   // Cephes-style expf (see the AVX-512 twin); exactly 0 below -87.
@@ -137,9 +156,22 @@ struct I256 {
     const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   }
+  // Four groups' value-weight codes (see the AVX-512 twin): per group, four vectors of 8 tokens packed to
+  // dwords (t0-3, t8-11, t16-19, t24-27, t4-7, ...), put in token order by one permute.
+  static void wcodes4(const __m256 (*w)[4], const float* inv, uint8_t* out) {
+    for (int k = 0; k < 4; ++k) {
+      __m256i c[4];
+      for (int j = 0; j < 4; ++j) c[j] = _mm256_cvtps_epi32(_mm256_mul_ps(w[k][j], _mm256_set1_ps(inv[k])));
+      const __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k * 32), _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+  }
   static void store(void* p, B x) { _mm256_storeu_si256(static_cast<__m256i*>(p), x); }
   static B lo4(B x) { return _mm256_and_si256(x, _mm256_set1_epi8(15)); }
   static B hi4(B x) { return _mm256_and_si256(_mm256_srli_epi16(x, 4), _mm256_set1_epi8(15)); }
+  static constexpr int kHi4 = 1;  // VPMADDUBSW: the high nibbles shifted down (see the AVX-512 twin)
+  static B hi4x(B x) { return hi4(x); }
+  static B unhi4(B a) { return a; }
   static B bcast32(const void* p) {
     int32_t w;
     std::memcpy(&w, p, 4);

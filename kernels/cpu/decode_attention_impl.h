@@ -39,11 +39,28 @@ inline I8Head i8_head(const void* blk, int H, int D, int h) {
   return {b + h * hs, b + H * hs + h * hs, sc + h * kBT, sc + H * kBT + h * kBT};
 }
 struct I4Head {
-  const uint8_t* k;    // [kBT][D/2] packed codes (see kv_quant.cpp for the nibble order)
-  const uint8_t* v;    // [kBT][D/2]
+  const uint8_t* k;    // [D/8][kBT][4] packed codes, token-interleaved words (u4_key; kv_quant.cpp)
+  const uint8_t* v;    // [kBT][D/2] packed rows (see kv_quant.cpp for the nibble order)
   const uint16_t* kp;  // fp16 [2][D]: row 0 per-channel scale, row 1 per-channel min; x = s*c + z
   const uint16_t* vp;  // fp16 [D/32][2][kBT]: per 32-channel group, 32 token scales then 32 token mins
 };
+// int4 keys: word w of token t (4 bytes at ((w * kBT) + t) * 4) packs channels 8w..8w+7: byte b holds channel
+// 8w + b in its low nibble and 8w + 4 + b in its high one. A vector of consecutive words of one w holds
+// consecutive tokens, so a dot product with the query makes one token per lane (no reduction across lanes).
+constexpr int kU4KeyWordBytes = 4;
+inline int u4_key(const uint8_t* k, int t, int d) {
+  const uint8_t b = k[(size_t(d / 8) * kBT + t) * kU4KeyWordBytes + d % 4];
+  return d % 8 < 4 ? (b & 15) : (b >> 4);
+}
+// Packs the codes c[t][d] (t < kBT, d < D; row stride cs) of one head's keys into that layout.
+inline void pack_u4_keys(const uint8_t* c, int cs, int D, uint8_t* k) {
+  for (int w = 0; w < D / 8; ++w)
+    for (int t = 0; t < kBT; ++t)
+      for (int b = 0; b < 4; ++b) {
+        const uint8_t* r = c + size_t(t) * cs + 8 * w;
+        k[(size_t(w) * kBT + t) * kU4KeyWordBytes + b] = uint8_t(r[b] | (r[4 + b] << 4));
+      }
+}
 inline I4Head i4_head(const void* blk, int H, int D, int h) {
   const auto* b = static_cast<const uint8_t*>(blk);
   const size_t hs = size_t(kBT) * D / 2;
@@ -75,13 +92,14 @@ struct Chunk {
 // 64-byte aligned after those, kPVFloats per head (the block's value-weight codes [8 groups][kBT] bytes, the
 // int4 values' per-lane weight vectors [chunk][quad][VB bytes], and 32 floats: weight scales [8], int4
 // offsets [8], padding) and kPVShared floats (kBT weights, then int4 keys' per-channel scale and
-// min in fp32, 256 each).
+// min in fp32, 256 each, then kYBytes for the int4 values' interleaved rows).
 constexpr int kQ8Bytes = 512;
 constexpr int kWCBytes = 8 * kBT;  // value-weight codes of one head: [group][token], u8 0..127
 constexpr int kWXBytes = 1024;     // int4 lane weights of one head: D/2 <= 128 bytes a row, 8 quads
 constexpr int kPVHeadFloats = 32;
 constexpr int kPVFloats = (kWCBytes + kWXBytes) / 4 + kPVHeadFloats;
-constexpr int kPVShared = kBT + 2 * 256;
+constexpr int kYBytes = kBT * 64;  // int4 p . V: one register chunk's interleaved rows, 8 quads x 4 vectors
+constexpr int kPVShared = kBT + 2 * 256 + kYBytes / 4;
 inline size_t chunk_scratch_floats(int G, int D) {
   return (size_t(G) * (2 * size_t(D) + kBT + 1 + kBT * 16 + size_t(D / 32) * kBT + kQ8Bytes / 4 + 4) +
           size_t(D / 32) * 2 * kBT + 15) / 16 * 16 + size_t(G) * kPVFloats + kPVShared + 16;
@@ -132,7 +150,9 @@ uint64_t read_reduce_avx512(const void* p, size_t bytes);
 // Each includes this header with FD_ATTN_SIMD_TEMPLATE defined after defining a vector-traits struct V:
 //   T (vector of W floats), W, HB / HBV (query heads per register block for K / V), CG (32-channel
 //   groups per V pass), zero/set1/load/store/add/sub/mul/
-//   max/fmadd(a,b,c)=a*b+c, hsum/hmax, reduce_rows (W rows of W floats -> their W sums), exp (0 for x < -87, so -inf gives exactly 0), load_f16 (W halves),
+//   max/fmadd(a,b,c)=a*b+c, hsum/hmax, hsum4/hmax4 (four vectors' sums / maxima as one __m128), reduce_rows (W rows
+//   of W floats -> their W sums), exp (0 for x < -87, so -inf gives exactly 0), load_f16 (W halves), TI / load_w /
+//   nib<P> (int4 keys: W 4-byte words, and 1 + (bits P..P+3)/16 of each as a float),
 //   load_i8 (W int8), load_u4 (W bytes -> f = 1 + code/16 for the W low and the W high nibbles: exact
 //   floats made with integer ops, so x = s*code + z = (16s)*f + (z - 16s)), h2f (one fp16).
 // Per block (32 tokens) and kv head: scores for all G heads (each K row loaded once per HB heads, i.e.
@@ -147,6 +167,7 @@ uint64_t read_reduce_avx512(const void* p, size_t bytes);
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "fastdecode/core/error.h"
 
@@ -200,14 +221,15 @@ struct I8Rows {
     return w;
   }
 };
-// int4 group of 32 channels = 16 bytes; byte j: channel j in the low nibble, channel 16+j in the high.
+// int4 value rows (the keys are token-interleaved words, scores_u4k): group of 32 channels = 16 bytes; byte j:
+// channel j in the low nibble, channel 16+j in the high.
 // W=16: one 16-byte load gives channels 0..15 (low) and 16..31 (high). W=8: bytes 0..7 give channels
 // 0..7 / 16..23, bytes 8..15 give 8..15 / 24..31; storing lows in x[i] and highs in x[VPG/2+i] keeps order.
 template <class V, int D>
 struct I4Rows {
   static constexpr bool kOffset = true;
   const uint8_t* p;    // [kBT][D/2]
-  const float* vt;     // values: [D/32][2][kBT] fp32 rows 16*scale and min - 16*scale (see load_u4); keys: null
+  const float* vt;     // [D/32][2][kBT] fp32 rows 16*scale and min - 16*scale (see load_u4)
   const uint8_t* next = nullptr;
   void prefetch(int t) const { if (next) prefetch_row(next + size_t(t) * D / 2, D / 2); }
   const float* mins(int g) const { return vt + (2 * g + 1) * kBT; }
@@ -254,6 +276,34 @@ inline void scores(const Rows& rows, const float* q, float* s, float* r, int n) 
   // horizontal sum per token: that latency chain was ~40 % of the in-cache time).
   for (int h = 0; h < HB; ++h)
     for (int j = 0; j < n; j += W) V::store(s + h * kBT + j, V::reduce_rows(r + (h * kBT + j) * W));
+}
+
+// int4 keys (token-interleaved words, u4_key): s[h][t] = sum_d q[h][d] * (1 + code[t][d]/16) for the kBT tokens of
+// a full block and HB heads, W tokens in the W lanes of a vector (no sum across lanes); q [HB][D], s [HB][kBT].
+// A word's 8 channels are 8 nibble positions of the same lanes (V::nib), each an FMA with the query broadcast.
+template <class V, int D, int HB>
+inline void scores_u4k(const uint8_t* k, const uint8_t* next, const float* q, float* s) {
+  using VT = typename V::T;
+  constexpr int W = V::W, NJ = kBT / W, AC = W == 16 ? 2 : 1;  // AC: accumulators per (vector, head)
+  VT a[NJ][HB][AC];
+  for (int j = 0; j < NJ; ++j)
+    for (int h = 0; h < HB; ++h)
+      for (int c = 0; c < AC; ++c) a[j][h][c] = V::zero();
+  for (int w = 0; w < D / 8; ++w) {
+    const uint8_t* kw = k + size_t(w) * kBT * kU4KeyWordBytes;
+    if (next) prefetch_row(next + size_t(w) * kBT * kU4KeyWordBytes, kBT * kU4KeyWordBytes);
+    for (int j = 0; j < NJ; ++j) {
+      const typename V::TI x = V::load_w(kw + j * W * kU4KeyWordBytes);
+      [&]<int... N>(std::integer_sequence<int, N...>) {
+        ([&] {
+          const VT f = V::template nib<N < 4 ? 8 * N : 8 * (N - 4) + 4>(x);
+          for (int h = 0; h < HB; ++h) a[j][h][N % AC] = V::fmadd(V::set1(q[h * D + 8 * w + N]), f, a[j][h][N % AC]);
+        }(), ...);
+      }(std::make_integer_sequence<int, 8>{});
+    }
+  }
+  for (int j = 0; j < NJ; ++j)
+    for (int h = 0; h < HB; ++h) V::store(s + h * kBT + j * W, AC == 2 ? V::add(a[j][h][0], a[j][h][AC - 1]) : a[j][h][0]);
 }
 
 // acc[h] += sum_t w[h][g][t] * V[t] for t < n, over the NGC 32-channel groups from g0; w: the block's
@@ -420,8 +470,12 @@ struct Kernel {
             }
             c0[h] = V::hsum(cz);
           }
-          block(I4Rows<V, D>{hd.k, nullptr, nh.k}, I4Rows<V, D>{hd.v, vt, nh.v}, kBT, G, qq, m, l, acc, sc, red, wv,
-                [&](int h, float* s, int n) { for (int t = 0; t < n; ++t) s[t] += c0[h]; });
+          block_scored(
+              [&] {
+                for_heads<V::HB>(G, [&]<int HB>(int h0) { scores_u4k<V, D, HB>(hd.k, nh.k, qq + h0 * D, sc + h0 * kBT); });
+              },
+              I4Rows<V, D>{hd.v, vt, nh.v}, kBT, G, m, l, acc, sc, wv,
+              [&](int h, float* s, int n) { for (int t = 0; t < n; ++t) s[t] += c0[h]; });
           break;
         }
         default: FD_THROW("decode_attention: unknown KV dtype " << int(c.dtype));

@@ -11,10 +11,12 @@
 //   (acc += per-lane sums of x*q + kBias*q over 4 bytes, x and q signed), dot_u8(acc, x, q) (x unsigned,
 //   q signed; pair sums below 2^15 so VPMADDUBSW never saturates), kBias (0, or 128 where the instruction
 //   wants an unsigned operand: x + 128 is x with its sign bit flipped, and the caller subtracts 128 * sum(q)
-//   once per head), lo4 / hi4 (the low / high nibbles of each byte), to_f32 (int32
+//   once per head), lo4 / hi4 (the low / high nibbles of each byte), kHi4 / hi4x / unhi4 (the high nibbles
+//   times kHi4, 1 or 16, and the division of an accumulated sum back), to_f32 (int32
 //   lanes -> float), amax(x, n) = max |x| (n % W == 0), quant16(x, inv, out) (16 query codes
 //   clamp(nearbyint(x * inv), -127, 127)), wquant32(w, inv, out) (32 weight codes clamp(nearbyint(w * inv),
-//   0, 127)), bcast32(p) (a 4-byte word in every lane), interleave4(x[4], y[4]) and unperm(a[4], n[4]) (p . V's
+//   0, 127)), wcodes4(w, inv, out) (four groups' value-weight codes nearbyint(w * inv[k]), kBT each, from
+//   kBT / W float vectors a group), bcast32(p) (a 4-byte word in every lane), interleave4(x[4], y[4]) and unperm(a[4], n[4]) (p . V's
 //   operand and result orders, below), lane_w(rows, q) (int4 weights, below).
 //
 // Query quantization (the same element-wise IEEE operations as quantize_q8 in decode_attention_scalar.cpp,
@@ -22,8 +24,8 @@
 // chunk and head, score = (sum code_q * code_k) * (sq * ks[t]). int4 keys (x = s[d] * c + z[d], per
 // channel): the key scale is folded into the query per block, qf = qs * s, quantized per block and head,
 // score = (sum code_qf * c) * sqf + qs . z. Exactness: |sum| <= 255 * 127 * 256 < 2^24, so the int32
-// partial sums, their conversion to float and the float reduction across lanes are all exact: the raw
-// dot products equal the scalar twin's integers bit for bit.
+// partial sums, their conversion to float and the float reduction across lanes (int8 keys) are all exact: the
+// raw dot products equal the scalar twin's integers bit for bit.
 //
 // p . V on integers, per block and query head: x_t = the score less the block's constant (qs . z for int4
 // keys), e_t = exp(x_t - max x) with exp_poly's arithmetic (V::exp), so e_t is the same bits on every ISA
@@ -41,39 +43,32 @@
 // 16-byte int4 group is one 128-bit lane of the row). After the block's 8 quads, unperm turns the 4
 // accumulators of a register chunk back into channel order (a transpose of 128-bit lanes).
 //
-// int4 codes: a 16-byte group holds channels 32g + j (low nibble of byte j) and 32g + 16 + j (high), so
-// one VB-byte load unpacks to VB "low" and VB "high" bytes; the query codes are stored in that order per
-// VB-byte chunk of the packed row: [chunk][low VB bytes, high VB bytes] (zero past the row's end).
+// int4 codes: keys are token-interleaved words (u4_key, qscores_u4k: one token a lane, the query codes in
+// channel order, broadcast 4 at a time); in a value row a 16-byte group holds channels 32g + j (low nibble of
+// byte j) and 32g + 16 + j (high), so one VB-byte load unpacks to VB "low" and VB "high" bytes.
 #pragma once
+#include <algorithm>
 #include <cstring>
 
 namespace fd::attn::simd {
 
-// s[h][t] = raw integer dot product (as float) of token t's key codes with head h's query codes, t < n,
-// HB heads. k: the block's code rows ([kBT][RB] bytes, RB = D or D/2), q8: HB heads at kQ8Bytes stride.
-template <class V, class I, int D, int HB, bool U4>
+// int8 keys: s[h][t] = raw integer dot product (as float) of token t's key codes with head h's query codes,
+// t < n, HB heads. k: the block's code rows ([kBT][D] bytes), q8: HB heads at kQ8Bytes stride; r: the per-token
+// partial vectors before their transposed reduction.
+template <class V, class I, int D, int HB>
 inline void qscores(const uint8_t* k, const uint8_t* next, const int8_t* q8, float* s, float* r, int n) {
   using B = typename I::B;
-  constexpr int W = V::W, VB = I::VB, RB = U4 ? D / 2 : D, NC = (RB + VB - 1) / VB, LAST = RB - (NC - 1) * VB;
-  constexpr int QC = U4 ? 2 * VB : VB;  // query bytes per chunk
-  static_assert(VB == 4 * W && NC * QC <= kQ8Bytes);
+  constexpr int W = V::W, VB = I::VB, NC = (D + VB - 1) / VB, LAST = D - (NC - 1) * VB;
+  static_assert(VB == 4 * W && NC * VB <= kQ8Bytes);
   for (int t = 0; t < n; ++t) {
-    if (next) prefetch_row(next + size_t(t) * RB, RB);
+    if (next) prefetch_row(next + size_t(t) * D, D);
     B a[HB];
     for (int h = 0; h < HB; ++h) a[h] = I::zero();
     for (int c = 0; c < NC; ++c) {
-      const uint8_t* p = k + size_t(t) * RB + c * VB;
+      const uint8_t* p = k + size_t(t) * D + c * VB;
       const B x = (LAST < VB && c == NC - 1) ? I::load_part(p, LAST) : I::load(p);
-      if constexpr (U4) {
-        const B lo = I::lo4(x), hi = I::hi4(x);
-        for (int h = 0; h < HB; ++h) {
-          a[h] = I::dot_u8(a[h], lo, I::load(q8 + h * kQ8Bytes + c * QC));
-          a[h] = I::dot_u8(a[h], hi, I::load(q8 + h * kQ8Bytes + c * QC + VB));
-        }
-      } else {
-        const B xp = I::prep_s8(x);
-        for (int h = 0; h < HB; ++h) a[h] = I::dot_s8(a[h], xp, x, I::load(q8 + h * kQ8Bytes + c * QC));
-      }
+      const B xp = I::prep_s8(x);
+      for (int h = 0; h < HB; ++h) a[h] = I::dot_s8(a[h], xp, x, I::load(q8 + h * kQ8Bytes + c * VB));
     }
     for (int h = 0; h < HB; ++h) V::store(r + (h * kBT + t) * W, I::to_f32(a[h]));
   }
@@ -81,39 +76,93 @@ inline void qscores(const uint8_t* k, const uint8_t* next, const int8_t* q8, flo
     for (int j = 0; j < n; j += W) V::store(s + h * kBT + j, V::reduce_rows(r + (h * kBT + j) * W));
 }
 
+// int4 keys (token-interleaved words, u4_key): s[h][t] = raw integer dot product (as float) of token t's codes
+// with head h's query codes (channel order, q8 at kQ8Bytes stride), for the kBT tokens of a block, HB heads.
+// One load is a word (8 channels) of VB / 4 tokens; its low nibbles (channels 8w..8w+3) and high nibbles
+// (8w+4..8w+7) each meet the query's 4 codes of those channels broadcast, so every lane sums one token's
+// products: no reduction across lanes. With VNNI the high nibbles go in place (hi4x, a separate accumulator,
+// unhi4 after); the sums stay below 2^24 (|sum| <= 15 * 127 * 256), so the conversions and the add are exact.
+template <class V, class I, int D, int HB>
+inline void qscores_u4k(const uint8_t* k, const uint8_t* next, const int8_t* q8, float* s) {
+  using B = typename I::B;
+  constexpr int TPV = I::VB / kU4KeyWordBytes, NJ = kBT / TPV, AC = I::kHi4 == 1 ? 1 : 2;
+  static_assert(TPV == V::W && D <= kQ8Bytes);
+  B a[NJ][HB][AC];
+  for (int j = 0; j < NJ; ++j)
+    for (int h = 0; h < HB; ++h)
+      for (int c = 0; c < AC; ++c) a[j][h][c] = I::zero();
+  for (int w = 0; w < D / 8; ++w) {
+    const uint8_t* kw = k + size_t(w) * kBT * kU4KeyWordBytes;
+    if (next) prefetch_row(next + size_t(w) * kBT * kU4KeyWordBytes, kBT * kU4KeyWordBytes);
+    for (int j = 0; j < NJ; ++j) {
+      const B x = I::load(kw + j * I::VB);
+      const B lo = I::lo4(x), hi = I::hi4x(x);
+      for (int h = 0; h < HB; ++h) {
+        a[j][h][0] = I::dot_u8(a[j][h][0], lo, I::bcast32(q8 + h * kQ8Bytes + 8 * w));
+        a[j][h][AC - 1] = I::dot_u8(a[j][h][AC - 1], hi, I::bcast32(q8 + h * kQ8Bytes + 8 * w + 4));
+      }
+    }
+  }
+  for (int j = 0; j < NJ; ++j)
+    for (int h = 0; h < HB; ++h) {
+      const auto f = AC == 2 ? V::add(I::to_f32(a[j][h][0]), I::to_f32(I::unhi4(a[j][h][AC - 1]))) : I::to_f32(a[j][h][0]);
+      V::store(s + h * kBT + j * TPV, f);
+    }
+}
+
 // acc[h][d] += ws[h][g(d)] * sum_t cw[h][g(d)][t] * code_t[d] over the block's kBT value rows, HB heads.
 // v: the rows ([kBT][RB] bytes: int8 codes, or int4 packed), cw: heads at kWCBytes stride ([8][kBT] u8;
 // int8 values use group 0), wx (int4): heads at kWXBytes stride, lane weights [chunk][quad][VB],
 // pf: heads at kPVHeadFloats stride, ws [8] first. The HB * 4 int32 accumulators of one register chunk (int4: one
-// half of its nibbles) stay in registers over the 8 quads of tokens.
+// nibble half) stay in registers over the 8 quads of tokens. int4: the low-nibble pass loads and interleaves each
+// quad's rows once and keeps the interleaved bytes in yb (kBT / 4 * 4 * VB bytes); the high-nibble pass takes its
+// codes from them (interleaving moves whole bytes, so it commutes with the nibble split). The codes are VPDPBUSD's
+// unsigned operand there (the weights, 0..127, its signed one), so where I::kHi4 is 16 the high codes are taken in
+// place (x & 0xf0, one operation) and the sums, all multiples of 16, shifted back (exact) before the conversion.
 template <class V, class I, int D, int HB, bool U4>
 inline void qaccum(const uint8_t* v, const uint8_t* next, const uint8_t* cw, const uint8_t* wx, const float* pf,
-                   float* acc) {
+                   float* acc, uint8_t* yb) {
   using B = typename I::B;
   constexpr int W = V::W, VB = I::VB, RB = U4 ? D / 2 : D, NC = (RB + VB - 1) / VB, LAST = RB - (NC - 1) * VB;
-  static_assert(VB == 4 * W && kBT == 32 && (!U4 || NC * 8 * VB <= kWXBytes));
+  static_assert(VB == 4 * W && kBT == 32 && (!U4 || NC * 8 * VB <= kWXBytes) && kBT * VB <= kYBytes);
   for (int c = 0; c < NC; ++c)
     for (int half = 0; half < (U4 ? 2 : 1); ++half) {
       B a[HB][4];
       for (int h = 0; h < HB; ++h)
         for (int k = 0; k < 4; ++k) a[h][k] = I::zero();
       for (int q = 0; q < kBT / 4; ++q) {
-        B x[4], y[4];
-        for (int r = 0; r < 4; ++r) {
-          const size_t row = size_t(4 * q + r) * RB;
-          if (next && c == 0 && half == 0) prefetch_row(next + row, RB);
-          const uint8_t* p = v + row + c * VB;
-          x[r] = (LAST < VB && c == NC - 1) ? I::load_part(p, LAST) : I::load(p);
-          if constexpr (U4) x[r] = half ? I::hi4(x[r]) : I::lo4(x[r]);
+        B y[4];
+        if (half == 0) {
+          B x[4];
+          for (int r = 0; r < 4; ++r) {
+            const size_t row = size_t(4 * q + r) * RB;
+            if (next && c == 0) prefetch_row(next + row, RB);
+            const uint8_t* p = v + row + c * VB;
+            x[r] = (LAST < VB && c == NC - 1) ? I::load_part(p, LAST) : I::load(p);
+          }
+          I::interleave4(x, y);
+          if constexpr (U4)
+            for (int k = 0; k < 4; ++k) {
+              I::store(yb + (4 * q + k) * VB, y[k]);
+              y[k] = I::lo4(y[k]);
+            }
+        } else {
+          for (int k = 0; k < 4; ++k) y[k] = I::hi4x(I::load(yb + (4 * q + k) * VB));
         }
-        I::interleave4(x, y);
         for (int h = 0; h < HB; ++h) {
-          const B w = U4 ? I::load(wx + h * kWXBytes + (c * 8 + q) * VB) : I::bcast32(cw + h * kWCBytes + 4 * q);
-          for (int k = 0; k < 4; ++k) a[h][k] = I::dot_u8(a[h][k], w, y[k]);
+          if constexpr (U4) {
+            const B w = I::load(wx + h * kWXBytes + (c * 8 + q) * VB);
+            for (int k = 0; k < 4; ++k) a[h][k] = I::dot_u8(a[h][k], y[k], w);
+          } else {
+            const B w = I::bcast32(cw + h * kWCBytes + 4 * q);
+            for (int k = 0; k < 4; ++k) a[h][k] = I::dot_u8(a[h][k], w, y[k]);
+          }
         }
       }
       for (int h = 0; h < HB; ++h) {
         B n[4];
+        if (U4 && half == 1 && I::kHi4 != 1)
+          for (int k = 0; k < 4; ++k) a[h][k] = I::unhi4(a[h][k]);
         I::unperm(a[h], n);
         for (int j = 0; j < 4; ++j) {
           const int o = j * W;  // offset in the chunk's lanes of 16 channels
@@ -131,6 +180,7 @@ struct QKernel {
   using K = Kernel<V, D>;
   using VT = typename V::T;
   static constexpr int VB = I::VB, W = V::W, NG = D / 32;
+  static constexpr int kPVC = 16;  // the block's softmax factor C in a head's kPVHeadFloats (after ws [8], offsets [8])
 
   // Head h's int8-key query codes: qs quantized in channel order, zero-padded to whole VB chunks (the
   // VNNI bias counts every byte of a chunk). Returns sum(codes).
@@ -149,7 +199,7 @@ struct QKernel {
     return sum;
   }
   // Head h's int4-key query codes for one block: qf = qs * key scale (kps, the block's in fp32), quantized,
-  // stored in the nibble order. qf: [D] scratch. Returns sqf; *c0 = qs . z (kpz).
+  // in channel order. qf: [D] scratch. Returns sqf; *c0 = qs . z (kpz).
   static float quant_i4(const float* qs, const float* kps, const float* kpz, float* qf, int8_t* q8, float* c0) {
     VT cz = V::zero();
     for (int d = 0; d < D; d += W) {
@@ -164,38 +214,87 @@ struct QKernel {
       std::memset(q8, 0, kQ8Bytes);
       return 0.f;
     }
-    for (int g = 0; g < NG; ++g) {  // group g sits at bytes 16g.. of the packed row
-      const int c = (16 * g) / VB, j = (16 * g) % VB;
-      I::quant16(qf + 32 * g, inv, q8 + c * 2 * VB + j);            // low nibbles: channels 32g..32g+15
-      I::quant16(qf + 32 * g + 16, inv, q8 + c * 2 * VB + VB + j);  // high: 32g+16..32g+31
-    }
+    for (int d = 0; d < D; d += 16) I::quant16(qf + d, inv, q8 + d);
     return s;
   }
 
-  // The q8 block softmax of one head: s holds x_t (kBT scores less the block's constant c0) and becomes
-  // e_t = exp(x_t - max x) (exp_poly's bits); l, m and acc take the block in; returns the block's factor
-  // C = exp(max x + c0 - m_new) (so that C * e_t = exp(score_t - m_new)).
-  static float softmax_q8(float* s, float c0, float& m, float& l, float* acc) {
-    VT mx = V::load(s);
-    for (int j = W; j < kBT; j += W) mx = V::max(mx, V::load(s + j));
-    const float xmax = V::hmax(mx);
-    const VT xv = V::set1(xmax);
-    VT sum = V::zero();
-    for (int j = 0; j < kBT; j += W) {
-      const VT e = V::exp(V::sub(V::load(s + j), xv));
-      V::store(s + j, e);
-      sum = V::add(sum, e);
+  // The q8 block softmax of the G heads: s [G][kBT] holds x_t (kBT scores less the block's constant c0[h]; c0
+  // null: 0) and becomes e_t = exp(x_t - max x) (exp_poly's bits); l, m and acc take the block in; C[h * cs] =
+  // the block's factor exp(max x + c0 - m_new) (so that C * e_t = exp(score_t - m_new)). The horizontal max
+  // and sum run for four heads at once (V::hmax4 / hsum4; unused slots repeat the last head).
+  static void softmax_q8(int G, float* sc, const float* c0, float* m, float* l, float* acc, float* C, int cs) {
+    for (int h0 = 0; h0 < G; h0 += 4) {
+      VT mx[4], sum[4];
+      for (int k = 0; k < 4; ++k) {
+        const float* s = sc + std::min(h0 + k, G - 1) * kBT;
+        if (k > 0 && h0 + 1 == G) break;
+        mx[k] = V::load(s);
+        for (int j = W; j < kBT; j += W) mx[k] = V::max(mx[k], V::load(s + j));
+      }
+      const bool one = h0 + 1 == G;  // a last head alone (MHA): the single reductions are cheaper
+      alignas(16) float xm[4], sm[4];
+      if (one) xm[0] = V::hmax(mx[0]);
+      else _mm_store_ps(xm, V::hmax4(mx));
+      for (int k = 0; k < 4; ++k) {
+        sum[k] = V::zero();
+        if (h0 + k >= G) continue;
+        float* s = sc + (h0 + k) * kBT;
+        const VT xv = V::set1(xm[k]);
+        for (int j = 0; j < kBT; j += W) {
+          const VT e = V::exp(V::sub(V::load(s + j), xv));
+          V::store(s + j, e);
+          sum[k] = V::add(sum[k], e);
+        }
+      }
+      if (one) sm[0] = V::hsum(sum[0]);
+      else _mm_store_ps(sm, V::hsum4(sum));
+      for (int k = 0; k < 4 && h0 + k < G; ++k) {
+        const int h = h0 + k;
+        const float mb = xm[k] + (c0 ? c0[h] : 0.f), m_new = std::max(m[h], mb);
+        const float corr = m[h] == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(m[h] - m_new);
+        const float Cb = std::exp(mb - m_new);
+        l[h] = l[h] * corr + Cb * sm[k];
+        m[h] = m_new;
+        C[h * cs] = Cb;
+        if (corr != 1.f) {
+          const VT cv = V::set1(corr);
+          for (int d = 0; d < D; d += W) V::store(acc + h * D + d, V::mul(V::load(acc + h * D + d), cv));
+        }
+      }
     }
-    const float mb = xmax + c0, m_new = std::max(m, mb);
-    const float corr = m == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(m - m_new);
-    const float C = std::exp(mb - m_new);
-    l = l * corr + C * V::hsum(sum);
-    m = m_new;
-    if (corr != 1.f) {
-      const VT cv = V::set1(corr);
-      for (int d = 0; d < D; d += W) V::store(acc + d, V::mul(V::load(acc + d), cv));
+  }
+  // One head's int4 value groups, four at a time (wcodes' operations, with the horizontal max and sum of four
+  // groups at once): codes cwh [D/32][kBT], ph[g] = weight scale * C, ph[8 + g] = C * sum_t e_t * min_t,g.
+  // vt: the block's value params in fp32 ([D/32][2][kBT]: scales, mins). Slots past the last group repeat it
+  // (their codes land in cwh's spare rows: kWCBytes holds 8 groups).
+  static void wgroups(const float* e, const float* vt, float C, uint8_t* cwh, float* ph) {
+    constexpr int NJ = kBT / W;
+    VT ev[NJ];
+    for (int j = 0; j < NJ; ++j) ev[j] = V::load(e + j * W);
+    for (int g0 = 0; g0 < NG; g0 += 4) {
+      VT w[4][NJ], mx[4], oz[4];
+      for (int k = 0; k < 4; ++k) {
+        const int g = std::min(g0 + k, NG - 1);
+        mx[k] = oz[k] = V::zero();
+        for (int j = 0; j < NJ; ++j) {
+          w[k][j] = V::mul(ev[j], V::load(vt + 2 * g * kBT + j * W));
+          mx[k] = V::max(mx[k], w[k][j]);
+          oz[k] = V::fmadd(ev[j], V::load(vt + (2 * g + 1) * kBT + j * W), oz[k]);
+        }
+      }
+      alignas(16) float am[4], zs[4], inv[4];
+      _mm_store_ps(am, V::hmax4(mx));
+      _mm_store_ps(zs, V::hsum4(oz));
+      for (int k = 0; k < 4; ++k) inv[k] = 127.f / am[k];
+      I::wcodes4(w, inv, cwh + g0 * kBT);
+      for (int k = 0; k < 4 && g0 + k < NG; ++k) {
+        const float sw = am[k] / 127.f;
+        const bool ok = sw > 0 && inv[k] < std::numeric_limits<float>::infinity();
+        if (!ok) std::memset(cwh + (g0 + k) * kBT, 0, kBT);
+        ph[g0 + k] = ok ? sw * C : 0.f;
+        ph[8 + g0 + k] = C * zs[k];
+      }
     }
-    return C;
   }
   // Value-weight codes of one head (and group): w_t = e_t * sv_t, cw = the 7-bit codes; returns amax / 127
   // (0 with all codes 0 when no weight is positive). wt: kBT floats of scratch.
@@ -237,12 +336,13 @@ struct QKernel {
     float* wt = pf + size_t(G) * kPVHeadFloats;
     float* kps = wt + kBT;
     float* kpz = kps + 256;
+    auto* yb = reinterpret_cast<uint8_t*>(kpz + 256);  // kYBytes, 64-byte aligned
     for (int i = 0; i < G * D; ++i) qs[i] = q[i] * c.scale;
     if (c.dtype == KVDType::I8)
       for (int h = 0; h < G; ++h) qbias[h] = float(I::kBias * quant_i8(qs + h * D, q8 + h * kQ8Bytes, &qsc[h]));
     auto accum = [&]<bool U4>(const uint8_t* v, const uint8_t* vn) {
       K::template for_heads<I::HBPV>(G, [&]<int HB>(int h0) {
-        qaccum<V, I, D, HB, U4>(v, vn, cw + h0 * kWCBytes, wx + h0 * kWXBytes, pf + h0 * kPVHeadFloats, acc + h0 * D);
+        qaccum<V, I, D, HB, U4>(v, vn, cw + h0 * kWCBytes, wx + h0 * kWXBytes, pf + h0 * kPVHeadFloats, acc + h0 * D, yb);
       });
     };
     for (int32_t b = ch.b0; b < ch.b1; ++b) {
@@ -255,15 +355,16 @@ struct QKernel {
         const auto* kc = reinterpret_cast<const uint8_t*>(hd.k);
         const auto* kn = reinterpret_cast<const uint8_t*>(nh.k);
         K::template for_heads<V::HB>(G, [&]<int HB>(int h0) {
-          qscores<V, I, D, HB, false>(kc, kn, q8 + h0 * kQ8Bytes, sc + h0 * kBT, red + h0 * kBT * V::W, kBT);
+          qscores<V, I, D, HB>(kc, kn, q8 + h0 * kQ8Bytes, sc + h0 * kBT, red + h0 * kBT * V::W, kBT);
         });
         for (int h = 0; h < G; ++h) {
           float* s = sc + h * kBT;
           const VT bias = V::set1(qbias[h]), qv = V::set1(qsc[h]);
           for (int j = 0; j < kBT; j += W) V::store(s + j, V::mul(V::sub(V::load(s + j), bias), V::mul(qv, V::load(hd.ks + j))));
-          const float C = softmax_q8(s, 0.f, m[h], l[h], acc + h * D);
-          pf[h * kPVHeadFloats] = wcodes(s, hd.vs, wt, cw + h * kWCBytes) * C;
         }
+        softmax_q8(G, sc, nullptr, m, l, acc, pf + kPVC, kPVHeadFloats);
+        for (int h = 0; h < G; ++h)
+          pf[h * kPVHeadFloats] = wcodes(sc + h * kBT, hd.vs, wt, cw + h * kWCBytes) * pf[h * kPVHeadFloats + kPVC];
         accum.template operator()<false>(reinterpret_cast<const uint8_t*>(hd.v), reinterpret_cast<const uint8_t*>(nh.v));
       } else if (c.dtype == KVDType::I4) {
         const I4Head hd = i4_head(blk, H, D, kvh);
@@ -275,22 +376,19 @@ struct QKernel {
         }
         for (int h = 0; h < G; ++h) qsc[h] = quant_i4(qs + h * D, kps, kpz, qq + h * D, q8 + h * kQ8Bytes, &c0[h]);
         K::template for_heads<V::HB>(G, [&]<int HB>(int h0) {
-          qscores<V, I, D, HB, true>(hd.k, nh.k, q8 + h0 * kQ8Bytes, sc + h0 * kBT, red + h0 * kBT * V::W, kBT);
+          qscores_u4k<V, I, D, HB>(hd.k, nh.k, q8 + h0 * kQ8Bytes, sc + h0 * kBT);
         });
         for (int j = 0; j < 2 * NG * kBT; j += W) V::store(vt + j, V::load_f16(hd.vp + j));
         for (int h = 0; h < G; ++h) {
           float* s = sc + h * kBT;
-          float* ph = pf + h * kPVHeadFloats;
           const VT qv = V::set1(qsc[h]);
           for (int j = 0; j < kBT; j += W) V::store(s + j, V::mul(V::load(s + j), qv));
-          const float C = softmax_q8(s, c0[h], m[h], l[h], acc + h * D);
+        }
+        softmax_q8(G, sc, c0, m, l, acc, pf + kPVC, kPVHeadFloats);
+        for (int h = 0; h < G; ++h) {
+          float* ph = pf + h * kPVHeadFloats;
           uint8_t* cwh = cw + h * kWCBytes;
-          for (int g = 0; g < NG; ++g) {
-            ph[g] = wcodes(s, vt + 2 * g * kBT, wt, cwh + g * kBT) * C;
-            VT oz = V::zero();
-            for (int j = 0; j < kBT; j += W) oz = V::fmadd(V::load(s + j), V::load(vt + (2 * g + 1) * kBT + j), oz);
-            ph[8 + g] = C * V::hsum(oz);
-          }
+          wgroups(sc + h * kBT, vt, ph[kPVC], cwh, ph);
           for (int cc = 0; cc * VB < D / 2; ++cc)
             for (int qd = 0; qd < kBT / 4; ++qd)
               I::store(wx + h * kWXBytes + (cc * 8 + qd) * VB, I::lane_w(cwh + cc * (VB / 16) * kBT, qd));

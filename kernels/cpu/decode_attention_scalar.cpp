@@ -85,7 +85,7 @@ void block_i8(Ctx& c, const I8Head& hd, const float* qs) {
   softmax_and_i8_values(c, hd);
 }
 
-// Code of channel d in a packed int4 row: group of 32 channels = 16 bytes, byte j holds channel j
+// Code of channel d in a packed int4 value row (the keys' layout is u4_key's): group of 32 channels = 16 bytes, byte j holds channel j
 // (low nibble) and channel 16 + j (high nibble).
 inline int u4(const uint8_t* row, int d) {
   const uint8_t b = row[(d / 32) * 16 + (d % 16)];
@@ -121,9 +121,8 @@ void block_i4(Ctx& c, const I4Head& hd, const float* qs, float* qq) {
       c0 += qs[h * D + d] * fp16_to_fp32(hd.kp[D + d]);
     }
     for (int t = 0; t < kBT; ++t) {
-      const uint8_t* k = hd.k + size_t(t) * D / 2;
       float dot = 0;
-      for (int d = 0; d < D; ++d) dot += qq[h * D + d] * float(u4(k, d));
+      for (int d = 0; d < D; ++d) dot += qq[h * D + d] * float(u4_key(hd.k, t, d));
       c.s[h * kBT + t] = dot + c0;
     }
   }
@@ -236,9 +235,8 @@ void block_i4_q8(Ctx& c, const I4Head& hd, const float* qs, float* qf, int8_t* q
     float sqf = 0;
     quantize_q8(qf, D, qc, &sqf);
     for (int t = 0; t < kBT; ++t) {
-      const uint8_t* k = hd.k + size_t(t) * D / 2;
       int32_t dot = 0;
-      for (int d = 0; d < D; ++d) dot += int32_t(qc[d]) * u4(k, d);
+      for (int d = 0; d < D; ++d) dot += int32_t(qc[d]) * u4_key(hd.k, t, d);
       c.s[h * kBT + t] = float(dot) * sqf;
     }
   }

@@ -50,6 +50,19 @@ struct V512 {
     const T z23 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x88), _mm512_shuffle_f32x4(w[2], w[3], 0xdd));
     return _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, 0x88), _mm512_shuffle_f32x4(z01, z23, 0xdd));
   }
+  // out[k] = the max (sum) of v[k]'s lanes, k < 4, for four vectors at once: pairs interleaved (unpack), then
+  // pairs of pairs (shuffle), leaving one partial per vector in each 128-bit lane, then across the lanes.
+  template <class Op>
+  static __m128 reduce4(const T* v, Op op) {
+    const T a = op(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+    const T b = op(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+    T m = op(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xee));
+    m = op(m, _mm512_shuffle_f32x4(m, m, 0x4e));
+    m = op(m, _mm512_shuffle_f32x4(m, m, 0xb1));
+    return _mm512_castps512_ps128(m);
+  }
+  static __m128 hmax4(const T* v) { return reduce4(v, [](T a, T b) { return _mm512_max_ps(a, b); }); }
+  static __m128 hsum4(const T* v) { return reduce4(v, [](T a, T b) { return _mm512_add_ps(a, b); }); }
   static T load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static T load_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -61,6 +74,17 @@ struct V512 {
     const __m512i mask = _mm512_set1_epi32(0x00780000), one = _mm512_set1_epi32(0x3f800000);
     lo = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_slli_epi32(x, 19), mask, one, 0xea));  // (a&b)|c
     hi = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_slli_epi32(x, 15), mask, one, 0xea));
+  }
+  // int4 keys' words (u4_key): W words of 4 bytes, one token a lane; nib<P> = 1 + (bits P..P+3)/16 of each lane,
+  // built in the mantissa of 1.0 as load_u4 does.
+  using TI = __m512i;
+  static TI load_w(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  template <int P>
+  static T nib(TI x) {
+    __m512i y;
+    if constexpr (P <= 19) y = _mm512_slli_epi32(x, 19 - P);
+    else y = _mm512_srli_epi32(x, P - 19);
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(y, _mm512_set1_epi32(0x00780000), _mm512_set1_epi32(0x3f800000), 0xea));
   }
   static float h2f(uint16_t h) { return _cvtsh_ss(h); }
   // Cephes-style expf: 2^n * poly(r), |rel err| ~ 2e-7; exactly 0 below -87 (so exp(-inf) = 0).
@@ -133,9 +157,34 @@ struct I512 {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(cl));
     }
   }
+  // The value-weight codes nearbyint(w * inv[k]) of four groups k (w[k]: kBT weights in two vectors), 4 * kBT
+  // bytes. No clamp: w is in [0, amax] and inv = 127 / amax, so the product is at most 127 (1 + 2^-23)^2 and
+  // rounds into [0, 127] as wquant32's clamped code does; a NaN (inv infinite where amax is 0) converts to
+  // INT_MIN and the saturating packs make it 0 (the caller zeroes such a group anyway). The packs work per
+  // 128-bit lane: 4-token dwords come out as (g t0-3, g t16-19, g+1 t0-3, g+1 t16-19) per lane, and one
+  // permute puts each group's 32 bytes in token order.
+  static void wcodes4(const __m512 (*w)[2], const float* inv, uint8_t* out) {
+    __m512i c[4][2];
+    for (int k = 0; k < 4; ++k)
+      for (int j = 0; j < 2; ++j) c[k][j] = _mm512_cvtps_epi32(_mm512_mul_ps(w[k][j], _mm512_set1_ps(inv[k])));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (int k = 0; k < 4; k += 2) {
+      const __m512i p = _mm512_packus_epi16(_mm512_packs_epi32(c[k][0], c[k][1]), _mm512_packs_epi32(c[k + 1][0], c[k + 1][1]));
+      _mm512_storeu_si512(out + k * 32, _mm512_permutexvar_epi32(idx, p));
+    }
+  }
   static void store(void* p, B x) { _mm512_storeu_si512(p, x); }
   static B lo4(B x) { return _mm512_and_si512(x, _mm512_set1_epi8(15)); }
   static B hi4(B x) { return _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(15)); }
+  // The high nibbles times kHi4 as VPDPBUSD's unsigned operand: VNNI takes them in place (x & 0xf0: products
+  // up to 240 * 127 fit its 16-bit intermediates); VPMADDUBSW's pair sums would saturate, so without VNNI they
+  // are shifted down. unhi4 divides such a sum (a multiple of kHi4) back, exactly.
+  static constexpr int kHi4 = VNNI ? 16 : 1;
+  static B hi4x(B x) {
+    if constexpr (VNNI) return _mm512_and_si512(x, _mm512_set1_epi8(char(0xf0)));
+    else return hi4(x);
+  }
+  static B unhi4(B a) { return VNNI ? _mm512_srai_epi32(a, 4) : a; }  // arithmetic: q . K sums may be negative
   static B bcast32(const void* p) {
     int32_t w;
     std::memcpy(&w, p, 4);

@@ -8,17 +8,23 @@
 //        K int8 [H][kBT][D], V int8 [H][kBT][D], K scale fp32 [H][kBT], V scale fp32 [H][kBT]. 8448 B/head (1.94x)
 //        fp32 scales: 256 B/head more than fp16 ones (3%) and no rounding of the scale to think about.
 //   int4 (KIVI-style, asymmetric; x = scale * code + min, code in [0, 15]):
-//        K codes [H][kBT][D/2], V codes [H][kBT][D/2],
+//        K codes [H][D/8][kBT][4] (token-interleaved words, below), V codes [H][kBT][D/2] (rows),
 //        K params fp16 [H][2][D]       (row 0: scale per channel over the block's 32 tokens, row 1: min),
 //        V params fp16 [H][D/32][2][kBT] (per group of 32 channels: the 32 tokens' scales, then their
 //        mins; token-contiguous so a block's scales convert with vector loads).          5120 B/head (3.2x)
 //        Keys per channel because LLM keys have outlier *channels* (a per-token scale would be set by
 //        them); values per token because their outliers are not channel-aligned (KIVI, arXiv 2402.02750).
 //
-// int4 packing, chosen for SIMD unpacking: a row's channels go in groups of 32 = 16 bytes; byte j of a
+// int4 value packing, chosen for SIMD unpacking: a row's channels go in groups of 32 = 16 bytes; byte j of a
 // group holds channel j in the low nibble and channel 16 + j in the high nibble. A 16-byte load widened
 // to 16 x int32 gives channels 0..15 with `and 15` and 16..31 with `>> 4`, both in order (AVX-512);
 // AVX2 does the same with 8-byte halves.
+// int4 key packing, chosen for the score q . K: 4-byte words of 8 channels, the block's 32 tokens' words of
+// channels 8w..8w+7 side by side ([D/8][kBT][4]; byte b: channel 8w + b low, 8w + 4 + b high; u4_key and
+// pack_u4_keys in decode_attention_impl.h). A 64-byte load is one word of 16 tokens, so a VPDPBUSD against a
+// broadcast query word (or an FMA per channel) makes 16 tokens' partial scores in 16 lanes, with no sum
+// across lanes per token; in rows (as the values are) each token's score was a reduction of 16 lanes, ~40 %
+// of the int4 integer kernel's time on the dev Xeon.
 //
 // Rounding: codes are round-to-nearest-even of the value in units of the *stored* (fp16-rounded)
 // scale and min, so dequantization uses exactly what was quantized against.
@@ -150,7 +156,7 @@ static void quantize_block_scalar(KVDType dtype, const uint16_t* src, void* out,
           const float s = fp16_to_fp32(kp[d]), z = fp16_to_fp32(kp[D + d]);
           for (int t = 0; t < kBT; ++t) codes[t][d] = u4_code(fp16_to_fp32(in.k[size_t(t) * D + d]), s, z);
         }
-        for (int t = 0; t < kBT; ++t) pack_u4(codes[t], D, const_cast<uint8_t*>(hd.k) + size_t(t) * D / 2);
+        attn::pack_u4_keys(&codes[0][0], 256, D, const_cast<uint8_t*>(hd.k));
         // Values: per token, groups of 32 channels.
         for (int t = 0; t < kBT; ++t) {
           const uint16_t* x = in.v + size_t(t) * D;
@@ -227,7 +233,7 @@ void kv_dequantize_block_f32(KVDType dtype, const void* block, float* out, int H
         for (int t = 0; t < kBT; ++t)
           for (int d = 0; d < D; ++d) {
             const uint16_t* vp = hd.vp + (2 * (d / 32)) * kBT + t;
-            ko[t * D + d] = float(double(fp16_to_fp32(hd.kp[d])) * unpack_u4(hd.k + size_t(t) * D / 2, d) +
+            ko[t * D + d] = float(double(fp16_to_fp32(hd.kp[d])) * attn::u4_key(hd.k, t, d) +
                                   double(fp16_to_fp32(hd.kp[D + d])));
             vo[t * D + d] = float(double(fp16_to_fp32(vp[0])) * unpack_u4(hd.v + size_t(t) * D / 2, d) +
                                   double(fp16_to_fp32(vp[kBT])));

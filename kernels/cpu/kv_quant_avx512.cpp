@@ -11,6 +11,7 @@
 // isa_supported(Isa::AVX512).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -71,6 +72,22 @@ inline void pack_group(__m512i lo, __m512i hi, uint8_t* out) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4))));
 }
 
+// The keys' token-interleaved words (attn::pack_u4_keys, whose bytes these are): per token, each 8 codes
+// (one qword) become the word lo | hi << 4 of its low and high 4 codes (codes < 16, so q >> 28 brings the
+// high dword's codes to bits 4.. without touching the low dword's, whose top 4 bits are 0); a word per 4 bytes
+// of wt[t][D/8], then scattered to [D/8][kBT].
+inline void pack_keys(const uint8_t* codes, int D, uint8_t* k) {
+  alignas(64) uint32_t wt[kBT][32];
+  for (int t = 0; t < kBT; ++t)
+    for (int d = 0; d < D; d += 64) {
+      const __mmask8 m = __mmask8((1u << std::min(8, (D - d) / 8)) - 1);
+      const __m512i q = _mm512_maskz_loadu_epi64(m, codes + size_t(t) * 256 + d);
+      _mm256_mask_storeu_epi32(&wt[t][d / 8], m, _mm512_cvtepi64_epi32(_mm512_or_si512(q, _mm512_srli_epi64(q, 28))));
+    }
+  for (int w = 0; w < D / 8; ++w)
+    for (int t = 0; t < kBT; ++t) std::memcpy(k + (size_t(w) * kBT + t) * attn::kU4KeyWordBytes, &wt[t][w], 4);
+}
+
 }  // namespace
 
 void quantize_block_avx512(KVDType dtype, const uint16_t* src, void* out, int H, int D) {
@@ -88,6 +105,7 @@ void quantize_block_avx512(KVDType dtype, const uint16_t* src, void* out, int H,
   // int4 (the caller passes I8 or I4 only).
   alignas(64) float ks[256], kz[256];        // the stored key parameters, widened
   alignas(64) float vlo[8][kBT], vhi[8][kBT];  // per value group and token: min, max
+  alignas(64) uint8_t kcodes[kBT][256];         // the key codes, a byte each, before packing
   for (int h = 0; h < H; ++h) {
     const attn::I4Head hd = attn::i4_head(out, H, D, h);
     const attn::F16Head in = attn::f16_head(src, H, D, h);
@@ -112,12 +130,11 @@ void quantize_block_avx512(KVDType dtype, const uint16_t* src, void* out, int H,
     }
     for (int t = 0; t < kBT; ++t) {
       const uint16_t* x = in.k + size_t(t) * D;
-      for (int g = 0; g < D / 32; ++g) {
-        const int a = 32 * g, b = a + 16;
-        pack_group(u4_codes(ld_h(x + a), _mm512_load_ps(ks + a), _mm512_load_ps(kz + a)),
-                   u4_codes(ld_h(x + b), _mm512_load_ps(ks + b), _mm512_load_ps(kz + b)), kc + size_t(t) * D / 2 + 16 * g);
-      }
+      for (int d = 0; d < D; d += 16)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(&kcodes[t][d]),
+                         _mm512_cvtepi32_epi8(u4_codes(ld_h(x + d), _mm512_load_ps(ks + d), _mm512_load_ps(kz + d))));
     }
+    pack_keys(&kcodes[0][0], D, kc);
     // Values: per token, groups of 32 channels; the parameters 16 tokens a vector (token-contiguous).
     for (int t = 0; t < kBT; ++t) {
       const uint16_t* x = in.v + size_t(t) * D;

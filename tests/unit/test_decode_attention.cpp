@@ -329,14 +329,14 @@ Q8Ref reference_q8(const Batch& b) {
         } else {
           const auto* blk = static_cast<const uint8_t*>(sv.blocks[t / kT]);
           const auto* kp = reinterpret_cast<const uint16_t*>(blk + size_t(2) * H * kT * D / 2) + size_t(j) * 2 * D;
-          const uint8_t* row = blk + (size_t(j) * kT + t % kT) * D / 2;
+          const uint8_t* kc = blk + size_t(j) * kT * D / 2;  // head j's key words [D/8][kT][4] (kv_quant.cpp)
           std::vector<float> qf(D);
           for (int d = 0; d < D; ++d) qf[d] = qs[d] * fd::fp16_to_fp32(kp[d]);
           float sqf = 0;
           const std::vector<int> fc = q8_codes(qf.data(), D, &sqf);
           for (int d = 0; d < D; ++d) {
-            const uint8_t byte = row[(d / 32) * 16 + d % 16];
-            const int code = d % 32 < 16 ? byte & 15 : byte >> 4;
+            const uint8_t byte = kc[((d / 8) * kT + t % kT) * 4 + d % 4];
+            const int code = d % 8 < 4 ? byte & 15 : byte >> 4;
             dot += double(sqf) * fc[d] * code + double(qs[d]) * fd::fp16_to_fp32(kp[D + d]);
           }
         }
