@@ -30,6 +30,7 @@ struct V256 {
   static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
   static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
   static T max(T a, T b) { return _mm256_max_ps(a, b); }
+  static T abs(T a) { return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))); }
   static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static float hsum(T x) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
@@ -145,6 +146,9 @@ struct I256 {
     const __m256i p = _mm256_packs_epi32(c0, c1);
     const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p, p), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(b));
+  }
+  static void quant64(const float* x, float inv, int8_t* out) {
+    for (int k = 0; k < 64; k += 16) quant16(x + k, inv, out + k);
   }
   // 32 value-weight codes clamp(nearbyint(w * inv), 0, 127).
   static void wquant32(const float* w, float inv, uint8_t* out) {

@@ -150,7 +150,7 @@ uint64_t read_reduce_avx512(const void* p, size_t bytes);
 // Each includes this header with FD_ATTN_SIMD_TEMPLATE defined after defining a vector-traits struct V:
 //   T (vector of W floats), W, HB / HBV (query heads per register block for K / V), CG (32-channel
 //   groups per V pass), zero/set1/load/store/add/sub/mul/
-//   max/fmadd(a,b,c)=a*b+c, hsum/hmax, hsum4/hmax4 (four vectors' sums / maxima as one __m128), reduce_rows (W rows
+//   max/abs/fmadd(a,b,c)=a*b+c, hsum/hmax, hsum4/hmax4 (four vectors' sums / maxima as one __m128), reduce_rows (W rows
 //   of W floats -> their W sums), exp (0 for x < -87, so -inf gives exactly 0), load_f16 (W halves), TI / load_w /
 //   nib<P> (int4 keys: W 4-byte words, and 1 + (bits P..P+3)/16 of each as a float),
 //   load_i8 (W int8), load_u4 (W bytes -> f = 1 + code/16 for the W low and the W high nibbles: exact

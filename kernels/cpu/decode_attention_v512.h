@@ -32,6 +32,7 @@ struct V512 {
   static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
   static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
   static T max(T a, T b) { return _mm512_max_ps(a, b); }
+  static T abs(T a) { return _mm512_abs_ps(a); }
   static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static float hsum(T x) { return _mm512_reduce_add_ps(x); }
   static float hmax(T x) { return _mm512_reduce_max_ps(x); }
@@ -148,6 +149,16 @@ struct I512 {
     const __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), _mm512_set1_ps(inv)));
     const __m512i cl = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(cl));
+  }
+  // 64 query codes: quant16's, the clamp left to the saturating packs (x is within +-amax and inv = 127 / amax, so
+  // the products round into [-127, 127] and the clamp never acts). The packs work per 128-bit lane (dwords of
+  // 4 codes come out as (0-3, 16-19, 32-35, 48-51, 4-7, ...)): one permute puts them in order.
+  static void quant64(const float* x, float inv, int8_t* out) {
+    const __m512 s = _mm512_set1_ps(inv);
+    __m512i c[4];
+    for (int k = 0; k < 4; ++k) c[k] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * k), s));
+    const __m512i p = _mm512_packs_epi16(_mm512_packs_epi32(c[0], c[1]), _mm512_packs_epi32(c[2], c[3]));
+    _mm512_storeu_si512(out, _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), p));
   }
   // 32 value-weight codes clamp(nearbyint(w * inv), 0, 127).
   static void wquant32(const float* w, float inv, uint8_t* out) {
