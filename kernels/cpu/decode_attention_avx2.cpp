@@ -79,6 +79,7 @@ struct V256 {
   }
   using TI = __m256i;  // int4 keys' words: see the AVX-512 twin (decode_attention_v512.h)
   static TI load_w(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static TI shr(TI x, int n) { return _mm256_srl_epi32(x, _mm_cvtsi32_si128(n)); }
   template <int P>
   static T nib(TI x) {
     __m256i y;
@@ -192,11 +193,6 @@ struct I256 {
   static void unperm(const B* a, B* n) {
     n[0] = _mm256_permute2x128_si256(a[0], a[1], 0x20), n[1] = _mm256_permute2x128_si256(a[2], a[3], 0x20);
     n[2] = _mm256_permute2x128_si256(a[0], a[1], 0x31), n[3] = _mm256_permute2x128_si256(a[2], a[3], 0x31);
-  }
-  // rows: 2 rows of 32 bytes; 128-bit lane L = word q of row L, four times.
-  static B lane_w(const uint8_t* rows, int q) {
-    const __m256i qi = _mm256_set1_epi32(q);
-    return _mm256_blend_epi32(_mm256_permutevar8x32_epi32(load(rows), qi), _mm256_permutevar8x32_epi32(load(rows + 32), qi), 0xf0);
   }
 };
 

@@ -40,7 +40,7 @@ inline I8Head i8_head(const void* blk, int H, int D, int h) {
 }
 struct I4Head {
   const uint8_t* k;    // [D/8][kBT][4] packed codes, token-interleaved words (u4_key; kv_quant.cpp)
-  const uint8_t* v;    // [kBT][D/2] packed rows (see kv_quant.cpp for the nibble order)
+  const uint8_t* v;    // [kBT/4][D/32][16][4] packed codes, quad-group words (u4_val; kv_quant.cpp)
   const uint16_t* kp;  // fp16 [2][D]: row 0 per-channel scale, row 1 per-channel min; x = s*c + z
   const uint16_t* vp;  // fp16 [D/32][2][kBT]: per 32-channel group, 32 token scales then 32 token mins
 };
@@ -59,6 +59,23 @@ inline void pack_u4_keys(const uint8_t* c, int cs, int D, uint8_t* k) {
       for (int b = 0; b < 4; ++b) {
         const uint8_t* r = c + size_t(t) * cs + 8 * w;
         k[(size_t(w) * kBT + t) * kU4KeyWordBytes + b] = uint8_t(r[b] | (r[4 + b] << 4));
+      }
+}
+// int4 values: word j of group g (channels 32g..32g+31) of quad q (tokens 4q..4q+3) is 4 bytes at ((q * D/32 + g)
+// * 16 + j) * 4; byte r is token 4q + r's: channel 32g + j in the low nibble, 32g + 16 + j in the high one. A
+// 64-byte load is a group of 4 tokens, 4 tokens' codes of a channel side by side in each lane (VPDPBUSD's operand
+// for p . V as it lies) and one group's weight for all lanes.
+inline int u4_val(const uint8_t* v, int t, int d, int D) {
+  const uint8_t b = v[((size_t(t / 4) * (D / 32) + d / 32) * 16 + d % 16) * 4 + t % 4];
+  return d % 32 < 16 ? (b & 15) : (b >> 4);
+}
+// Packs the codes c[t][d] (row stride cs) of one head's values into that layout.
+inline void pack_u4_values(const uint8_t* c, int cs, int D, uint8_t* v) {
+  for (int t = 0; t < kBT; ++t)
+    for (int d = 0; d < D; d += 32)
+      for (int j = 0; j < 16; ++j) {
+        const uint8_t* r = c + size_t(t) * cs + d;
+        v[((size_t(t / 4) * (D / 32) + d / 32) * 16 + j) * 4 + t % 4] = uint8_t(r[j] | (r[16 + j] << 4));
       }
 }
 inline I4Head i4_head(const void* blk, int H, int D, int h) {
@@ -89,17 +106,14 @@ struct Chunk {
 // The integer-dot path (CallCtx::q8, decode_attention_qdot.h) adds, after those, kQ8Bytes bytes of int8
 // query codes per head and 4 floats per head (query scale, int8 bias, int4 q . z).
 // The integer p . V of the q8 path (decode_attention_qdot.h, the scalar twin's own layout is smaller) adds,
-// 64-byte aligned after those, kPVFloats per head (the block's value-weight codes [8 groups][kBT] bytes, the
-// int4 values' per-lane weight vectors [chunk][quad][VB bytes], and 32 floats: weight scales [8], int4
-// offsets [8], padding) and kPVShared floats (kBT weights, then int4 keys' per-channel scale and
-// min in fp32, 256 each, then kYBytes for the int4 values' interleaved rows).
+// 64-byte aligned after those, kPVFloats per head (the block's value-weight codes [8 groups][kBT] bytes and 32
+// floats: weight scales [8], int4 offsets [8], the block's softmax factor, padding) and kPVShared floats (kBT
+// weights, then int4 keys' per-channel scale and min in fp32, 256 each).
 constexpr int kQ8Bytes = 512;
 constexpr int kWCBytes = 8 * kBT;  // value-weight codes of one head: [group][token], u8 0..127
-constexpr int kWXBytes = 1024;     // int4 lane weights of one head: D/2 <= 128 bytes a row, 8 quads
 constexpr int kPVHeadFloats = 32;
-constexpr int kPVFloats = (kWCBytes + kWXBytes) / 4 + kPVHeadFloats;
-constexpr int kYBytes = kBT * 64;  // int4 p . V: one register chunk's interleaved rows, 8 quads x 4 vectors
-constexpr int kPVShared = kBT + 2 * 256 + kYBytes / 4;
+constexpr int kPVFloats = kWCBytes / 4 + kPVHeadFloats;
+constexpr int kPVShared = kBT + 2 * 256;
 inline size_t chunk_scratch_floats(int G, int D) {
   return (size_t(G) * (2 * size_t(D) + kBT + 1 + kBT * 16 + size_t(D / 32) * kBT + kQ8Bytes / 4 + 4) +
           size_t(D / 32) * 2 * kBT + 15) / 16 * 16 + size_t(G) * kPVFloats + kPVShared + 16;
@@ -152,7 +166,7 @@ uint64_t read_reduce_avx512(const void* p, size_t bytes);
 //   groups per V pass), zero/set1/load/store/add/sub/mul/
 //   max/abs/fmadd(a,b,c)=a*b+c, hsum/hmax, hsum4/hmax4 (four vectors' sums / maxima as one __m128), reduce_rows (W rows
 //   of W floats -> their W sums), exp (0 for x < -87, so -inf gives exactly 0), load_f16 (W halves), TI / load_w /
-//   nib<P> (int4 keys: W 4-byte words, and 1 + (bits P..P+3)/16 of each as a float),
+//   nib<P> / shr (int4 words: W 4-byte lanes, 1 + (bits P..P+3)/16 of each as a float, a shift right by n),
 //   load_i8 (W int8), load_u4 (W bytes -> f = 1 + code/16 for the W low and the W high nibbles: exact
 //   floats made with integer ops, so x = s*code + z = (16s)*f + (z - 16s)), h2f (one fp16).
 // Per block (32 tokens) and kv head: scores for all G heads (each K row loaded once per HB heads, i.e.
@@ -221,22 +235,27 @@ struct I8Rows {
     return w;
   }
 };
-// int4 value rows (the keys are token-interleaved words, scores_u4k): group of 32 channels = 16 bytes; byte j:
-// channel j in the low nibble, channel 16+j in the high.
-// W=16: one 16-byte load gives channels 0..15 (low) and 16..31 (high). W=8: bytes 0..7 give channels
-// 0..7 / 16..23, bytes 8..15 give 8..15 / 24..31; storing lows in x[i] and highs in x[VPG/2+i] keeps order.
+// int4 values in quad-group words (u4_val; the keys are token-interleaved words, scores_u4k): token t's group g is
+// byte t % 4 of the 16 words of (quad t / 4, group g), byte j: channel j in the low nibble, 16+j in the high. A
+// word vector shifted right by 8 (t % 4) puts token t's byte at the bottom of each lane, so V::nib<0> / nib<4>
+// give channels j (low) and 16 + j (high) in lane order: W=16, one load per group; W=8, two (lanes 0..7, 8..15),
+// lows in x[i] and highs in x[VPG/2+i].
 template <class V, int D>
 struct I4Rows {
   static constexpr bool kOffset = true;
-  const uint8_t* p;    // [kBT][D/2]
+  const uint8_t* p;    // [kBT/4][D/32][16][4]
   const float* vt;     // [D/32][2][kBT] fp32 rows 16*scale and min - 16*scale (see load_u4)
   const uint8_t* next = nullptr;
   void prefetch(int t) const { if (next) prefetch_row(next + size_t(t) * D / 2, D / 2); }
   const float* mins(int g) const { return vt + (2 * g + 1) * kBT; }
   void load(int t, int g, typename V::T* x) const {
     constexpr int VPG = 32 / V::W;
-    const uint8_t* r = p + size_t(t) * (D / 2) + g * 16;
-    for (int i = 0; i < VPG / 2; ++i) V::load_u4(r + i * V::W, x[i], x[VPG / 2 + i]);
+    const uint8_t* r = p + (size_t(t / 4) * (D / 32) + g) * 64;
+    for (int i = 0; i < VPG / 2; ++i) {
+      const typename V::TI w = V::shr(V::load_w(r + i * V::W * 4), 8 * (t % 4));
+      x[i] = V::template nib<0>(w);
+      x[VPG / 2 + i] = V::template nib<4>(w);
+    }
   }
   float mult(int t, int g) const { return vt[2 * g * kBT + t]; }
   // w[h][g][t] = p[h][t] * 16 scale[t][g].

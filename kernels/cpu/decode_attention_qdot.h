@@ -16,8 +16,8 @@
 //   lanes -> float), amax(x, n) = max |x| (n % W == 0), quant16(x, inv, out) (16 query codes
 //   clamp(nearbyint(x * inv), -127, 127)), quant64 (64 of them), wquant32(w, inv, out) (32 weight codes clamp(nearbyint(w * inv),
 //   0, 127)), wcodes4(w, inv, out) (four groups' value-weight codes nearbyint(w * inv[k]), kBT each, from
-//   kBT / W float vectors a group), bcast32(p) (a 4-byte word in every lane), interleave4(x[4], y[4]) and unperm(a[4], n[4]) (p . V's
-//   operand and result orders, below), lane_w(rows, q) (int4 weights, below).
+//   kBT / W float vectors a group), bcast32(p) (a 4-byte word in every lane), interleave4(x[4], y[4]) and
+//   unperm(a[4], n[4]) (int8 p . V's operand and result orders, below).
 //
 // Query quantization (the same element-wise IEEE operations as quantize_q8 in decode_attention_scalar.cpp,
 // so every path has the same codes): int8 keys (x = ks[t] * code): qs = q * scale is quantized once per
@@ -37,15 +37,15 @@
 // what it costs, test_decode_attention measures it); the integer sums are exact, so every ISA matches
 // the twin to float rounding.
 // Operand order: VPDPBUSD sums 4 adjacent bytes per 32-bit lane, so 4 tokens' codes of one channel must
-// sit side by side: interleave4 turns 4 token rows (x[r] = row 4q + r) into y[k] whose 32-bit lane i of
-// 128-bit lane L holds channel 16L + 4k + i of the 4 tokens (two unpack levels). The weight operand is the
-// 4 tokens' codes as one 32-bit word (bcast32; int4: lane_w puts group L's word in 128-bit lane L, as a
-// 16-byte int4 group is one 128-bit lane of the row). After the block's 8 quads, unperm turns the 4
-// accumulators of a register chunk back into channel order (a transpose of 128-bit lanes).
+// sit side by side. int4 values are stored so (quad-group words, u4_val). int8 values are rows: interleave4
+// turns 4 token rows (x[r] = row 4q + r) into y[k] whose 32-bit lane i of 128-bit lane L holds channel
+// 16L + 4k + i of the 4 tokens (two unpack levels), and after the block's 8 quads unperm turns the 4
+// accumulators of a register chunk back into channel order (a transpose of 128-bit lanes). The weight operand
+// is the 4 tokens' codes as one 32-bit word (bcast32).
 //
 // int4 codes: keys are token-interleaved words (u4_key, qscores_u4k: one token a lane, the query codes in
-// channel order, broadcast 4 at a time); in a value row a 16-byte group holds channels 32g + j (low nibble of
-// byte j) and 32g + 16 + j (high), so one VB-byte load unpacks to VB "low" and VB "high" bytes.
+// channel order, broadcast 4 at a time); values are quad-group words (u4_val, qaccum_u4: 4 tokens of a channel
+// a lane, channels 32g + j in the low nibbles and 32g + 16 + j in the high ones, one group's weights a load).
 #pragma once
 #include <algorithm>
 #include <cstring>
@@ -110,71 +110,90 @@ inline void qscores_u4k(const uint8_t* k, const uint8_t* next, const int8_t* q8,
     }
 }
 
-// acc[h][d] += ws[h][g(d)] * sum_t cw[h][g(d)][t] * code_t[d] over the block's kBT value rows, HB heads.
-// v: the rows ([kBT][RB] bytes: int8 codes, or int4 packed), cw: heads at kWCBytes stride ([8][kBT] u8;
-// int8 values use group 0), wx (int4): heads at kWXBytes stride, lane weights [chunk][quad][VB],
-// pf: heads at kPVHeadFloats stride, ws [8] first (int4: then the offsets C * sum_t e_t * min_t [8], added here). The HB * 4 int32 accumulators of one register chunk (int4: one
-// nibble half) stay in registers over the 8 quads of tokens. int4: the low-nibble pass loads and interleaves each
-// quad's rows once and keeps the interleaved bytes in yb (kBT / 4 * 4 * VB bytes); the high-nibble pass takes its
-// codes from them (interleaving moves whole bytes, so it commutes with the nibble split). The codes are VPDPBUSD's
-// unsigned operand there (the weights, 0..127, its signed one), so where I::kHi4 is 16 the high codes are taken in
-// place (x & 0xf0, one operation) and the sums, all multiples of 16, shifted back (exact) before the conversion.
-template <class V, class I, int D, int HB, bool U4>
-inline void qaccum(const uint8_t* v, const uint8_t* next, const uint8_t* cw, const uint8_t* wx, const float* pf,
-                   float* acc, uint8_t* yb) {
+// int8 values: acc[h][d] += ws[h] * sum_t cw[h][t] * code_t[d] over the block's kBT value rows ([kBT][D] int8
+// codes), HB heads; cw: heads at kWCBytes stride (u8 0..127, group 0), pf: heads at kPVHeadFloats stride, ws
+// first. The HB * 4 int32 accumulators of one register chunk stay in registers over the 8 quads of tokens; each
+// quad's rows are interleaved in registers (interleave4) and the sums put back in channel order (unperm).
+template <class V, class I, int D, int HB>
+inline void qaccum(const uint8_t* v, const uint8_t* next, const uint8_t* cw, const float* pf, float* acc) {
+  using B = typename I::B;
+  constexpr int W = V::W, VB = I::VB, NC = (D + VB - 1) / VB, LAST = D - (NC - 1) * VB;
+  static_assert(VB == 4 * W && kBT == 32);
+  for (int c = 0; c < NC; ++c) {
+    B a[HB][4];
+    for (int h = 0; h < HB; ++h)
+      for (int k = 0; k < 4; ++k) a[h][k] = I::zero();
+    for (int q = 0; q < kBT / 4; ++q) {
+      B x[4], y[4];
+      for (int r = 0; r < 4; ++r) {
+        const size_t row = size_t(4 * q + r) * D;
+        if (next && c == 0) prefetch_row(next + row, D);
+        const uint8_t* p = v + row + c * VB;
+        x[r] = (LAST < VB && c == NC - 1) ? I::load_part(p, LAST) : I::load(p);
+      }
+      I::interleave4(x, y);
+      for (int h = 0; h < HB; ++h) {
+        const B w = I::bcast32(cw + h * kWCBytes + 4 * q);
+        for (int k = 0; k < 4; ++k) a[h][k] = I::dot_u8(a[h][k], w, y[k]);
+      }
+    }
+    for (int h = 0; h < HB; ++h) {
+      B n[4];
+      I::unperm(a[h], n);
+      for (int j = 0; j < 4; ++j) {
+        const int d = c * VB + j * W;
+        if (d >= D) continue;  // past a partial chunk's end
+        float* ap = acc + h * D + d;
+        V::store(ap, V::fmadd(I::to_f32(n[j]), V::set1(pf[h * kPVHeadFloats]), V::load(ap)));
+      }
+    }
+  }
+}
+
+// int4 values in quad-group words (u4_val): acc[h][32g + i] += ws[h][g] * sum_t cw[h][g][t] * code_t[32g + i] +
+// off[h][g] over the block's 32 tokens, HB heads; cw: heads at kWCBytes stride ([D/32][kBT] u8 0..127), pf: heads
+// at kPVHeadFloats stride, ws [8] then the offsets C * sum_t e_t * min_t [8]. A load of (quad, group) has 4 tokens'
+// codes of a channel side by side in each 32-bit lane, channels 32g + j in the low nibbles and 32g + 16 + j in the
+// high ones: VPDPBUSD's unsigned operand as it lies, against the quad's 4 weight codes of the group broadcast (its
+// signed one). Where I::kHi4 is 16 the high codes are taken in place (x & 0xf0) and their sums, multiples of 16,
+// shifted back (exact). One group at a time, its lanes' low and high sums in registers over the 8 quads; with one
+// or two head sums per vector the quads' parities accumulate apart, so the dependency chains stay short.
+template <class V, class I, int D, int HB>
+inline void qaccum_u4(const uint8_t* v, const uint8_t* next, const uint8_t* cw, const float* pf, float* acc) {
   using B = typename I::B;
   using VT = typename V::T;
-  constexpr int W = V::W, VB = I::VB, RB = U4 ? D / 2 : D, NC = (RB + VB - 1) / VB, LAST = RB - (NC - 1) * VB;
-  static_assert(VB == 4 * W && kBT == 32 && (!U4 || NC * 8 * VB <= kWXBytes) && kBT * VB <= kYBytes);
-  for (int c = 0; c < NC; ++c)
-    for (int half = 0; half < (U4 ? 2 : 1); ++half) {
-      B a[HB][4];
-      for (int h = 0; h < HB; ++h)
-        for (int k = 0; k < 4; ++k) a[h][k] = I::zero();
-      for (int q = 0; q < kBT / 4; ++q) {
-        B y[4];
-        if (half == 0) {
-          B x[4];
-          for (int r = 0; r < 4; ++r) {
-            const size_t row = size_t(4 * q + r) * RB;
-            if (next && c == 0) prefetch_row(next + row, RB);
-            const uint8_t* p = v + row + c * VB;
-            x[r] = (LAST < VB && c == NC - 1) ? I::load_part(p, LAST) : I::load(p);
-          }
-          I::interleave4(x, y);
-          if constexpr (U4)
-            for (int k = 0; k < 4; ++k) {
-              I::store(yb + (4 * q + k) * VB, y[k]);
-              y[k] = I::lo4(y[k]);
-            }
-        } else {
-          for (int k = 0; k < 4; ++k) y[k] = I::hi4x(I::load(yb + (4 * q + k) * VB));
-        }
+  constexpr int W = V::W, NG = D / 32, VPG = 64 / I::VB, PAR = HB * VPG <= 2 ? 2 : 1;
+  static_assert(I::VB == 4 * W && kBT == 32 && W * VPG == 16);
+  for (int g = 0; g < NG; ++g) {
+    B a[HB][VPG][2][PAR];
+    for (int h = 0; h < HB; ++h)
+      for (int u = 0; u < VPG; ++u)
+        for (int k = 0; k < 2; ++k)
+          for (int e = 0; e < PAR; ++e) a[h][u][k][e] = I::zero();
+    for (int q = 0; q < kBT / 4; ++q) {
+      const uint8_t* p = v + (size_t(q) * NG + g) * 64;
+      if (next && g == 0) prefetch_row(next + size_t(q) * NG * 64, NG * 64);
+      for (int u = 0; u < VPG; ++u) {
+        const B x = I::load(p + u * I::VB);
+        const B lo = I::lo4(x), hi = I::hi4x(x);
         for (int h = 0; h < HB; ++h) {
-          if constexpr (U4) {
-            const B w = I::load(wx + h * kWXBytes + (c * 8 + q) * VB);
-            for (int k = 0; k < 4; ++k) a[h][k] = I::dot_u8(a[h][k], y[k], w);
-          } else {
-            const B w = I::bcast32(cw + h * kWCBytes + 4 * q);
-            for (int k = 0; k < 4; ++k) a[h][k] = I::dot_u8(a[h][k], w, y[k]);
-          }
-        }
-      }
-      for (int h = 0; h < HB; ++h) {
-        B n[4];
-        if (U4 && half == 1 && I::kHi4 != 1)
-          for (int k = 0; k < 4; ++k) a[h][k] = I::unhi4(a[h][k]);
-        I::unperm(a[h], n);
-        for (int j = 0; j < 4; ++j) {
-          const int o = j * W;  // offset in the chunk's lanes of 16 channels
-          const int d = U4 ? 32 * (c * VB / 16 + o / 16) + 16 * half + o % 16 : c * VB + o;
-          if (d >= D) continue;  // past a partial chunk's end
-          float* ap = acc + h * D + d;
-          const VT r = V::fmadd(I::to_f32(n[j]), V::set1(pf[h * kPVHeadFloats + (U4 ? d / 32 : 0)]), V::load(ap));
-          V::store(ap, U4 ? V::add(r, V::set1(pf[h * kPVHeadFloats + 8 + d / 32])) : r);  // int4: + C * sum_t e_t * min_t
+          const B w = I::bcast32(cw + h * kWCBytes + g * kBT + 4 * q);
+          a[h][u][0][q % PAR] = I::dot_u8(a[h][u][0][q % PAR], lo, w);
+          a[h][u][1][q % PAR] = I::dot_u8(a[h][u][1][q % PAR], hi, w);
         }
       }
     }
+    for (int h = 0; h < HB; ++h) {
+      const VT ws = V::set1(pf[h * kPVHeadFloats + g]), off = V::set1(pf[h * kPVHeadFloats + 8 + g]);
+      for (int u = 0; u < VPG; ++u)
+        for (int k = 0; k < 2; ++k) {
+          VT f = I::to_f32(k ? I::unhi4(a[h][u][k][0]) : a[h][u][k][0]);
+          if constexpr (PAR == 2) f = V::add(f, I::to_f32(k ? I::unhi4(a[h][u][k][1]) : a[h][u][k][1]));  // exact: < 2^24
+          float* ap = acc + h * D + 32 * g + 16 * k + u * W;
+          V::store(ap, V::add(V::fmadd(f, ws, V::load(ap)), off));
+        }
+    }
+  }
 }
 
 template <class V, class I, int D>
@@ -358,22 +377,21 @@ struct QKernel {
     auto* q8 = reinterpret_cast<int8_t*>(wv + G * (D / 32) * kBT);  // [G][kQ8Bytes]
     float* qsc = reinterpret_cast<float*>(q8 + size_t(G) * kQ8Bytes);  // [G] query scale
     float* qbias = qsc + G;                                             // [G] kBias * sum(codes)
-    // p . V (64-byte aligned): codes [G][kWCBytes], lane weights [G][kWXBytes], per-head floats
-    // [G][kPVHeadFloats] (ws [8], int4 offsets [8]), then wt [kBT], kps [256], kpz [256].
+    // p . V (64-byte aligned): codes [G][kWCBytes], per-head floats [G][kPVHeadFloats] (ws [8], int4 offsets [8],
+    // the block's C), then wt [kBT], kps [256], kpz [256].
     const size_t off = size_t(qbias + G - scratch);
     auto* cw = reinterpret_cast<uint8_t*>(scratch + (off + 15) / 16 * 16);
-    uint8_t* wx = cw + size_t(G) * kWCBytes;
-    auto* pf = reinterpret_cast<float*>(wx + size_t(G) * kWXBytes);
+    auto* pf = reinterpret_cast<float*>(cw + size_t(G) * kWCBytes);
     float* wt = pf + size_t(G) * kPVHeadFloats;
     float* kps = wt + kBT;
     float* kpz = kps + 256;
-    auto* yb = reinterpret_cast<uint8_t*>(kpz + 256);  // kYBytes, 64-byte aligned
     for (int i = 0; i < G * D; ++i) qs[i] = q[i] * c.scale;
     if (c.dtype == KVDType::I8)
       for (int h = 0; h < G; ++h) qbias[h] = float(I::kBias * quant_i8(qs + h * D, q8 + h * kQ8Bytes, &qsc[h]));
     auto accum = [&]<bool U4>(const uint8_t* v, const uint8_t* vn) {
       K::template for_heads<I::HBPV>(G, [&]<int HB>(int h0) {
-        qaccum<V, I, D, HB, U4>(v, vn, cw + h0 * kWCBytes, wx + h0 * kWXBytes, pf + h0 * kPVHeadFloats, acc + h0 * D, yb);
+        if constexpr (U4) qaccum_u4<V, I, D, HB>(v, vn, cw + h0 * kWCBytes, pf + h0 * kPVHeadFloats, acc + h0 * D);
+        else qaccum<V, I, D, HB>(v, vn, cw + h0 * kWCBytes, pf + h0 * kPVHeadFloats, acc + h0 * D);
       });
     };
     for (int32_t b = ch.b0; b < ch.b1; ++b) {
@@ -415,9 +433,6 @@ struct QKernel {
           float* ph = pf + h * kPVHeadFloats;
           uint8_t* cwh = cw + h * kWCBytes;
           wgroups(sc + h * kBT, vt, ph[kPVC], cwh, ph);
-          for (int cc = 0; cc * VB < D / 2; ++cc)
-            for (int qd = 0; qd < kBT / 4; ++qd)
-              I::store(wx + h * kWXBytes + (cc * 8 + qd) * VB, I::lane_w(cwh + cc * (VB / 16) * kBT, qd));
         }
         accum.template operator()<true>(hd.v, nh.v);
       } else {

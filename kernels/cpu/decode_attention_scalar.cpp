@@ -85,13 +85,6 @@ void block_i8(Ctx& c, const I8Head& hd, const float* qs) {
   softmax_and_i8_values(c, hd);
 }
 
-// Code of channel d in a packed int4 value row (the keys' layout is u4_key's): group of 32 channels = 16 bytes, byte j holds channel j
-// (low nibble) and channel 16 + j (high nibble).
-inline int u4(const uint8_t* row, int d) {
-  const uint8_t b = row[(d / 32) * 16 + (d % 16)];
-  return (d % 32) < 16 ? (b & 15) : (b >> 4);
-}
-
 // The block's scores c.s are in: softmax them, then the int4 values x = s[t,g]*c + z[t,g] (per token and
 // 32-channel group): acc += p*s*c, plus sum_t p*z.
 void softmax_and_i4_values(Ctx& c, const I4Head& hd) {
@@ -101,11 +94,10 @@ void softmax_and_i4_values(Ctx& c, const I4Head& hd) {
     for (int g = 0; g < NG; ++g) {
       float off = 0;
       for (int t = 0; t < kBT; ++t) {
-        const uint8_t* v = hd.v + size_t(t) * D / 2;
         const float p = c.s[h * kBT + t];
         const float w = p * fp16_to_fp32(hd.vp[(2 * g) * kBT + t]);
         off += p * fp16_to_fp32(hd.vp[(2 * g + 1) * kBT + t]);
-        for (int d = g * 32; d < g * 32 + 32; ++d) c.acc[h * D + d] += w * float(u4(v, d));
+        for (int d = g * 32; d < g * 32 + 32; ++d) c.acc[h * D + d] += w * float(u4_val(hd.v, t, d, D));
       }
       for (int d = g * 32; d < g * 32 + 32; ++d) c.acc[h * D + d] += off;
     }
@@ -201,7 +193,7 @@ void softmax_q8_and_i4_values(Ctx& c, const I4Head& hd, const float* c0) {
       off *= C;
       for (int d = g * 32; d < g * 32 + 32; ++d) {
         int32_t sum = 0;
-        for (int t = 0; t < kBT; ++t) sum += cw[t] * u4(hd.v + size_t(t) * D / 2, d);
+        for (int t = 0; t < kBT; ++t) sum += cw[t] * u4_val(hd.v, t, d, D);
         c.acc[h * D + d] = std::fma(float(sum), ws, c.acc[h * D + d]) + off;
       }
     }

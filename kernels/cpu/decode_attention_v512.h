@@ -80,6 +80,7 @@ struct V512 {
   // built in the mantissa of 1.0 as load_u4 does.
   using TI = __m512i;
   static TI load_w(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static TI shr(TI x, int n) { return _mm512_srl_epi32(x, _mm_cvtsi32_si128(n)); }
   template <int P>
   static T nib(TI x) {
     __m512i y;
@@ -214,11 +215,6 @@ struct I512 {
     const B t2 = _mm512_shuffle_i32x4(a[0], a[1], 0xee), t3 = _mm512_shuffle_i32x4(a[2], a[3], 0xee);
     n[0] = _mm512_shuffle_i32x4(t0, t1, 0x88), n[1] = _mm512_shuffle_i32x4(t0, t1, 0xdd);
     n[2] = _mm512_shuffle_i32x4(t2, t3, 0x88), n[3] = _mm512_shuffle_i32x4(t2, t3, 0xdd);
-  }
-  // rows: 4 rows of 32 bytes (8 words each); 128-bit lane L = word q of row L, four times.
-  static B lane_w(const uint8_t* rows, int q) {
-    const B idx = _mm512_add_epi32(_mm512_set1_epi32(q), _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24));
-    return _mm512_permutex2var_epi32(load(rows), idx, load(rows + 64));
   }
 };
 

@@ -8,17 +8,20 @@
 //        K int8 [H][kBT][D], V int8 [H][kBT][D], K scale fp32 [H][kBT], V scale fp32 [H][kBT]. 8448 B/head (1.94x)
 //        fp32 scales: 256 B/head more than fp16 ones (3%) and no rounding of the scale to think about.
 //   int4 (KIVI-style, asymmetric; x = scale * code + min, code in [0, 15]):
-//        K codes [H][D/8][kBT][4] (token-interleaved words, below), V codes [H][kBT][D/2] (rows),
+//        K codes [H][D/8][kBT][4] (token-interleaved words), V codes [H][kBT/4][D/32][16][4] (quad-group words),
 //        K params fp16 [H][2][D]       (row 0: scale per channel over the block's 32 tokens, row 1: min),
 //        V params fp16 [H][D/32][2][kBT] (per group of 32 channels: the 32 tokens' scales, then their
 //        mins; token-contiguous so a block's scales convert with vector loads).          5120 B/head (3.2x)
 //        Keys per channel because LLM keys have outlier *channels* (a per-token scale would be set by
 //        them); values per token because their outliers are not channel-aligned (KIVI, arXiv 2402.02750).
 //
-// int4 value packing, chosen for SIMD unpacking: a row's channels go in groups of 32 = 16 bytes; byte j of a
-// group holds channel j in the low nibble and channel 16 + j in the high nibble. A 16-byte load widened
-// to 16 x int32 gives channels 0..15 with `and 15` and 16..31 with `>> 4`, both in order (AVX-512);
-// AVX2 does the same with 8-byte halves.
+// int4 value packing, chosen for p . V: a token's 32-channel group is 16 bytes, byte j holding channel j in the
+// low nibble and channel 16 + j in the high one; the 4 tokens of a quad (4q..4q+3) put their byte j side by side
+// in a 4-byte word, and a group's 16 words make 64 bytes ([kBT/4][D/32][16][4]; u4_val and pack_u4_values in
+// decode_attention_impl.h). A 64-byte load is then VPDPBUSD's operand as it lies (4 tokens of 16 channels a
+// lane, low nibbles; the high ones the next 16 channels), against the quad's 4 weight codes of that group
+// broadcast; in rows the integer kernel interleaved each quad's rows with 8 shuffles and built per-lane
+// weights. The fp32 path takes token t's byte with a shift by 8 (t % 4).
 // int4 key packing, chosen for the score q . K: 4-byte words of 8 channels, the block's 32 tokens' words of
 // channels 8w..8w+7 side by side ([D/8][kBT][4]; byte b: channel 8w + b low, 8w + 4 + b high; u4_key and
 // pack_u4_keys in decode_attention_impl.h). A 64-byte load is one word of 16 tokens, so a VPDPBUSD against a
@@ -106,16 +109,6 @@ inline uint8_t u4_code(float x, float s, float z) {
   return uint8_t(std::clamp(std::nearbyint((x - z) / s), 0.f, 15.f));
 }
 
-// Packs 4-bit codes c[0..D) of one row (see the packing note above).
-void pack_u4(const uint8_t* c, int D, uint8_t* row) {
-  for (int g = 0; g < D / 32; ++g)
-    for (int j = 0; j < 16; ++j) row[g * 16 + j] = uint8_t(c[g * 32 + j] | (c[g * 32 + 16 + j] << 4));
-}
-inline int unpack_u4(const uint8_t* row, int d) {
-  const uint8_t b = row[(d / 32) * 16 + (d % 16)];
-  return (d % 32) < 16 ? (b & 15) : (b >> 4);
-}
-
 }  // namespace
 
 namespace kvq {
@@ -171,8 +164,8 @@ static void quantize_block_scalar(KVDType dtype, const uint16_t* src, void* out,
             const float s = fp16_to_fp32(sp[0]), z = fp16_to_fp32(sp[kBT]);
             for (int d = g * 32; d < g * 32 + 32; ++d) codes[t][d] = u4_code(fp16_to_fp32(x[d]), s, z);
           }
-          pack_u4(codes[t], D, const_cast<uint8_t*>(hd.v) + size_t(t) * D / 2);
         }
+        attn::pack_u4_values(&codes[0][0], 256, D, const_cast<uint8_t*>(hd.v));
       }
       return;
     }
@@ -235,7 +228,7 @@ void kv_dequantize_block_f32(KVDType dtype, const void* block, float* out, int H
             const uint16_t* vp = hd.vp + (2 * (d / 32)) * kBT + t;
             ko[t * D + d] = float(double(fp16_to_fp32(hd.kp[d])) * attn::u4_key(hd.k, t, d) +
                                   double(fp16_to_fp32(hd.kp[D + d])));
-            vo[t * D + d] = float(double(fp16_to_fp32(vp[0])) * unpack_u4(hd.v + size_t(t) * D / 2, d) +
+            vo[t * D + d] = float(double(fp16_to_fp32(vp[0])) * attn::u4_val(hd.v, t, d, D) +
                                   double(fp16_to_fp32(vp[kBT])));
           }
         break;

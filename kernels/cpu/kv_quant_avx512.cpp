@@ -67,11 +67,6 @@ inline __m512i u4_codes(__m512 x, __m512 s, __m512 z) {
   return _mm512_maskz_cvtps_epi32(ok, c);
 }
 
-// Channels 32g..32g+15 in the low nibbles, 32g+16..32g+31 in the high: 16 bytes.
-inline void pack_group(__m512i lo, __m512i hi, uint8_t* out) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4))));
-}
-
 // The keys' token-interleaved words (attn::pack_u4_keys, whose bytes these are): per token, each 8 codes
 // (one qword) become the word lo | hi << 4 of its low and high 4 codes (codes < 16, so q >> 28 brings the
 // high dword's codes to bits 4.. without touching the low dword's, whose top 4 bits are 0); a word per 4 bytes
@@ -151,14 +146,21 @@ void quantize_block_avx512(KVDType dtype, const uint16_t* src, void* out, int H,
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(vp + (2 * g) * kBT + t), s);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(vp + (2 * g + 1) * kBT + t), z);
       }
-    for (int t = 0; t < kBT; ++t) {
-      const uint16_t* x = in.v + size_t(t) * D;
+    // Codes in quad-group words (attn::pack_u4_values): lane j of (quad q, group g) holds byte j of the group's
+    // 16 for tokens 4q..4q+3, one byte each, made from the int32 code lanes with shifts.
+    for (int q = 0; q < kBT / 4; ++q)
       for (int g = 0; g < D / 32; ++g) {
-        const uint16_t* sp = vp + (2 * g) * kBT + t;  // this token's stored scale; its min is kBT further
-        const __m512 s = _mm512_set1_ps(_cvtsh_ss(sp[0])), z = _mm512_set1_ps(_cvtsh_ss(sp[kBT]));
-        pack_group(u4_codes(ld_h(x + 32 * g), s, z), u4_codes(ld_h(x + 32 * g + 16), s, z), vc + size_t(t) * D / 2 + 16 * g);
+        __m512i word = _mm512_setzero_si512();
+        for (int r = 0; r < 4; ++r) {
+          const int t = 4 * q + r;
+          const uint16_t* x = in.v + size_t(t) * D + 32 * g;
+          const uint16_t* sp = vp + (2 * g) * kBT + t;  // this token's stored scale; its min is kBT further
+          const __m512 s = _mm512_set1_ps(_cvtsh_ss(sp[0])), z = _mm512_set1_ps(_cvtsh_ss(sp[kBT]));
+          const __m512i b = _mm512_or_si512(u4_codes(ld_h(x), s, z), _mm512_slli_epi32(u4_codes(ld_h(x + 16), s, z), 4));
+          word = _mm512_or_si512(word, _mm512_slli_epi32(b, 8 * r));
+        }
+        _mm512_storeu_si512(vc + (size_t(q) * (D / 32) + g) * 64, word);
       }
-    }
   }
 }
 

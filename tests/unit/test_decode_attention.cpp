@@ -361,7 +361,7 @@ Q8Ref reference_q8(const Batch& b) {
           };
           auto vcode = [&](int t, int d) -> double {
             if (b.dtype == KVDType::I8) return std::fabs(double(reinterpret_cast<const int8_t*>(blk)[H * hs + j * hs + t * D + d]));
-            const uint8_t byte = blk[H * hs / 2 + j * hs / 2 + size_t(t) * D / 2 + (d / 32) * 16 + d % 16];
+            const uint8_t byte = blk[H * hs / 2 + j * hs / 2 + ((size_t(t / 4) * (D / 32) + d / 32) * 16 + d % 16) * 4 + t % 4];
             return d % 32 < 16 ? byte & 15 : byte >> 4;
           };
           double amax = 0;

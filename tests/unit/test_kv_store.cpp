@@ -109,8 +109,8 @@ TEST(KVStore, QuantizedBlocksAndAccounting) {
 //   int8: K codes int8 [H][T][D], V codes [H][T][D], K scales fp32 [H][T], V scales [H][T];
 //         scale = max|row| / 127 (fp32), code = round-half-even(x / scale) in [-127, 127].
 //   int4: K codes [H][D/8][T][4] (word w of token t: byte b holds channel 8w + b in the low nibble and
-//         8w + 4 + b in the high one), V codes [H][T][D/2] (per 32-channel group, byte j holds channel j in
-//         the low nibble and 16 + j in the high one), K params fp16 [H][2][D] (scale, min per channel over
+//         8w + 4 + b in the high one), V codes [H][T/4][D/32][16][4] (word j of quad q, group g: byte r is
+//         token 4q + r's channel 32g + j in the low nibble and 32g + 16 + j in the high one), K params fp16 [H][2][D] (scale, min per channel over
 //         the block's 32 tokens), V params fp16 [H][D/32][2][T] (per group: 32 token scales, then mins);
 //         min = the smallest value (an fp16 value, so exact), scale = the smallest fp16 with
 //         15 * scale + min >= max (the fp16 rounding of (max - min) / 15, upwards),
@@ -208,7 +208,8 @@ void check_block(KVDType t, const void* blk_ptr, const Stream& s, int b, int H, 
         const uint8_t byte = head[((d / 8) * kT + tok) * 4 + d % 4];
         return d % 8 < 4 ? byte & 15 : byte >> 4;
       }
-      const uint8_t byte = head[size_t(tok) * (D / 2) + (d / 32) * 16 + d % 16];
+      // values: quad-group words, byte tok % 4 of word (tok / 4, group d / 32, d % 16)
+      const uint8_t byte = head[((size_t(tok / 4) * (D / 32) + d / 32) * 16 + d % 16) * 4 + tok % 4];
       return d % 32 < 16 ? byte & 15 : byte >> 4;
     };
     // Counts a stored (scale, min) that differs from the one for values in [lo, hi]; returns the
