@@ -80,6 +80,11 @@ struct V256 {
   using TI = __m256i;  // int4 keys' words: see the AVX-512 twin (decode_attention_v512.h)
   static TI load_w(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static TI shr(TI x, int n) { return _mm256_srl_epi32(x, _mm_cvtsi32_si128(n)); }
+  template <int B>
+  static T sbyte(TI x) {
+    if constexpr (B == 3) return _mm256_cvtepi32_ps(_mm256_srai_epi32(x, 24));
+    else return _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(x, 24 - 8 * B), 24));
+  }
   template <int P>
   static T nib(TI x) {
     __m256i y;

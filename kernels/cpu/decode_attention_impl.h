@@ -27,11 +27,20 @@ inline F16Head f16_head(const void* blk, int H, int D, int h) {
   return {b + h * hs, b + H * hs + h * hs};
 }
 struct I8Head {
-  const int8_t* k;   // [kBT][D] codes, x = ks[t] * code
+  const int8_t* k;   // [D/4][kBT][4] codes, token-interleaved words (i8_key); x = ks[t] * code
   const int8_t* v;   // [kBT][D]
   const float* ks;   // [kBT]
   const float* vs;   // [kBT]
 };
+// int8 keys: word w of token t (4 bytes at (w * kBT + t) * 4) holds channels 4w..4w+3, so a vector of consecutive
+// words of one w holds consecutive tokens (as the int4 keys, u4_key): a dot product makes one token per lane.
+inline int i8_key(const int8_t* k, int t, int d) { return k[(size_t(d / 4) * kBT + t) * 4 + d % 4]; }
+// Packs the codes c[t][d] (t < kBT, d < D; row stride cs) of one head's keys into that layout.
+inline void pack_i8_keys(const int8_t* c, int cs, int D, int8_t* k) {
+  for (int w = 0; w < D / 4; ++w)
+    for (int t = 0; t < kBT; ++t)
+      for (int b = 0; b < 4; ++b) k[(size_t(w) * kBT + t) * 4 + b] = c[size_t(t) * cs + 4 * w + b];
+}
 inline I8Head i8_head(const void* blk, int H, int D, int h) {
   const auto* b = static_cast<const int8_t*>(blk);
   const size_t hs = size_t(kBT) * D;
@@ -166,7 +175,8 @@ uint64_t read_reduce_avx512(const void* p, size_t bytes);
 //   groups per V pass), zero/set1/load/store/add/sub/mul/
 //   max/abs/fmadd(a,b,c)=a*b+c, hsum/hmax, hsum4/hmax4 (four vectors' sums / maxima as one __m128), reduce_rows (W rows
 //   of W floats -> their W sums), exp (0 for x < -87, so -inf gives exactly 0), load_f16 (W halves), TI / load_w /
-//   nib<P> / shr (int4 words: W 4-byte lanes, 1 + (bits P..P+3)/16 of each as a float, a shift right by n),
+//   nib<P> / sbyte<B> / shr (4-byte words, W lanes: 1 + (bits P..P+3)/16 of each as a float, its signed byte B as
+//   a float, a shift right by n),
 //   load_i8 (W int8), load_u4 (W bytes -> f = 1 + code/16 for the W low and the W high nibbles: exact
 //   floats made with integer ops, so x = s*code + z = (16s)*f + (z - 16s)), h2f (one fp16).
 // Per block (32 tokens) and kv head: scores for all G heads (each K row loaded once per HB heads, i.e.
@@ -297,32 +307,42 @@ inline void scores(const Rows& rows, const float* q, float* s, float* r, int n) 
     for (int j = 0; j < n; j += W) V::store(s + h * kBT + j, V::reduce_rows(r + (h * kBT + j) * W));
 }
 
-// int4 keys (token-interleaved words, u4_key): s[h][t] = sum_d q[h][d] * (1 + code[t][d]/16) for the kBT tokens of
-// a full block and HB heads, W tokens in the W lanes of a vector (no sum across lanes); q [HB][D], s [HB][kBT].
-// A word's 8 channels are 8 nibble positions of the same lanes (V::nib), each an FMA with the query broadcast.
-template <class V, int D, int HB>
-inline void scores_u4k(const uint8_t* k, const uint8_t* next, const float* q, float* s) {
+// Keys in token-interleaved 4-byte words (int4: u4_key, 8 channels a word; int8: i8_key, 4): s[h][t] = sum_d q[h][d]
+// * f(code[t][d]) for the kBT tokens of a full block and HB heads, W tokens in the W lanes of a vector (no sum
+// across lanes); q [HB][D], s [HB][kBT]. chan.template operator()<N>(x) gives channel N of each lane's word as
+// floats (int4: 1 + code/16, V::nib; int8: the code, V::sbyte), each an FMA with the query broadcast.
+template <class V, int D, int HB, int CPW, class Chan>
+inline void scores_words(const uint8_t* k, const uint8_t* next, const float* q, float* s, Chan&& chan) {
   using VT = typename V::T;
   constexpr int W = V::W, NJ = kBT / W, AC = W == 16 ? 2 : 1;  // AC: accumulators per (vector, head)
   VT a[NJ][HB][AC];
   for (int j = 0; j < NJ; ++j)
     for (int h = 0; h < HB; ++h)
       for (int c = 0; c < AC; ++c) a[j][h][c] = V::zero();
-  for (int w = 0; w < D / 8; ++w) {
-    const uint8_t* kw = k + size_t(w) * kBT * kU4KeyWordBytes;
-    if (next) prefetch_row(next + size_t(w) * kBT * kU4KeyWordBytes, kBT * kU4KeyWordBytes);
+  for (int w = 0; w < D / CPW; ++w) {
+    const uint8_t* kw = k + size_t(w) * kBT * 4;
+    if (next) prefetch_row(next + size_t(w) * kBT * 4, kBT * 4);
     for (int j = 0; j < NJ; ++j) {
-      const typename V::TI x = V::load_w(kw + j * W * kU4KeyWordBytes);
+      const typename V::TI x = V::load_w(kw + j * W * 4);
       [&]<int... N>(std::integer_sequence<int, N...>) {
         ([&] {
-          const VT f = V::template nib<N < 4 ? 8 * N : 8 * (N - 4) + 4>(x);
-          for (int h = 0; h < HB; ++h) a[j][h][N % AC] = V::fmadd(V::set1(q[h * D + 8 * w + N]), f, a[j][h][N % AC]);
+          const VT f = chan.template operator()<N>(x);
+          for (int h = 0; h < HB; ++h) a[j][h][N % AC] = V::fmadd(V::set1(q[h * D + CPW * w + N]), f, a[j][h][N % AC]);
         }(), ...);
-      }(std::make_integer_sequence<int, 8>{});
+      }(std::make_integer_sequence<int, CPW>{});
     }
   }
   for (int j = 0; j < NJ; ++j)
     for (int h = 0; h < HB; ++h) V::store(s + h * kBT + j * W, AC == 2 ? V::add(a[j][h][0], a[j][h][AC - 1]) : a[j][h][0]);
+}
+template <class V, int D, int HB>
+inline void scores_u4k(const uint8_t* k, const uint8_t* next, const float* q, float* s) {
+  scores_words<V, D, HB, 8>(k, next, q, s, []<int N>(typename V::TI x) { return V::template nib<N < 4 ? 8 * N : 8 * (N - 4) + 4>(x); });
+}
+template <class V, int D, int HB>
+inline void scores_i8k(const int8_t* k, const int8_t* next, const float* q, float* s) {
+  scores_words<V, D, HB, 4>(reinterpret_cast<const uint8_t*>(k), reinterpret_cast<const uint8_t*>(next), q, s,
+                            []<int N>(typename V::TI x) { return V::template sbyte<N>(x); });
 }
 
 // acc[h] += sum_t w[h][g][t] * V[t] for t < n, over the NGC 32-channel groups from g0; w: the block's
@@ -470,8 +490,12 @@ struct Kernel {
           const I8Head hd = i8_head(blk, H, D, kvh);
           const I8Head nh = nxt ? i8_head(nxt, H, D, kvh) : I8Head{nullptr, nullptr, nullptr, nullptr};
           if (nxt) prefetch_row(nh.ks, kBT * 4), prefetch_row(nh.vs, kBT * 4);
-          block(I8Rows<V, D>{hd.k, hd.ks, nh.k}, I8Rows<V, D>{hd.v, hd.vs, nh.v}, kBT, G, qs, m, l, acc, sc, red, wv,
-                [&](int, float* s, int n) { for (int t = 0; t < n; ++t) s[t] *= hd.ks[t]; });
+          block_scored(
+              [&] {
+                for_heads<V::HB>(G, [&]<int HB>(int h0) { scores_i8k<V, D, HB>(hd.k, nh.k, qs + h0 * D, sc + h0 * kBT); });
+              },
+              I8Rows<V, D>{hd.v, hd.vs, nh.v}, kBT, G, m, l, acc, sc, wv,
+              [&](int, float* s, int n) { for (int t = 0; t < n; ++t) s[t] *= hd.ks[t]; });
           break;
         }
         case KVDType::I4: {

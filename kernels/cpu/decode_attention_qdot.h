@@ -23,9 +23,10 @@
 // so every path has the same codes): int8 keys (x = ks[t] * code): qs = q * scale is quantized once per
 // chunk and head, score = (sum code_q * code_k) * (sq * ks[t]). int4 keys (x = s[d] * c + z[d], per
 // channel): the key scale is folded into the query per block, qf = qs * s, quantized per block and head,
-// score = (sum code_qf * c) * sqf + qs . z. Exactness: |sum| <= 255 * 127 * 256 < 2^24, so the int32
-// partial sums, their conversion to float and the float reduction across lanes (int8 keys) are all exact: the
-// raw dot products equal the scalar twin's integers bit for bit.
+// score = (sum code_qf * c) * sqf + qs . z. Keys of both are token-interleaved words (one token a lane,
+// qscores_i8k / qscores_u4k, the query codes in channel order broadcast 4 at a time). Exactness: |sum| <= 255 *
+// 127 * 256 < 2^24, so the int32 partial sums, their conversion to float and the float sum of two partials are
+// all exact: the raw dot products equal the scalar twin's integers bit for bit.
 //
 // p . V on integers, per block and query head: x_t = the score less the block's constant (qs . z for int4
 // keys), e_t = exp(x_t - max x) with exp_poly's arithmetic (V::exp), so e_t is the same bits on every ISA
@@ -52,28 +53,32 @@
 
 namespace fd::attn::simd {
 
-// int8 keys: s[h][t] = raw integer dot product (as float) of token t's key codes with head h's query codes,
-// t < n, HB heads. k: the block's code rows ([kBT][D] bytes), q8: HB heads at kQ8Bytes stride; r: the per-token
-// partial vectors before their transposed reduction.
+// int8 keys (token-interleaved words, i8_key): s[h][t] = raw integer dot product (as float, kBias * sum(q) not yet
+// taken off) of token t's codes with head h's query codes (channel order, q8 at kQ8Bytes stride), for the kBT
+// tokens of a block, HB heads. One load is a word (4 channels) of VB / 4 tokens, against the query's 4 codes of
+// those channels broadcast: every lane sums one token's products, no reduction across lanes. With few chains
+// (one or two heads) the words' parities accumulate apart, so the VPDPBUSD latency does not bind.
 template <class V, class I, int D, int HB>
-inline void qscores(const uint8_t* k, const uint8_t* next, const int8_t* q8, float* s, float* r, int n) {
+inline void qscores_i8k(const uint8_t* k, const uint8_t* next, const int8_t* q8, float* s) {
   using B = typename I::B;
-  constexpr int W = V::W, VB = I::VB, NC = (D + VB - 1) / VB, LAST = D - (NC - 1) * VB;
-  static_assert(VB == 4 * W && NC * VB <= kQ8Bytes);
-  for (int t = 0; t < n; ++t) {
-    if (next) prefetch_row(next + size_t(t) * D, D);
-    B a[HB];
-    for (int h = 0; h < HB; ++h) a[h] = I::zero();
-    for (int c = 0; c < NC; ++c) {
-      const uint8_t* p = k + size_t(t) * D + c * VB;
-      const B x = (LAST < VB && c == NC - 1) ? I::load_part(p, LAST) : I::load(p);
+  constexpr int TPV = I::VB / 4, NJ = kBT / TPV, AC = HB * NJ <= 4 ? 2 : 1;
+  static_assert(TPV == V::W && D <= kQ8Bytes);
+  B a[NJ][HB][AC];
+  for (int j = 0; j < NJ; ++j)
+    for (int h = 0; h < HB; ++h)
+      for (int c = 0; c < AC; ++c) a[j][h][c] = I::zero();
+  for (int w = 0; w < D / 4; ++w) {
+    const uint8_t* kw = k + size_t(w) * kBT * 4;
+    if (next) prefetch_row(next + size_t(w) * kBT * 4, kBT * 4);
+    for (int j = 0; j < NJ; ++j) {
+      const B x = I::load(kw + j * I::VB);
       const B xp = I::prep_s8(x);
-      for (int h = 0; h < HB; ++h) a[h] = I::dot_s8(a[h], xp, x, I::load(q8 + h * kQ8Bytes + c * VB));
+      for (int h = 0; h < HB; ++h) a[j][h][w % AC] = I::dot_s8(a[j][h][w % AC], xp, x, I::bcast32(q8 + h * kQ8Bytes + 4 * w));
     }
-    for (int h = 0; h < HB; ++h) V::store(r + (h * kBT + t) * W, I::to_f32(a[h]));
   }
-  for (int h = 0; h < HB; ++h)
-    for (int j = 0; j < n; j += W) V::store(s + h * kBT + j, V::reduce_rows(r + (h * kBT + j) * W));
+  for (int j = 0; j < NJ; ++j)
+    for (int h = 0; h < HB; ++h)
+      V::store(s + h * kBT + j * TPV, AC == 2 ? V::add(I::to_f32(a[j][h][0]), I::to_f32(a[j][h][AC - 1])) : I::to_f32(a[j][h][0]));
 }
 
 // int4 keys (token-interleaved words, u4_key): s[h][t] = raw integer dot product (as float) of token t's codes
@@ -403,9 +408,7 @@ struct QKernel {
         if (nxt) prefetch_row(nh.ks, kBT * 4), prefetch_row(nh.vs, kBT * 4);
         const auto* kc = reinterpret_cast<const uint8_t*>(hd.k);
         const auto* kn = reinterpret_cast<const uint8_t*>(nh.k);
-        K::template for_heads<V::HB>(G, [&]<int HB>(int h0) {
-          qscores<V, I, D, HB>(kc, kn, q8 + h0 * kQ8Bytes, sc + h0 * kBT, red + h0 * kBT * V::W, kBT);
-        });
+        K::template for_heads<V::HB>(G, [&]<int HB>(int h0) { qscores_i8k<V, I, D, HB>(kc, kn, q8 + h0 * kQ8Bytes, sc + h0 * kBT); });
         for (int h = 0; h < G; ++h) {
           float* s = sc + h * kBT;
           const VT bias = V::set1(qbias[h]), qv = V::set1(qsc[h]);

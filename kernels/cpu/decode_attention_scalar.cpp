@@ -75,10 +75,9 @@ void softmax_and_i8_values(Ctx& c, const I8Head& hd) {
 void block_i8(Ctx& c, const I8Head& hd, const float* qs) {
   const int D = c.D;
   for (int t = 0; t < kBT; ++t) {
-    const int8_t* k = hd.k + size_t(t) * D;
     for (int h = 0; h < c.G; ++h) {
       float dot = 0;
-      for (int d = 0; d < D; ++d) dot += qs[h * D + d] * float(k[d]);
+      for (int d = 0; d < D; ++d) dot += qs[h * D + d] * float(i8_key(hd.k, t, d));
       c.s[h * kBT + t] = dot * hd.ks[t];
     }
   }
@@ -204,10 +203,9 @@ void softmax_q8_and_i4_values(Ctx& c, const I4Head& hd, const float* c0) {
 void block_i8_q8(Ctx& c, const I8Head& hd, const int8_t* qc, const float* sq) {
   const int D = c.D;
   for (int t = 0; t < kBT; ++t) {
-    const int8_t* k = hd.k + size_t(t) * D;
     for (int h = 0; h < c.G; ++h) {
       int32_t dot = 0;
-      for (int d = 0; d < D; ++d) dot += int32_t(qc[h * D + d]) * k[d];
+      for (int d = 0; d < D; ++d) dot += int32_t(qc[h * D + d]) * i8_key(hd.k, t, d);
       c.s[h * kBT + t] = float(dot) * (sq[h] * hd.ks[t]);
     }
   }

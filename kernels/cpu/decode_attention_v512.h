@@ -81,6 +81,11 @@ struct V512 {
   using TI = __m512i;
   static TI load_w(const uint8_t* p) { return _mm512_loadu_si512(p); }
   static TI shr(TI x, int n) { return _mm512_srl_epi32(x, _mm_cvtsi32_si128(n)); }
+  template <int B>
+  static T sbyte(TI x) {
+    if constexpr (B == 3) return _mm512_cvtepi32_ps(_mm512_srai_epi32(x, 24));
+    else return _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(x, 24 - 8 * B), 24));
+  }
   template <int P>
   static T nib(TI x) {
     __m512i y;

@@ -67,33 +67,44 @@ inline __m512i u4_codes(__m512 x, __m512 s, __m512 z) {
   return _mm512_maskz_cvtps_epi32(ok, c);
 }
 
+// Token-interleaved key words from token-major ones: out[w][t] = in[t][w] (in: kBT rows of `stride` 32-bit words,
+// nw of them used), 16 tokens a gather.
+inline void gather_words(const int32_t* in, int stride, int nw, void* out) {
+  auto* o = static_cast<int32_t*>(out);
+  const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(stride));
+  for (int w = 0; w < nw; ++w)
+    for (int t = 0; t < kBT; t += 16)
+      _mm512_storeu_si512(o + w * kBT + t, _mm512_i32gather_epi32(_mm512_add_epi32(rows, _mm512_set1_epi32(t * stride + w)), in, 4));
+}
+
 // The keys' token-interleaved words (attn::pack_u4_keys, whose bytes these are): per token, each 8 codes
 // (one qword) become the word lo | hi << 4 of its low and high 4 codes (codes < 16, so q >> 28 brings the
 // high dword's codes to bits 4.. without touching the low dword's, whose top 4 bits are 0); a word per 4 bytes
-// of wt[t][D/8], then scattered to [D/8][kBT].
+// of wt[t][D/8], then gathered to [D/8][kBT].
 inline void pack_keys(const uint8_t* codes, int D, uint8_t* k) {
-  alignas(64) uint32_t wt[kBT][32];
+  alignas(64) int32_t wt[kBT][32];
   for (int t = 0; t < kBT; ++t)
     for (int d = 0; d < D; d += 64) {
       const __mmask8 m = __mmask8((1u << std::min(8, (D - d) / 8)) - 1);
       const __m512i q = _mm512_maskz_loadu_epi64(m, codes + size_t(t) * 256 + d);
       _mm256_mask_storeu_epi32(&wt[t][d / 8], m, _mm512_cvtepi64_epi32(_mm512_or_si512(q, _mm512_srli_epi64(q, 28))));
     }
-  for (int w = 0; w < D / 8; ++w)
-    for (int t = 0; t < kBT; ++t) std::memcpy(k + (size_t(w) * kBT + t) * attn::kU4KeyWordBytes, &wt[t][w], 4);
+  gather_words(&wt[0][0], 32, D / 8, k);
 }
 
 }  // namespace
 
 void quantize_block_avx512(KVDType dtype, const uint16_t* src, void* out, int H, int D) {
   if (dtype == KVDType::I8) {
+    alignas(64) int32_t kw[kBT][64];  // the key codes of a token as words of 4 channels, before the scatter
     for (int h = 0; h < H; ++h) {
       const attn::I8Head hd = attn::i8_head(out, H, D, h);
       const attn::F16Head in = attn::f16_head(src, H, D, h);
       for (int t = 0; t < kBT; ++t) {
-        i8_row(in.k + size_t(t) * D, D, const_cast<int8_t*>(hd.k) + size_t(t) * D, const_cast<float*>(hd.ks) + t);
+        i8_row(in.k + size_t(t) * D, D, reinterpret_cast<int8_t*>(kw[t]), const_cast<float*>(hd.ks) + t);
         i8_row(in.v + size_t(t) * D, D, const_cast<int8_t*>(hd.v) + size_t(t) * D, const_cast<float*>(hd.vs) + t);
       }
+      gather_words(&kw[0][0], 64, D / 4, const_cast<int8_t*>(hd.k));  // attn::pack_i8_keys' layout
     }
     return;
   }

@@ -106,7 +106,8 @@ TEST(KVStore, QuantizedBlocksAndAccounting) {
 // The expected blocks are computed here from the layouts and rounding documented in
 // kernels/cpu/kv_quant.cpp (its header comment; the int4 scale rule at u4_params), not with
 // kv_quantize_block:
-//   int8: K codes int8 [H][T][D], V codes [H][T][D], K scales fp32 [H][T], V scales [H][T];
+//   int8: K codes int8 [H][D/4][T][4] (word w of token t: channels 4w..4w+3), V codes [H][T][D], K scales fp32
+//         [H][T], V scales [H][T];
 //         scale = max|row| / 127 (fp32), code = round-half-even(x / scale) in [-127, 127].
 //   int4: K codes [H][D/8][T][4] (word w of token t: byte b holds channel 8w + b in the low nibble and
 //         8w + 4 + b in the high one), V codes [H][T/4][D/32][16][4] (word j of quad q, group g: byte r is
@@ -194,7 +195,9 @@ void check_block(KVDType t, const void* blk_ptr, const Stream& s, int b, int H, 
           const float got = load<float>(blk + scales, (size_t(kv) * H + h) * kT + tok);
           bad_param += std::memcmp(&got, &scale, 4) != 0;
           for (int d = 0; d < D; ++d) {
-            const int8_t code = load<int8_t>(blk, ((size_t(kv) * H + h) * kT + tok) * D + d);
+            // keys: token-interleaved words of 4 channels ([D/4][T][4]); values: rows
+            const size_t at = (size_t(kv) * H + h) * kT * D + (kv == 0 ? (size_t(d / 4) * kT + tok) * 4 + d % 4 : size_t(tok) * D + d);
+            const int8_t code = load<int8_t>(blk, at);
             bad_code += !cc.ok(x(kv, h, tok, d) / double(scale), -127, 127, code);
             bad_deq += std::fabs(deq_at(kv, h, tok, d) - x(kv, h, tok, d)) > kHalfStep * double(scale);
           }
