@@ -70,13 +70,6 @@ struct V256 {
   static T load_i8(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
-  // 8 packed bytes -> f = 1 + code/16 for the low and the high nibbles (see the AVX-512 twin).
-  static void load_u4(const uint8_t* p, T& lo, T& hi) {
-    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m256i mask = _mm256_set1_epi32(0x00780000), one = _mm256_set1_epi32(0x3f800000);
-    lo = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(x, 19), mask), one));
-    hi = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(x, 15), mask), one));
-  }
   using TI = __m256i;  // int4 keys' words: see the AVX-512 twin (decode_attention_v512.h)
   static TI load_w(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static TI shr(TI x, int n) { return _mm256_srl_epi32(x, _mm_cvtsi32_si128(n)); }

@@ -175,10 +175,9 @@ uint64_t read_reduce_avx512(const void* p, size_t bytes);
 //   groups per V pass), zero/set1/load/store/add/sub/mul/
 //   max/abs/fmadd(a,b,c)=a*b+c, hsum/hmax, hsum4/hmax4 (four vectors' sums / maxima as one __m128), reduce_rows (W rows
 //   of W floats -> their W sums), exp (0 for x < -87, so -inf gives exactly 0), load_f16 (W halves), TI / load_w /
-//   nib<P> / sbyte<B> / shr (4-byte words, W lanes: 1 + (bits P..P+3)/16 of each as a float, its signed byte B as
-//   a float, a shift right by n),
-//   load_i8 (W int8), load_u4 (W bytes -> f = 1 + code/16 for the W low and the W high nibbles: exact
-//   floats made with integer ops, so x = s*code + z = (16s)*f + (z - 16s)), h2f (one fp16).
+//   nib<P> / sbyte<B> / shr (4-byte words, W lanes: f = 1 + (bits P..P+3)/16 of each as a float, exact and made
+//   with integer ops, so an int4 x = s*code + z = (16s)*f + (z - 16s); its signed byte B as a float; a shift right
+//   by n), load_i8 (W int8), h2f (one fp16).
 // Per block (32 tokens) and kv head: scores for all G heads (each K row loaded once per HB heads, i.e.
 // once for the group when G <= HB), online-softmax update per head, then V accumulation (each V row
 // loaded once per HB heads). Quantized data is used as is: int8 scales multiply the dot product / the
@@ -254,7 +253,7 @@ template <class V, int D>
 struct I4Rows {
   static constexpr bool kOffset = true;
   const uint8_t* p;    // [kBT/4][D/32][16][4]
-  const float* vt;     // [D/32][2][kBT] fp32 rows 16*scale and min - 16*scale (see load_u4)
+  const float* vt;     // [D/32][2][kBT] fp32 rows 16*scale and min - 16*scale (see V::nib)
   const uint8_t* next = nullptr;
   void prefetch(int t) const { if (next) prefetch_row(next + size_t(t) * D / 2, D / 2); }
   const float* mins(int g) const { return vt + (2 * g + 1) * kBT; }

@@ -68,16 +68,8 @@ struct V512 {
   static T load_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
-  // 16 packed bytes -> f = 1 + code/16 for the low and the high nibbles, built in the mantissa of 1.0
-  // ((bits & mask) | 1.0f in one vpternlogd): no int->float conversion on the FMA ports.
-  static void load_u4(const uint8_t* p, T& lo, T& hi) {
-    const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m512i mask = _mm512_set1_epi32(0x00780000), one = _mm512_set1_epi32(0x3f800000);
-    lo = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_slli_epi32(x, 19), mask, one, 0xea));  // (a&b)|c
-    hi = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_slli_epi32(x, 15), mask, one, 0xea));
-  }
   // int4 keys' words (u4_key): W words of 4 bytes, one token a lane; nib<P> = 1 + (bits P..P+3)/16 of each lane,
-  // built in the mantissa of 1.0 as load_u4 does.
+  // built in the mantissa of 1.0 ((bits & mask) | 1.0f in one vpternlogd): no int->float conversion on the FMA ports.
   using TI = __m512i;
   static TI load_w(const uint8_t* p) { return _mm512_loadu_si512(p); }
   static TI shr(TI x, int n) { return _mm512_srl_epi32(x, _mm_cvtsi32_si128(n)); }
