@@ -191,3 +191,20 @@ def test_fd_sim_prediction_drawn_beside_the_runs(paper, tmp_path, fd_bin_dir):
         matplotlib.figure.Figure.savefig = orig
     labels = [l.get_label() for ax in figs["fig11_sls_measured.png"].axes for l in ax.get_lines()]
     assert sum(l.startswith("MODELLED (fd-sim") for l in labels) == 2 and sum(l.startswith("measured ") for l in labels) == 2
+
+
+def test_claims_int4_speedup_median_of_repeats(tmp_path):
+    """§4's int4 ratio from fd-attn-bench's Google Benchmark files: per (batch, context) the median of each ISA's
+    repeats, then the best ISA; GQA rows and short contexts are not the claim's."""
+    cl = module("claims")
+
+    def b(isa, speed, ctx=4096, kvh=32):
+        return {"name": "decode_attention/%s/int4/B:64/ctx:%d" % (isa, ctx), "batch": 64, "context": ctx,
+                "n_heads": 32, "n_kv_heads": kvh, "speedup_vs_fp16": speed}
+    paths = []
+    for r, (vnni, f32) in enumerate([(2.5, 2.0), (2.6, 2.2), (9.0, 2.1)], 1):
+        p = tmp_path / ("r%d.json" % r)
+        p.write_text(json.dumps({"benchmarks": [b("avx512vnni", vnni), b("avx512", f32), b("avx512vnni", 1.0, kvh=8),
+                                                b("avx512vnni", 1.0, ctx=512)]}))
+        paths.append(str(p))
+    assert cl.int4_speedups(paths) == [2.6]
