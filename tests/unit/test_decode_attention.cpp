@@ -265,6 +265,9 @@ std::vector<GridCase> grid() {
   for (int n_seq : {1, 3, 17})
     for (auto [hq, h] : {std::pair{4, 4}, {8, 2}, {32, 32}, {32, 8}})
       for (int d : {64, 128}) g.push_back({n_seq, hq, h, d});
+  // The other head dims the kernels dispatch: partial 64-byte chunks, 5..8 value groups, odd 16-word key tiles.
+  for (int d : {32, 96, 160, 256})
+    for (auto [hq, h] : {std::pair{4, 4}, {8, 2}}) g.push_back({3, hq, h, d});
   return g;
 }
 
