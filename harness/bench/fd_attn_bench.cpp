@@ -73,6 +73,7 @@ struct Options {
   bool quick = false;
   bool quantize = false;
   std::string query = "auto";  // how int8/int4 blocks take the query (fd::QueryQuant)
+  std::vector<int> prefetch = {fd::DecodeAttentionParams{}.prefetch_blocks};  // DecodeAttentionParams::prefetch_blocks
 };
 
 // A 2 MiB-aligned buffer that only grows; pages are touched in parallel once (first touch).
@@ -227,13 +228,14 @@ class Bench {
     common_counters(st, c, ts);
   }
 
-  void kernel(benchmark::State& st, const Shape& s, fd::Isa isa, const std::string& key) {
+  void kernel(benchmark::State& st, const Shape& s, fd::Isa isa, int prefetch, const std::string& key) {
     CacheData& c = cache(s);
     fd::DecodeAttentionParams p;
     p.dtype = s.dt, p.n_seq = s.B, p.n_heads = o_.heads, p.n_kv_heads = o_.kv_heads, p.head_dim = o_.head_dim;
     p.scale = 1.f / std::sqrt(float(o_.head_dim)), p.q = c.q.data(), p.o = c.o.data();
     p.seqs = c.views.data();
     p.query = fd::query_quant_from_name(o_.query);
+    p.prefetch_blocks = prefetch;
     if (fd::decode_attention_kv_bytes(p) != c.kv_bytes) FD_THROW("internal: KV bytes formula mismatch");
     const fd::DecodeAttentionPlan plan = fd::decode_attention_plan(p, o_.threads);
     const auto call = [&] {
@@ -255,12 +257,14 @@ class Bench {
       st.counters["ratio_to_ceiling"] = tc / t;
       st.counters["ceiling_bytes_per_second"] = double(c.kv_bytes) / tc;
     }
-    const std::string fp16_key = std::string(fd::isa_name(isa)) + "/" + std::to_string(s.B) + "/" + std::to_string(s.C);
+    const std::string fp16_key = std::string(fd::isa_name(isa)) + "/" + std::to_string(s.B) + "/" + std::to_string(s.C) +
+                                 "/" + std::to_string(prefetch);
     if (s.dt == fd::KVDType::F16)
       fp16_tps_[fp16_key] = tps;
     else if (fp16_tps_.count(fp16_key))
       st.counters["speedup_vs_fp16"] = tps / fp16_tps_[fp16_key];
     st.counters["query_int8"] = fd::query_is_q8(p.query, s.dt, isa) ? 1 : 0;  // what the call ran
+    st.counters["prefetch_blocks"] = prefetch;
     st.counters["plan_tasks"] = double(plan.n_tasks);
     st.counters["plan_split_pairs"] = double(plan.n_split_pairs);
     st.counters["plan_chunk_target_bytes"] = double(plan.chunk_target_bytes);
@@ -350,6 +354,9 @@ void register_all(Options& o, CLI::App& app) {
     if (b < 1) throw fd::ConfigError("--batch values must be >= 1");
   for (int c : o.contexts)
     if (c < 1) throw fd::ConfigError("--context values must be >= 1");
+  for (int pf : o.prefetch)
+    if (pf < 0 || pf > fd::kMaxPrefetchBlocks)
+      throw fd::ConfigError("--prefetch-blocks values must be in [0, " + std::to_string(fd::kMaxPrefetchBlocks) + "]");
   std::vector<fd::Isa> isas;
   for (const auto& n : o.isas) isas.push_back(fd::isa_from_name(n));  // names checked by CLI11
   std::vector<fd::KVDType> dts;
@@ -391,15 +398,19 @@ void register_all(Options& o, CLI::App& app) {
           const fd::Isa isa = isas[i];
           const std::string key =
               std::string(fd::isa_name(isa)) + "/" + s.dname + "/B:" + std::to_string(B) + "/ctx:" + std::to_string(C);
-          for (const bool is_ceiling : {true, false}) {
-            const std::string name = (is_ceiling ? "read_ceiling/" : "decode_attention/") + key;
+          // The ceiling, then the kernel at each prefetch distance (named /pf:N when more than one is asked).
+          for (int pi = -1; pi < int(o.prefetch.size()); ++pi) {
+            const bool is_ceiling = pi < 0;
+            const int pf = is_ceiling ? 0 : o.prefetch[size_t(pi)];
+            const std::string name = (is_ceiling ? "read_ceiling/" : "decode_attention/") + key +
+                                     (!is_ceiling && o.prefetch.size() > 1 ? "/pf:" + std::to_string(pf) : "");
             benchmark::RegisterBenchmark(name.c_str(),
                                          [=](benchmark::State& st) {
                                            fd::bench::run_guarded(st, name, [&] {
                                              if (is_ceiling)
                                                g_bench->ceiling(st, s, key);
                                              else
-                                               g_bench->kernel(st, s, isa, key);
+                                               g_bench->kernel(st, s, isa, pf, key);
                                            });
                                          })
                 ->UseManualTime()
@@ -449,6 +460,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--batch", o.batches, "Batch sizes (sequences)")->capture_default_str();
   app.add_option("--context", o.contexts, "Context lengths (tokens per sequence)")->capture_default_str();
+  app.add_option("--prefetch-blocks", o.prefetch,
+                 "Software prefetch distances in blocks (DecodeAttentionParams::prefetch_blocks; 0 = none), each a "
+                 "decode_attention run after the shape's ceiling, named /pf:N when more than one")
+      ->capture_default_str();
   app.add_option("--heads", o.heads, "Query heads")->capture_default_str();
   app.add_option("--kv-heads", o.kv_heads, "KV heads (GQA when < heads)")->capture_default_str();
   app.add_option("--head-dim", o.head_dim, "Head dim (multiple of 32, <= 256)")->capture_default_str();

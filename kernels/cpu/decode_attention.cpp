@@ -104,6 +104,8 @@ void validate(const DecodeAttentionParams& p, int n_threads) {
   FD_CHECK(std::isfinite(p.scale), "decode_attention: scale must be finite, got " << p.scale);
   FD_CHECK(p.query == QueryQuant::Auto || p.query == QueryQuant::F32 || p.query == QueryQuant::I8,
            "decode_attention: unknown query quantization " << int(p.query));
+  FD_CHECK(p.prefetch_blocks >= 0 && p.prefetch_blocks <= kMaxPrefetchBlocks,
+           "decode_attention: prefetch_blocks must be in [0, " << kMaxPrefetchBlocks << "], got " << p.prefetch_blocks);
   if (p.n_seq == 0) return;  // documented no-op: pointers may be null
   FD_CHECK(p.seqs && p.q && p.o, "decode_attention: seqs, q and o must not be null when n_seq > 0");
   for (int i = 0; i < p.n_seq; ++i) {
@@ -281,7 +283,7 @@ void decode_attention(const DecodeAttentionParams& p, Isa isa, int n_threads, De
   if (ws.partial.size() < need) ws.partial.resize(need);
   float* const slots = align64(ws.partial.data());
   float* const thread_areas = slots + size_t(n_slots) * slot_f;
-  const attn::CallCtx ctx{p.dtype, H, D, G, p.scale, query_is_q8(p.query, p.dtype, isa)};
+  const attn::CallCtx ctx{p.dtype, H, D, G, p.scale, query_is_q8(p.query, p.dtype, isa), p.prefetch_blocks};
   const int64_t n_tasks = plan.n_tasks, n_split = plan.n_split_pairs;
 
 #pragma omp parallel num_threads(n_threads)

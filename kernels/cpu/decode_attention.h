@@ -84,7 +84,12 @@ struct DecodeAttentionParams {
   const float* q = nullptr;         // [n_seq, n_heads, head_dim]
   float* o = nullptr;               // [n_seq, n_heads, head_dim]
   QueryQuant query = QueryQuant::Auto;
+  // Software prefetch distance of the SIMD kernels, in blocks: while block b of a (sequence, kv head) is
+  // read, block b + prefetch_blocks is requested into L2 (0: none; at most kMaxPrefetchBlocks). The scalar
+  // twin does not prefetch. Results do not depend on it; speed does (docs/RWORKER.md).
+  int prefetch_blocks = 1;
 };
+constexpr int kMaxPrefetchBlocks = 8;
 
 // Reusable scratch (partial softmax states of context splits); owned by the caller, one per worker.
 struct DecodeAttentionWorkspace {

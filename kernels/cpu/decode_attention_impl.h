@@ -100,6 +100,7 @@ struct CallCtx {
   int H, D, G;
   float scale;
   bool q8 = false;  // int8/int4 blocks: q . K as integer dot products on an int8-quantized query
+  int prefetch = 1;  // DecodeAttentionParams::prefetch_blocks
 };
 struct Chunk {
   const SeqKVView* seq;
@@ -107,6 +108,10 @@ struct Chunk {
   int32_t b0, b1;  // full blocks [b0, b1)
   bool tail;       // also the fp16 tail (n_tail tokens)
 };
+// The block to prefetch while block b of the chunk is read (null: none).
+inline const void* prefetch_block(const CallCtx& c, const Chunk& ch, int32_t b) {
+  return c.prefetch > 0 && b + c.prefetch < ch.b1 ? ch.seq->blocks[b + c.prefetch] : nullptr;
+}
 // Scratch floats one thread needs (64-byte multiple): qs [G][D] (q * scale), qq [G][D] (int4: q with
 // the block's per-channel key scale folded in), scores/probabilities [G][kBT], c0 [G] (int4: q . z),
 // vt [D/32][2][kBT] (int4: the block's value params in fp32, 16*scale and min - 16*scale).
@@ -198,13 +203,12 @@ namespace fd::attn::simd {
 
 // Row loaders: load(t, g, x) fills x[0..32/W) with channels [32g, 32g+32) of token t, in order;
 // mult(t, g) is the factor of token t's group g (int8 values: per-token scale; int4: group scale).
-// Software prefetch of the next block: a head's K (or V) of one block is one short contiguous run
-// (8 KB at d = 128 fp16) followed by a jump of H * 8 KB, too short for the hardware prefetchers to ramp
-// up; while token t of this block is processed, row t of the same head in the next block is requested.
-// Measured on the dev machine (Zen 5, 1 thread, fp16, B=4, ctx 2048, 32 heads): no prefetch 34 % of
-// the read ceiling; into L1 (T0) 35 %; NTA 35 %; into L2 (T1) 67 %; two or four blocks ahead with T1
-// the same as one. Kept: T1, one block ahead.
-constexpr int kPrefetchBlocks = 1;
+// Software prefetch of a later block (CallCtx::prefetch blocks ahead): a head's K (or V) of one block is
+// one short contiguous run (8 KB at d = 128 fp16) followed by a jump of H * 8 KB, too short for the hardware
+// prefetchers to ramp up; while token t of this block is processed, row t of the same head in the later block
+// is requested. Measured on the dev machine (Zen 5, 1 thread, fp16, B=4, ctx 2048, 32 heads): no prefetch 34 %
+// of the read ceiling; into L1 (T0) 35 %; NTA 35 %; into L2 (T1) 67 %; two or four blocks ahead with T1
+// the same as one. Kept: T1.
 inline void prefetch_row(const void* row, int bytes) {
   for (int o = 0; o < bytes; o += 64) _mm_prefetch(static_cast<const char*>(row) + o, _MM_HINT_T1);
 }
@@ -477,7 +481,7 @@ struct Kernel {
     auto raw = [](int, float*, int) {};
     for (int32_t b = ch.b0; b < ch.b1; ++b) {
       const void* blk = ch.seq->blocks[b];
-      const void* nxt = b + kPrefetchBlocks < ch.b1 ? ch.seq->blocks[b + kPrefetchBlocks] : nullptr;
+      const void* nxt = prefetch_block(c, ch, b);
       switch (c.dtype) {
         case KVDType::F16: {
           const F16Head hd = f16_head(blk, H, D, kvh);

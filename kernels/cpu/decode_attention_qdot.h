@@ -401,7 +401,7 @@ struct QKernel {
     };
     for (int32_t b = ch.b0; b < ch.b1; ++b) {
       const void* blk = ch.seq->blocks[b];
-      const void* nxt = b + kPrefetchBlocks < ch.b1 ? ch.seq->blocks[b + kPrefetchBlocks] : nullptr;
+      const void* nxt = prefetch_block(c, ch, b);
       if (c.dtype == KVDType::I8) {
         const I8Head hd = i8_head(blk, H, D, kvh);
         const I8Head nh = nxt ? i8_head(nxt, H, D, kvh) : I8Head{nullptr, nullptr, nullptr, nullptr};

@@ -533,6 +533,31 @@ TEST(DecodeAttention, WorkspaceReusedWithoutReallocation) {
   EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)));
 }
 
+// The prefetch distance changes what is requested early, never what is computed: every ISA, dtype and query
+// mode gives the same bits at distances 0 (none), 1 (the default), 2 and the maximum, for sequences shorter and
+// longer than the distance, split over threads or not.
+TEST(DecodeAttention, PrefetchDistanceKeepsTheBits) {
+  for (KVDType dt : kDtypes) {
+    const Batch b = make_batch(dt, {1, 31, 32 + 7, 3 * 32, 9 * 32 + 30, 2048 + 5}, 8, 2, 128, 17);
+    for (const fd::QueryQuant qq : {fd::QueryQuant::F32, fd::QueryQuant::I8})
+      for (Isa isa : runnable_isas())
+        for (int threads : {1, 3}) {
+          fd::DecodeAttentionWorkspace ws;
+          std::vector<float> base(size_t(6) * 8 * 128, NAN), o(base.size(), NAN);
+          fd::decode_attention(b.params(base.data(), qq), isa, threads, ws);
+          for (int pf : {0, 2, fd::kMaxPrefetchBlocks}) {
+            fd::DecodeAttentionParams p = b.params(o.data(), qq);
+            p.prefetch_blocks = pf;
+            std::fill(o.begin(), o.end(), NAN);
+            fd::decode_attention(p, isa, threads, ws);
+            EXPECT_EQ(0, std::memcmp(o.data(), base.data(), o.size() * sizeof(float)))
+                << fd::isa_name(isa) << " " << fd::kv_dtype_name(dt) << " query " << fd::query_quant_name(qq)
+                << " threads " << threads << ": prefetch_blocks " << pf << " changed the output";
+          }
+        }
+  }
+}
+
 TEST(DecodeAttention, KvBytesFormula) {
   const Batch b = make_batch(KVDType::I4, {64 + 3, 32}, 8, 2, 64, 3);
   std::vector<float> o(2 * 8 * 64);
@@ -567,6 +592,9 @@ TEST(DecodeAttention, BadParamsThrow) {
   EXPECT_NE(msg([](auto& p) { p.n_seq = -1; }).find("n_seq"), std::string::npos);
   EXPECT_NE(msg([](auto& p) { p.dtype = KVDType(7); }).find("dtype"), std::string::npos);
   EXPECT_NE(msg([](auto& p) { p.query = fd::QueryQuant(5); }).find("query quantization"), std::string::npos);
+  EXPECT_NE(msg([](auto& p) { p.prefetch_blocks = -1; }).find("prefetch_blocks"), std::string::npos);
+  EXPECT_NE(msg([](auto& p) { p.prefetch_blocks = fd::kMaxPrefetchBlocks + 1; }).find("prefetch_blocks"),
+            std::string::npos);
   fd::SeqKVView bad = b.seqs[0];
   bad.n_tail = 32;
   EXPECT_NE(msg([&](auto& p) { p.seqs = &bad; }).find("n_tail"), std::string::npos);
