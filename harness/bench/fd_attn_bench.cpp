@@ -74,6 +74,7 @@ struct Options {
   bool quantize = false;
   std::string query = "auto";  // how int8/int4 blocks take the query (fd::QueryQuant)
   std::vector<int> prefetch = {fd::DecodeAttentionParams{}.prefetch_blocks};  // DecodeAttentionParams::prefetch_blocks
+  std::vector<int> hpt = {0};  // DecodeAttentionParams::heads_per_task (0 = auto)
 };
 
 // A 2 MiB-aligned buffer that only grows; pages are touched in parallel once (first touch).
@@ -228,14 +229,14 @@ class Bench {
     common_counters(st, c, ts);
   }
 
-  void kernel(benchmark::State& st, const Shape& s, fd::Isa isa, int prefetch, const std::string& key) {
+  void kernel(benchmark::State& st, const Shape& s, fd::Isa isa, int prefetch, int hpt, const std::string& key) {
     CacheData& c = cache(s);
     fd::DecodeAttentionParams p;
     p.dtype = s.dt, p.n_seq = s.B, p.n_heads = o_.heads, p.n_kv_heads = o_.kv_heads, p.head_dim = o_.head_dim;
     p.scale = 1.f / std::sqrt(float(o_.head_dim)), p.q = c.q.data(), p.o = c.o.data();
     p.seqs = c.views.data();
     p.query = fd::query_quant_from_name(o_.query);
-    p.prefetch_blocks = prefetch;
+    p.prefetch_blocks = prefetch, p.heads_per_task = hpt;
     if (fd::decode_attention_kv_bytes(p) != c.kv_bytes) FD_THROW("internal: KV bytes formula mismatch");
     const fd::DecodeAttentionPlan plan = fd::decode_attention_plan(p, o_.threads);
     const auto call = [&] {
@@ -258,13 +259,14 @@ class Bench {
       st.counters["ceiling_bytes_per_second"] = double(c.kv_bytes) / tc;
     }
     const std::string fp16_key = std::string(fd::isa_name(isa)) + "/" + std::to_string(s.B) + "/" + std::to_string(s.C) +
-                                 "/" + std::to_string(prefetch);
+                                 "/" + std::to_string(prefetch) + "/" + std::to_string(hpt);
     if (s.dt == fd::KVDType::F16)
       fp16_tps_[fp16_key] = tps;
     else if (fp16_tps_.count(fp16_key))
       st.counters["speedup_vs_fp16"] = tps / fp16_tps_[fp16_key];
     st.counters["query_int8"] = fd::query_is_q8(p.query, s.dt, isa) ? 1 : 0;  // what the call ran
     st.counters["prefetch_blocks"] = prefetch;
+    st.counters["heads_per_task"] = plan.heads_per_task;  // as resolved
     st.counters["plan_tasks"] = double(plan.n_tasks);
     st.counters["plan_split_pairs"] = double(plan.n_split_pairs);
     st.counters["plan_chunk_target_bytes"] = double(plan.chunk_target_bytes);
@@ -357,6 +359,10 @@ void register_all(Options& o, CLI::App& app) {
   for (int pf : o.prefetch)
     if (pf < 0 || pf > fd::kMaxPrefetchBlocks)
       throw fd::ConfigError("--prefetch-blocks values must be in [0, " + std::to_string(fd::kMaxPrefetchBlocks) + "]");
+  for (int hg : o.hpt)
+    if (hg < 0 || hg > fd::kMaxHeadsPerTask || (hg > 0 && o.kv_heads % hg))
+      throw fd::ConfigError("--heads-per-task values must be 0 (auto) or divisors of --kv-heads up to " +
+                            std::to_string(fd::kMaxHeadsPerTask));
   std::vector<fd::Isa> isas;
   for (const auto& n : o.isas) isas.push_back(fd::isa_from_name(n));  // names checked by CLI11
   std::vector<fd::KVDType> dts;
@@ -398,19 +404,23 @@ void register_all(Options& o, CLI::App& app) {
           const fd::Isa isa = isas[i];
           const std::string key =
               std::string(fd::isa_name(isa)) + "/" + s.dname + "/B:" + std::to_string(B) + "/ctx:" + std::to_string(C);
-          // The ceiling, then the kernel at each prefetch distance (named /pf:N when more than one is asked).
-          for (int pi = -1; pi < int(o.prefetch.size()); ++pi) {
-            const bool is_ceiling = pi < 0;
-            const int pf = is_ceiling ? 0 : o.prefetch[size_t(pi)];
+          // The ceiling, then the kernel at each prefetch distance and heads a task (named /pf:N, /hg:N when more
+          // than one of them is asked).
+          const int nv = int(o.prefetch.size() * o.hpt.size());
+          for (int vi = -1; vi < nv; ++vi) {
+            const bool is_ceiling = vi < 0;
+            const int pf = is_ceiling ? 0 : o.prefetch[size_t(vi) / o.hpt.size()];
+            const int hg = is_ceiling ? 0 : o.hpt[size_t(vi) % o.hpt.size()];
             const std::string name = (is_ceiling ? "read_ceiling/" : "decode_attention/") + key +
-                                     (!is_ceiling && o.prefetch.size() > 1 ? "/pf:" + std::to_string(pf) : "");
+                                     (!is_ceiling && o.prefetch.size() > 1 ? "/pf:" + std::to_string(pf) : "") +
+                                     (!is_ceiling && o.hpt.size() > 1 ? "/hg:" + std::to_string(hg) : "");
             benchmark::RegisterBenchmark(name.c_str(),
                                          [=](benchmark::State& st) {
                                            fd::bench::run_guarded(st, name, [&] {
                                              if (is_ceiling)
                                                g_bench->ceiling(st, s, key);
                                              else
-                                               g_bench->kernel(st, s, isa, pf, key);
+                                               g_bench->kernel(st, s, isa, pf, hg, key);
                                            });
                                          })
                 ->UseManualTime()
@@ -463,6 +473,10 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch-blocks", o.prefetch,
                  "Software prefetch distances in blocks (DecodeAttentionParams::prefetch_blocks; 0 = none), each a "
                  "decode_attention run after the shape's ceiling, named /pf:N when more than one")
+      ->capture_default_str();
+  app.add_option("--heads-per-task", o.hpt,
+                 "KV heads a task reads block by block (DecodeAttentionParams::heads_per_task; 0 = auto), each a "
+                 "decode_attention run, named /hg:N when more than one")
       ->capture_default_str();
   app.add_option("--heads", o.heads, "Query heads")->capture_default_str();
   app.add_option("--kv-heads", o.kv_heads, "KV heads (GQA when < heads)")->capture_default_str();

@@ -87,8 +87,9 @@ struct Split {
 int64_t head_block_bytes(const DecodeAttentionParams& p) {
   return int64_t(kv_block_bytes(p.dtype, p.n_kv_heads, p.head_dim)) / p.n_kv_heads;
 }
-int64_t pair_bytes(const DecodeAttentionParams& p, const SeqKVView& s, int64_t hbb) {
-  return s.n_full * hbb + int64_t(s.n_tail) * p.head_dim * 4;
+// A pair's bytes: hbb = one full block's bytes of its heads (hpt of them).
+int64_t pair_bytes(const DecodeAttentionParams& p, const SeqKVView& s, int64_t hbb, int hpt = 1) {
+  return s.n_full * hbb + int64_t(s.n_tail) * p.head_dim * 4 * hpt;
 }
 
 void validate(const DecodeAttentionParams& p, int n_threads) {
@@ -106,6 +107,11 @@ void validate(const DecodeAttentionParams& p, int n_threads) {
            "decode_attention: unknown query quantization " << int(p.query));
   FD_CHECK(p.prefetch_blocks >= 0 && p.prefetch_blocks <= kMaxPrefetchBlocks,
            "decode_attention: prefetch_blocks must be in [0, " << kMaxPrefetchBlocks << "], got " << p.prefetch_blocks);
+  FD_CHECK(p.heads_per_task == 0 || (p.heads_per_task > 0 && p.heads_per_task <= kMaxHeadsPerTask &&
+                                      p.n_kv_heads % p.heads_per_task == 0),
+           "decode_attention: heads_per_task must be 0 (auto) or a divisor of n_kv_heads (" << p.n_kv_heads
+                                                                                           << ") up to " << kMaxHeadsPerTask
+                                                                                           << ", got " << p.heads_per_task);
   if (p.n_seq == 0) return;  // documented no-op: pointers may be null
   FD_CHECK(p.seqs && p.q && p.o, "decode_attention: seqs, q and o must not be null when n_seq > 0");
   for (int i = 0; i < p.n_seq; ++i) {
@@ -125,18 +131,20 @@ void validate(const DecodeAttentionParams& p, int n_threads) {
 DecodeAttentionPlan make_plan(const DecodeAttentionParams& p, int n_threads, DecodeAttentionWorkspace& ws,
                               int64_t* n_slots_out) {
   DecodeAttentionPlan plan;
-  const int H = p.n_kv_heads;
+  plan.heads_per_task = decode_attention_heads_per_task(p);
+  const int H = p.n_kv_heads / plan.heads_per_task;  // pairs per sequence
   plan.n_pairs = int64_t(p.n_seq) * H;
-  const int64_t hbb = head_block_bytes(p);
+  const int64_t hbb = head_block_bytes(p) * plan.heads_per_task;  // a pair's bytes of one full block
   int64_t total = 0;
-  for (int i = 0; i < p.n_seq; ++i) total += pair_bytes(p, p.seqs[i], hbb) * H;
+  const int hpt = plan.heads_per_task;
+  for (int i = 0; i < p.n_seq; ++i) total += pair_bytes(p, p.seqs[i], hbb, hpt) * H;
   const int64_t target = n_threads == 1 ? std::max<int64_t>(total, 1)
                                         : std::max<int64_t>(total / (4 * int64_t(n_threads)), kMinChunkBytes);
   plan.chunk_target_bytes = target;
   // Count first so ws.index is sized once.
   int64_t n_tasks = 0, n_split = 0;
   auto chunks_of = [&](const SeqKVView& s) -> int64_t {
-    const int64_t b = pair_bytes(p, s, hbb);
+    const int64_t b = pair_bytes(p, s, hbb, hpt);
     if (b * 2 <= target * 3 || s.n_full < 2) return 1;
     return std::min<int64_t>((b + target - 1) / target, s.n_full);
   };
@@ -164,14 +172,14 @@ DecodeAttentionPlan make_plan(const DecodeAttentionParams& p, int n_threads, Dec
         const int64_t b0 = s.n_full * k / c, b1 = s.n_full * (k + 1) / c;
         const bool tail = k == c - 1 && s.n_tail > 0;
         tasks[t++] = {pair, b0, b1 | (tail ? kTailFlag : 0), c > 1 ? slot++ : -1};
-        const int64_t len = (b1 - b0) * hbb + (tail ? int64_t(s.n_tail) * p.head_dim * 4 : 0);
+        const int64_t len = (b1 - b0) * hbb + (tail ? int64_t(s.n_tail) * p.head_dim * 4 * hpt : 0);
         if (first_len < 0) first_len = len;
         uniform = uniform && len == first_len;
       }
     }
   }
   if (!uniform) {
-    const int64_t tb = int64_t(p.head_dim) * 4;
+    const int64_t tb = int64_t(p.head_dim) * 4 * hpt;
     auto len = [&](const Task& x) {
       const SeqKVView& s = p.seqs[x.pair / H];
       return ((x.b1 & (kTailFlag - 1)) - x.b0) * hbb + ((x.b1 & kTailFlag) ? s.n_tail * tb : 0);
@@ -255,6 +263,20 @@ int64_t decode_attention_kv_bytes(const DecodeAttentionParams& p) {
   return total;
 }
 
+int decode_attention_heads_per_task(const DecodeAttentionParams& p) {
+  if (p.heads_per_task > 0) return p.heads_per_task;
+  // The hardware's reads of a block are runs of one head's K, V (and scales): 2 KiB each for int4 at d = 128
+  // against fp16's 8 KiB. On the GPU machine's Xeon a read of that pattern alone reached 0.70-0.84 of the 8 KiB
+  // one at 16 threads; 2 to 4 heads a task brought it to 0.85-1.1 (artifacts/rworker/gpu-machine-hg-*/).
+  const int bits = p.dtype == KVDType::F16 ? 16 : p.dtype == KVDType::I8 ? 8 : 4;
+  const int run = kKVBlockTokens * p.head_dim * bits / 8;  // one head's K of a block
+  const int want = std::clamp(8192 / run, 1, kMaxHeadsPerTask);
+  int hpt = 1;
+  for (int d = 1; d <= want; ++d)
+    if (p.n_kv_heads % d == 0) hpt = d;
+  return hpt;
+}
+
 DecodeAttentionPlan decode_attention_plan(const DecodeAttentionParams& p, int n_threads) {
   validate(p, n_threads);
   DecodeAttentionWorkspace ws;
@@ -269,21 +291,23 @@ void decode_attention(const DecodeAttentionParams& p, Isa isa, int n_threads, De
   if (!isa_supported(isa)) FD_THROW("decode_attention: ISA " << isa_name(isa) << " is not supported by this CPU/OS");
   if (p.n_seq == 0) return;
   const attn::ChunkFn fn = chunk_fn(isa);
-  const int H = p.n_kv_heads, G = p.n_heads / p.n_kv_heads, D = p.head_dim;
   int64_t n_slots = 0;
   const DecodeAttentionPlan plan = make_plan(p, n_threads, ws, &n_slots);
+  // A pair: a sequence and hpt kv heads, i.e. GP = hpt * G consecutive query heads; H pairs per sequence.
+  const int hpt = plan.heads_per_task, H = p.n_kv_heads / hpt, G = p.n_heads / p.n_kv_heads, GP = G * hpt,
+            D = p.head_dim;
   const Task* tasks = reinterpret_cast<const Task*>(ws.index.data());
   const Split* splits = reinterpret_cast<const Split*>(ws.index.data() + plan.n_tasks * 4);
 
   // ws.partial: [n_slots] slots of (m [G], l [G], acc [G][D]) and [n_threads] thread areas of
   // (m, l, acc, scratch); each a multiple of 16 floats (64 bytes) from a 64-byte aligned base.
-  const size_t slot_f = (size_t(G) * (D + 2) + 15) / 16 * 16;
-  const size_t thread_f = slot_f + attn::chunk_scratch_floats(G, D);
+  const size_t slot_f = (size_t(GP) * (D + 2) + 15) / 16 * 16;
+  const size_t thread_f = slot_f + attn::chunk_scratch_floats(G, D) * hpt;
   const size_t need = size_t(n_slots) * slot_f + size_t(n_threads) * thread_f + 16;
   if (ws.partial.size() < need) ws.partial.resize(need);
   float* const slots = align64(ws.partial.data());
   float* const thread_areas = slots + size_t(n_slots) * slot_f;
-  const attn::CallCtx ctx{p.dtype, H, D, G, p.scale, query_is_q8(p.query, p.dtype, isa), p.prefetch_blocks};
+  const attn::CallCtx ctx{p.dtype, p.n_kv_heads, D, G, p.scale, query_is_q8(p.query, p.dtype, isa), p.prefetch_blocks};
   const int64_t n_tasks = plan.n_tasks, n_split = plan.n_split_pairs;
 
 #pragma omp parallel num_threads(n_threads)
@@ -292,19 +316,19 @@ void decode_attention(const DecodeAttentionParams& p, Isa isa, int n_threads, De
 #pragma omp for schedule(dynamic, 1)
     for (int64_t ti = 0; ti < n_tasks; ++ti) {
       const Task& tk = tasks[ti];
-      const int seq = int(tk.pair / H), kvh = int(tk.pair % H);
+      const int seq = int(tk.pair / H), kvh = int(tk.pair % H) * hpt;
       float* st = tk.slot >= 0 ? slots + size_t(tk.slot) * slot_f : area;
-      float *m = st, *l = st + G, *acc = st + 2 * G;
-      std::fill(m, m + G, -std::numeric_limits<float>::infinity());
-      std::fill(l, l + G, 0.f);
-      std::fill(acc, acc + size_t(G) * D, 0.f);
+      float *m = st, *l = st + GP, *acc = st + 2 * GP;
+      std::fill(m, m + GP, -std::numeric_limits<float>::infinity());
+      std::fill(l, l + GP, 0.f);
+      std::fill(acc, acc + size_t(GP) * D, 0.f);
       const attn::Chunk ch{&p.seqs[seq], kvh, int32_t(tk.b0), int32_t(tk.b1 & (kTailFlag - 1)),
-                           (tk.b1 & kTailFlag) != 0};
+                           (tk.b1 & kTailFlag) != 0, hpt};
       const float* q = p.q + (size_t(seq) * p.n_heads + size_t(kvh) * G) * D;
       fn(ctx, ch, q, m, l, acc, area + slot_f);
       if (tk.slot < 0) {
         float* o = p.o + (size_t(seq) * p.n_heads + size_t(kvh) * G) * D;
-        for (int h = 0; h < G; ++h) {
+        for (int h = 0; h < GP; ++h) {
           const float inv = 1.f / l[h];
           for (int d = 0; d < D; ++d) o[h * D + d] = acc[h * D + d] * inv;
         }
@@ -313,9 +337,9 @@ void decode_attention(const DecodeAttentionParams& p, Isa isa, int n_threads, De
 #pragma omp for schedule(dynamic, 1)
     for (int64_t si = 0; si < n_split; ++si) {
       const Split& sp = splits[si];
-      const int seq = int(sp.pair / H), kvh = int(sp.pair % H);
+      const int seq = int(sp.pair / H), kvh = int(sp.pair % H) * hpt;
       float* o = p.o + (size_t(seq) * p.n_heads + size_t(kvh) * G) * D;
-      for (int h = 0; h < G; ++h) {
+      for (int h = 0; h < GP; ++h) {
         float M = -std::numeric_limits<float>::infinity();
         for (int64_t c = 0; c < sp.n_chunks; ++c) M = std::max(M, slots[size_t(sp.first_slot + c) * slot_f + h]);
         float L = 0;
@@ -323,8 +347,8 @@ void decode_attention(const DecodeAttentionParams& p, Isa isa, int n_threads, De
         for (int64_t c = 0; c < sp.n_chunks; ++c) {
           const float* st = slots + size_t(sp.first_slot + c) * slot_f;
           const float w = std::exp(st[h] - M);
-          L += st[G + h] * w;
-          const float* acc = st + 2 * G + size_t(h) * D;
+          L += st[GP + h] * w;
+          const float* acc = st + 2 * GP + size_t(h) * D;
           for (int d = 0; d < D; ++d) o[h * D + d] += acc[d] * w;
         }
         const float inv = 1.f / L;

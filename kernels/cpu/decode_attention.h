@@ -88,8 +88,16 @@ struct DecodeAttentionParams {
   // read, block b + prefetch_blocks is requested into L2 (0: none; at most kMaxPrefetchBlocks). The scalar
   // twin does not prefetch. Results do not depend on it; speed does (docs/RWORKER.md).
   int prefetch_blocks = 1;
+  // KV heads one task reads, block by block (each block: head after head), so that a thread's reads of a block are
+  // runs of heads_per_task heads' K (and V) rather than one head's: 0 = auto (the largest divisor of n_kv_heads
+  // that keeps a run of K at most 8 KiB: fp16 1, int8 2, int4 4 heads at head_dim 128), else a divisor of
+  // n_kv_heads, at most kMaxHeadsPerTask. Results do not depend on it (docs/RWORKER.md says why it exists).
+  int heads_per_task = 0;
 };
 constexpr int kMaxPrefetchBlocks = 8;
+constexpr int kMaxHeadsPerTask = 8;
+// What heads_per_task = 0 resolves to for these params (p.heads_per_task when it is set).
+int decode_attention_heads_per_task(const DecodeAttentionParams& p);
 
 // Reusable scratch (partial softmax states of context splits); owned by the caller, one per worker.
 struct DecodeAttentionWorkspace {
@@ -108,13 +116,14 @@ void decode_attention(const DecodeAttentionParams& p, Isa isa, int n_threads, De
 int64_t decode_attention_kv_bytes(const DecodeAttentionParams& p);
 
 // The work split decode_attention uses for these params and thread count (validates p like it).
-// A (sequence, kv head) pair is cut into chunks of whole blocks when it is longer than the chunk
+// A pair (a sequence and heads_per_task kv heads) is cut into chunks of whole blocks when it is longer than the chunk
 // target; split pairs go through the merge pass. For tests, benchmarks and the R-worker's logs.
 struct DecodeAttentionPlan {
-  int64_t n_pairs = 0;             // n_seq * n_kv_heads
+  int64_t n_pairs = 0;             // n_seq * n_kv_heads / heads_per_task
   int64_t n_tasks = 0;             // chunks run under OpenMP (>= n_pairs)
   int64_t n_split_pairs = 0;       // pairs cut into more than one chunk
   int64_t chunk_target_bytes = 0;  // the size a chunk aims at
+  int heads_per_task = 1;          // kv heads per pair (DecodeAttentionParams::heads_per_task, resolved)
 };
 DecodeAttentionPlan decode_attention_plan(const DecodeAttentionParams& p, int n_threads);
 

@@ -107,6 +107,7 @@ struct Chunk {
   int kv_head;
   int32_t b0, b1;  // full blocks [b0, b1)
   bool tail;       // also the fp16 tail (n_tail tokens)
+  int n_heads = 1;  // kv heads kv_head .. kv_head + n_heads - 1, block by block (DecodeAttentionParams::heads_per_task)
 };
 // The block to prefetch while block b of the chunk is read (null: none).
 inline const void* prefetch_block(const CallCtx& c, const Chunk& ch, int32_t b) {
@@ -468,20 +469,31 @@ struct Kernel {
       }
   }
 
-  static void run(const CallCtx& c, const Chunk& ch, const float* q, float* m, float* l, float* acc, float* scratch) {
-    const int G = c.G, H = c.H, kvh = ch.kv_head;
-    float* qs = scratch;      // [G][D]
-    float* qq = qs + G * D;   // [G][D]
-    float* sc = qq + G * D;   // [G][kBT]
-    float* c0 = sc + G * kBT;   // [G]
-    float* vt = c0 + G;       // [D/32][2][kBT] int4 value params in fp32
-    float* red = vt + (D / 32) * 2 * kBT;  // [G][kBT][W] per-token partial dot products
-    float* wv = red + G * kBT * V::W;      // [G][D/32][kBT] value weights
-    for (int i = 0; i < G * D; ++i) qs[i] = q[i] * c.scale;
+  // The chunk's ch.n_heads kv heads block by block (each block: head after head), every head with its own
+  // scratch (chunk_scratch_floats(G, D) floats each) and its slice of the state (m, l [G], acc [G][D]).
+  static void run(const CallCtx& c, const Chunk& ch, const float* q, float* m0, float* l0, float* acc0,
+                  float* scratch) {
+    const int G = c.G, H = c.H;
+    const size_t sf = chunk_scratch_floats(G, D);
+    for (int j = 0; j < ch.n_heads; ++j)
+      for (int i = 0; i < G * D; ++i) scratch[j * sf + i] = q[size_t(j) * G * D + i] * c.scale;
     auto raw = [](int, float*, int) {};
-    for (int32_t b = ch.b0; b < ch.b1; ++b) {
-      const void* blk = ch.seq->blocks[b];
-      const void* nxt = prefetch_block(c, ch, b);
+    // One head's part of one block (blk) or of the tail (blk null).
+    auto head = [&](int j, const void* blk, const void* nxt) {
+      const int kvh = ch.kv_head + j;
+      float *m = m0 + j * G, *l = l0 + j * G, *acc = acc0 + size_t(j) * G * D;
+      float* qs = scratch + j * sf;  // [G][D]
+      float* qq = qs + G * D;   // [G][D]
+      float* sc = qq + G * D;   // [G][kBT]
+      float* c0 = sc + G * kBT;   // [G]
+      float* vt = c0 + G;       // [D/32][2][kBT] int4 value params in fp32
+      float* red = vt + (D / 32) * 2 * kBT;  // [G][kBT][W] per-token partial dot products
+      float* wv = red + G * kBT * V::W;      // [G][D/32][kBT] value weights
+      if (!blk) {
+        const F16Head hd = f16_head(ch.seq->tail, H, D, kvh);
+        block(F16Rows<V, D>{hd.k}, F16Rows<V, D>{hd.v}, ch.seq->n_tail, G, qs, m, l, acc, sc, red, wv, raw);
+        return;
+      }
       switch (c.dtype) {
         case KVDType::F16: {
           const F16Head hd = f16_head(blk, H, D, kvh);
@@ -526,11 +538,14 @@ struct Kernel {
         }
         default: FD_THROW("decode_attention: unknown KV dtype " << int(c.dtype));
       }
+    };
+    for (int32_t b = ch.b0; b < ch.b1; ++b) {
+      const void* blk = ch.seq->blocks[b];
+      const void* nxt = prefetch_block(c, ch, b);
+      for (int j = 0; j < ch.n_heads; ++j) head(j, blk, nxt);
     }
-    if (ch.tail && ch.seq->n_tail > 0) {
-      const F16Head hd = f16_head(ch.seq->tail, H, D, kvh);
-      block(F16Rows<V, D>{hd.k}, F16Rows<V, D>{hd.v}, ch.seq->n_tail, G, qs, m, l, acc, sc, red, wv, raw);
-    }
+    if (ch.tail && ch.seq->n_tail > 0)
+      for (int j = 0; j < ch.n_heads; ++j) head(j, nullptr, nullptr);
   }
 };
 

@@ -177,7 +177,7 @@ inline void qaccum_u4(const uint8_t* v, const uint8_t* next, const uint8_t* cw, 
           for (int e = 0; e < PAR; ++e) a[h][u][k][e] = I::zero();
     for (int q = 0; q < kBT / 4; ++q) {
       const uint8_t* p = v + (size_t(q) * NG + g) * 64;
-      if (next && g == 0) prefetch_row(next + size_t(q) * NG * 64, NG * 64);
+      if (next) prefetch_row(next + (size_t(g) * (kBT / 4) + q) * 64, 64);  // one line an iteration, all 8 * NG lines
       for (int u = 0; u < VPG; ++u) {
         const B x = I::load(p + u * I::VB);
         const B lo = I::lo4(x), hi = I::hi4x(x);
@@ -370,38 +370,59 @@ struct QKernel {
     return s;
   }
 
-  static void run(const CallCtx& c, const Chunk& ch, const float* q, float* m, float* l, float* acc, float* scratch) {
-    const int G = c.G, H = c.H, kvh = ch.kv_head;
-    float* qs = scratch;      // [G][D]
-    float* qq = qs + G * D;   // [G][D] int4: the folded query qf
-    float* sc = qq + G * D;   // [G][kBT] scores, then e
-    float* c0 = sc + G * kBT;  // [G]
-    float* vt = c0 + G;       // [D/32][2][kBT] int4 values: fp32 scale row, then min row
-    float* red = vt + (D / 32) * 2 * kBT;  // [G][kBT][W]
-    float* wv = red + G * kBT * V::W;      // [G][D/32][kBT] the fp16 tail's value weights
-    auto* q8 = reinterpret_cast<int8_t*>(wv + G * (D / 32) * kBT);  // [G][kQ8Bytes]
-    float* qsc = reinterpret_cast<float*>(q8 + size_t(G) * kQ8Bytes);  // [G] query scale
-    float* qbias = qsc + G;                                             // [G] kBias * sum(codes)
-    // p . V (64-byte aligned): codes [G][kWCBytes], per-head floats [G][kPVHeadFloats] (ws [8], int4 offsets [8],
-    // the block's C), then wt [kBT], kps [256], kpz [256].
-    const size_t off = size_t(qbias + G - scratch);
-    auto* cw = reinterpret_cast<uint8_t*>(scratch + (off + 15) / 16 * 16);
-    auto* pf = reinterpret_cast<float*>(cw + size_t(G) * kWCBytes);
-    float* wt = pf + size_t(G) * kPVHeadFloats;
-    float* kps = wt + kBT;
-    float* kpz = kps + 256;
-    for (int i = 0; i < G * D; ++i) qs[i] = q[i] * c.scale;
-    if (c.dtype == KVDType::I8)
-      for (int h = 0; h < G; ++h) qbias[h] = float(I::kBias * quant_i8(qs + h * D, q8 + h * kQ8Bytes, &qsc[h]));
-    auto accum = [&]<bool U4>(const uint8_t* v, const uint8_t* vn) {
-      K::template for_heads<I::HBPV>(G, [&]<int HB>(int h0) {
-        if constexpr (U4) qaccum_u4<V, I, D, HB>(v, vn, cw + h0 * kWCBytes, pf + h0 * kPVHeadFloats, acc + h0 * D);
-        else qaccum<V, I, D, HB>(v, vn, cw + h0 * kWCBytes, pf + h0 * kPVHeadFloats, acc + h0 * D);
-      });
-    };
-    for (int32_t b = ch.b0; b < ch.b1; ++b) {
-      const void* blk = ch.seq->blocks[b];
-      const void* nxt = prefetch_block(c, ch, b);
+  // A head's scratch from its base qs: qs, qq [G][D], sc [G][kBT], c0 [G], vt, red, wv as in Kernel, then the
+  // int8 query codes [G][kQ8Bytes], their scales [G] and biases [G], then (64-byte aligned) the p . V part.
+  static int8_t* q8_codes(float* qs, int G) {
+    return reinterpret_cast<int8_t*>(qs + 2 * G * D + G * kBT + G + (D / 32) * 2 * kBT + G * kBT * V::W + G * (D / 32) * kBT);
+  }
+  // The chunk's ch.n_heads kv heads block by block, each head with its own scratch (chunk_scratch_floats(G, D)
+  // floats) and state slice, as Kernel::run.
+  static void run(const CallCtx& c, const Chunk& ch, const float* q, float* m0, float* l0, float* acc0,
+                  float* scratch) {
+    const int G = c.G, H = c.H;
+    const size_t sf = chunk_scratch_floats(G, D);
+    for (int j = 0; j < ch.n_heads; ++j) {
+      float* qs = scratch + j * sf;
+      int8_t* q8 = q8_codes(qs, G);
+      float* qsc = reinterpret_cast<float*>(q8 + size_t(G) * kQ8Bytes);
+      float* qbias = qsc + G;
+      for (int i = 0; i < G * D; ++i) qs[i] = q[size_t(j) * G * D + i] * c.scale;
+      if (c.dtype == KVDType::I8)
+        for (int h = 0; h < G; ++h) qbias[h] = float(I::kBias * quant_i8(qs + h * D, q8 + h * kQ8Bytes, &qsc[h]));
+    }
+    auto head = [&](int j, const void* blk, const void* nxt) {
+      const int kvh = ch.kv_head + j;
+      float *m = m0 + j * G, *l = l0 + j * G, *acc = acc0 + size_t(j) * G * D;
+      float* qs = scratch + j * sf;  // [G][D]
+      float* qq = qs + G * D;   // [G][D] int4: the folded query qf
+      float* sc = qq + G * D;   // [G][kBT] scores, then e
+      float* c0 = sc + G * kBT;  // [G]
+      float* vt = c0 + G;       // [D/32][2][kBT] int4 values: fp32 scale row, then min row
+      float* red = vt + (D / 32) * 2 * kBT;  // [G][kBT][W]
+      float* wv = red + G * kBT * V::W;      // [G][D/32][kBT] the fp16 tail's value weights
+      int8_t* q8 = q8_codes(qs, G);  // [G][kQ8Bytes], after wv
+      float* qsc = reinterpret_cast<float*>(q8 + size_t(G) * kQ8Bytes);  // [G] query scale
+      float* qbias = qsc + G;                                             // [G] kBias * sum(codes)
+      // p . V (64-byte aligned): codes [G][kWCBytes], per-head floats [G][kPVHeadFloats] (ws [8], int4 offsets [8],
+      // the block's C), then wt [kBT], kps [256], kpz [256].
+      const size_t off = size_t(qbias + G - qs);
+      auto* cw = reinterpret_cast<uint8_t*>(qs + (off + 15) / 16 * 16);
+      auto* pf = reinterpret_cast<float*>(cw + size_t(G) * kWCBytes);
+      float* wt = pf + size_t(G) * kPVHeadFloats;
+      float* kps = wt + kBT;
+      float* kpz = kps + 256;
+      auto accum = [&]<bool U4>(const uint8_t* v, const uint8_t* vn) {
+        K::template for_heads<I::HBPV>(G, [&]<int HB>(int h0) {
+          if constexpr (U4) qaccum_u4<V, I, D, HB>(v, vn, cw + h0 * kWCBytes, pf + h0 * kPVHeadFloats, acc + h0 * D);
+          else qaccum<V, I, D, HB>(v, vn, cw + h0 * kWCBytes, pf + h0 * kPVHeadFloats, acc + h0 * D);
+        });
+      };
+      if (!blk) {
+        const F16Head hd = f16_head(ch.seq->tail, H, D, kvh);
+        K::block(F16Rows<V, D>{hd.k}, F16Rows<V, D>{hd.v}, ch.seq->n_tail, G, qs, m, l, acc, sc, red, wv,
+                 [](int, float*, int) {});
+        return;
+      }
       if (c.dtype == KVDType::I8) {
         const I8Head hd = i8_head(blk, H, D, kvh);
         const I8Head nh = nxt ? i8_head(nxt, H, D, kvh) : I8Head{nullptr, nullptr, nullptr, nullptr};
@@ -412,7 +433,7 @@ struct QKernel {
         for (int h = 0; h < G; ++h) {
           float* s = sc + h * kBT;
           const VT bias = V::set1(qbias[h]), qv = V::set1(qsc[h]);
-          for (int j = 0; j < kBT; j += W) V::store(s + j, V::mul(V::sub(V::load(s + j), bias), V::mul(qv, V::load(hd.ks + j))));
+          for (int t = 0; t < kBT; t += W) V::store(s + t, V::mul(V::sub(V::load(s + t), bias), V::mul(qv, V::load(hd.ks + t))));
         }
         softmax_q8(G, sc, nullptr, nullptr, m, l, acc, pf + kPVC, kPVHeadFloats);
         for (int h = 0; h < G; ++h)
@@ -421,7 +442,6 @@ struct QKernel {
       } else if (c.dtype == KVDType::I4) {
         const I4Head hd = i4_head(blk, H, D, kvh);
         const I4Head nh = nxt ? i4_head(nxt, H, D, kvh) : I4Head{nullptr, nullptr, nullptr, nullptr};
-        if (nxt) prefetch_row(nh.kp, 4 * D), prefetch_row(nh.vp, 4 * D);
         for (int d = 0; d < D; d += W) {
           V::store(kps + d, V::load_f16(hd.kp + d));
           V::store(kpz + d, V::load_f16(hd.kp + D + d));
@@ -430,7 +450,11 @@ struct QKernel {
         K::template for_heads<V::HB>(G, [&]<int HB>(int h0) {
           qscores_u4k<V, I, D, HB>(hd.k, nh.k, q8 + h0 * kQ8Bytes, sc + h0 * kBT);
         });
-        for (int j = 0; j < 2 * NG * kBT; j += W) V::store(vt + j, V::load_f16(hd.vp + j));
+        // The next block's params (4 D bytes each of key and value params: D / 8 lines), a line an iteration.
+        for (int x = 0, i = 0; x < 2 * NG * kBT; x += W, ++i) {
+          V::store(vt + x, V::load_f16(hd.vp + x));
+          if (nxt && i < D / 8) _mm_prefetch(reinterpret_cast<const char*>(i < D / 16 ? nh.kp : nh.vp) + (i % (D / 16)) * 64, _MM_HINT_T1);
+        }
         softmax_q8(G, sc, qsc, c0, m, l, acc, pf + kPVC, kPVHeadFloats);
         for (int h = 0; h < G; ++h) {
           float* ph = pf + h * kPVHeadFloats;
@@ -441,12 +465,14 @@ struct QKernel {
       } else {
         FD_THROW("decode_attention: the integer-dot path takes int8 or int4 blocks, not dtype " << int(c.dtype));
       }
+    };
+    for (int32_t b = ch.b0; b < ch.b1; ++b) {
+      const void* blk = ch.seq->blocks[b];
+      const void* nxt = prefetch_block(c, ch, b);
+      for (int j = 0; j < ch.n_heads; ++j) head(j, blk, nxt);
     }
-    if (ch.tail && ch.seq->n_tail > 0) {
-      const F16Head hd = f16_head(ch.seq->tail, H, D, kvh);
-      K::block(F16Rows<V, D>{hd.k}, F16Rows<V, D>{hd.v}, ch.seq->n_tail, G, qs, m, l, acc, sc, red, wv,
-               [](int, float*, int) {});
-    }
+    if (ch.tail && ch.seq->n_tail > 0)
+      for (int j = 0; j < ch.n_heads; ++j) head(j, nullptr, nullptr);
   }
 };
 

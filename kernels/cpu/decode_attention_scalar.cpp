@@ -249,8 +249,9 @@ int32_t quantize_q8(const float* x, int n, int8_t* code, float* sq) {
   return sum;
 }
 
-void run_chunk_scalar(const CallCtx& cc, const Chunk& ch, const float* q, float* m, float* l, float* acc,
-                      float* scratch) {
+namespace {
+void run_head_scalar(const CallCtx& cc, const Chunk& ch, const float* q, float* m, float* l, float* acc,
+                     float* scratch) {
   const int G = cc.G, D = cc.D, H = cc.H;
   float* qs = scratch;     // [G][D] q * scale
   float* qq = qs + G * D;  // [G][D] int4 folded query
@@ -280,6 +281,18 @@ void run_chunk_scalar(const CallCtx& cc, const Chunk& ch, const float* q, float*
     }
   }
   if (ch.tail && ch.seq->n_tail > 0) block_f16(c, f16_head(ch.seq->tail, H, D, ch.kv_head), ch.seq->n_tail, qs);
+}
+}  // namespace
+
+// The chunk's heads one after the other (the SIMD kernels interleave them block by block: the same math per head).
+void run_chunk_scalar(const CallCtx& cc, const Chunk& ch, const float* q, float* m, float* l, float* acc,
+                      float* scratch) {
+  const int G = cc.G, D = cc.D;
+  for (int j = 0; j < ch.n_heads; ++j) {
+    Chunk one = ch;
+    one.kv_head = ch.kv_head + j, one.n_heads = 1;
+    run_head_scalar(cc, one, q + size_t(j) * G * D, m + j * G, l + j * G, acc + size_t(j) * G * D, scratch);
+  }
 }
 
 }  // namespace fd::attn

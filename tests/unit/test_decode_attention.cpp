@@ -505,7 +505,7 @@ TEST_P(DecodeAttentionSplit, LongSingleSequenceIsSplitAndMerged) {
     const auto plan1 = fd::decode_attention_plan(b.params(o1.data()), 1);
     const auto plan16 = fd::decode_attention_plan(b.params(o1.data()), 16);
     EXPECT_EQ(plan1.n_split_pairs, 0);
-    EXPECT_EQ(plan16.n_split_pairs, 2);      // both kv heads
+    EXPECT_EQ(plan16.n_split_pairs, 2 / plan16.heads_per_task);  // every pair (both kv heads, one or two a pair)
     EXPECT_GE(plan16.n_tasks, 16);          // every thread gets a chunk (chunks >= 64 KiB)
     fd::DecodeAttentionWorkspace ws;
     fd::decode_attention(b.params(o1.data()), isa, 1, ws);
@@ -533,29 +533,59 @@ TEST(DecodeAttention, WorkspaceReusedWithoutReallocation) {
   EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)));
 }
 
-// The prefetch distance changes what is requested early, never what is computed: every ISA, dtype and query
-// mode gives the same bits at distances 0 (none), 1 (the default), 2 and the maximum, for sequences shorter and
-// longer than the distance, split over threads or not.
-TEST(DecodeAttention, PrefetchDistanceKeepsTheBits) {
+// The prefetch distance and the kv heads a task reads change what is read when, never what is computed: every ISA,
+// dtype and query mode gives the same bits as one head a task at distance 1, at distances 0 (none), 2 and the
+// maximum and at 2 and 4 heads a task (one head's blocks in the same order either way), for sequences shorter and
+// longer than the distance; split over threads, where the cut moves with the heads a task, within 1e-5.
+TEST(DecodeAttention, PrefetchAndHeadsPerTaskKeepTheBits) {
   for (KVDType dt : kDtypes) {
-    const Batch b = make_batch(dt, {1, 31, 32 + 7, 3 * 32, 9 * 32 + 30, 2048 + 5}, 8, 2, 128, 17);
+    const Batch b = make_batch(dt, {1, 31, 32 + 7, 3 * 32, 9 * 32 + 30, 2048 + 5}, 8, 4, 128, 17);
     for (const fd::QueryQuant qq : {fd::QueryQuant::F32, fd::QueryQuant::I8})
       for (Isa isa : runnable_isas())
         for (int threads : {1, 3}) {
           fd::DecodeAttentionWorkspace ws;
           std::vector<float> base(size_t(6) * 8 * 128, NAN), o(base.size(), NAN);
-          fd::decode_attention(b.params(base.data(), qq), isa, threads, ws);
-          for (int pf : {0, 2, fd::kMaxPrefetchBlocks}) {
+          fd::DecodeAttentionParams p0 = b.params(base.data(), qq);
+          p0.heads_per_task = 1;
+          fd::decode_attention(p0, isa, threads, ws);
+          for (const auto [pf, hpt] : {std::pair{0, 1}, {2, 1}, {fd::kMaxPrefetchBlocks, 1}, {1, 2}, {1, 4}, {2, 4}}) {
             fd::DecodeAttentionParams p = b.params(o.data(), qq);
-            p.prefetch_blocks = pf;
+            p.prefetch_blocks = pf, p.heads_per_task = hpt;
+            EXPECT_EQ(fd::decode_attention_plan(p, threads).n_pairs, 6 * 4 / hpt);
             std::fill(o.begin(), o.end(), NAN);
             fd::decode_attention(p, isa, threads, ws);
-            EXPECT_EQ(0, std::memcmp(o.data(), base.data(), o.size() * sizeof(float)))
-                << fd::isa_name(isa) << " " << fd::kv_dtype_name(dt) << " query " << fd::query_quant_name(qq)
-                << " threads " << threads << ": prefetch_blocks " << pf << " changed the output";
+            const std::string what = std::string(fd::isa_name(isa)) + " " + std::string(fd::kv_dtype_name(dt)) +
+                                     " query " + std::string(fd::query_quant_name(qq)) + " threads " +
+                                     std::to_string(threads) + ": prefetch_blocks " + std::to_string(pf) +
+                                     ", heads_per_task " + std::to_string(hpt);
+            // Over threads the long sequence is cut by bytes a pair, so the merge (and its rounding) moves with
+            // heads_per_task; the same bits where nothing is cut.
+            if (threads == 1 || hpt == 1)
+              EXPECT_EQ(0, std::memcmp(o.data(), base.data(), o.size() * sizeof(float))) << what << " changed the output";
+            else
+              for (size_t i = 0; i < o.size(); ++i) ASSERT_NEAR(o[i], base[i], 1e-5) << what << ", index " << i;
           }
         }
   }
+}
+
+// heads_per_task = 0 takes the largest divisor of n_kv_heads that keeps a head group's K run of a block within 8 KiB.
+TEST(DecodeAttention, HeadsPerTaskAuto) {
+  auto hpt = [](KVDType dt, int H, int D, int set = 0) {
+    fd::DecodeAttentionParams p;
+    p.dtype = dt, p.n_heads = 4 * H, p.n_kv_heads = H, p.head_dim = D, p.heads_per_task = set;
+    return fd::decode_attention_heads_per_task(p);
+  };
+  EXPECT_EQ(hpt(KVDType::F16, 32, 128), 1);
+  EXPECT_EQ(hpt(KVDType::I8, 32, 128), 2);
+  EXPECT_EQ(hpt(KVDType::I4, 32, 128), 4);
+  EXPECT_EQ(hpt(KVDType::I4, 8, 128), 4);
+  EXPECT_EQ(hpt(KVDType::I4, 6, 128), 3);   // the largest divisor of 6 up to 4
+  EXPECT_EQ(hpt(KVDType::I4, 7, 128), 1);   // 7 is prime
+  EXPECT_EQ(hpt(KVDType::I4, 32, 64), 8);   // 1 KiB runs: 8, the most
+  EXPECT_EQ(hpt(KVDType::F16, 32, 32), 4);  // fp16 at d = 32: 2 KiB runs
+  EXPECT_EQ(hpt(KVDType::F16, 32, 256), 1);
+  EXPECT_EQ(hpt(KVDType::I4, 32, 128, 2), 2);  // set: taken as it is
 }
 
 TEST(DecodeAttention, KvBytesFormula) {
@@ -593,6 +623,8 @@ TEST(DecodeAttention, BadParamsThrow) {
   EXPECT_NE(msg([](auto& p) { p.dtype = KVDType(7); }).find("dtype"), std::string::npos);
   EXPECT_NE(msg([](auto& p) { p.query = fd::QueryQuant(5); }).find("query quantization"), std::string::npos);
   EXPECT_NE(msg([](auto& p) { p.prefetch_blocks = -1; }).find("prefetch_blocks"), std::string::npos);
+  EXPECT_NE(msg([](auto& p) { p.heads_per_task = 3; }).find("heads_per_task"), std::string::npos);  // 2 kv heads
+  EXPECT_NE(msg([](auto& p) { p.heads_per_task = -1; }).find("heads_per_task"), std::string::npos);
   EXPECT_NE(msg([](auto& p) { p.prefetch_blocks = fd::kMaxPrefetchBlocks + 1; }).find("prefetch_blocks"),
             std::string::npos);
   fd::SeqKVView bad = b.seqs[0];
