@@ -1,7 +1,10 @@
 // CPU decode attention: parameter checks, ISA detection, the work split by KV bytes, the OpenMP run
 // and the merge of split contexts. The per-block math lives in decode_attention_{scalar,avx2,avx512}.cpp.
 //
-// Work split. Pairs (sequence s, kv head j) cost bytes(s) = n_full*kv_block_bytes/H + n_tail*D*4.
+// Work split. A pair is a sequence s and hpt consecutive kv heads (DecodeAttentionParams::heads_per_task, resolved by
+// decode_attention_heads_per_task), read block by block, head after head within a block: a thread's reads of a block
+// are then runs of hpt heads' K and V rather than one head's, which a 2 KiB int4 run needs (the function says what
+// was measured). A pair costs bytes(s) = hpt * (n_full*kv_block_bytes/H + n_tail*D*4).
 // With W = the sum over pairs and n threads, the chunk target is max(W / (4n), 64 KiB): about four
 // chunks per thread for dynamic balance, but never so short that the merge and per-chunk setup matter.
 // A pair longer than 1.5 targets is cut into ceil(bytes/target) chunks of whole blocks (the tail goes
@@ -265,16 +268,17 @@ int64_t decode_attention_kv_bytes(const DecodeAttentionParams& p) {
 
 int decode_attention_heads_per_task(const DecodeAttentionParams& p) {
   if (p.heads_per_task > 0) return p.heads_per_task;
-  // The hardware's reads of a block are runs of one head's K, V (and scales): 2 KiB each for int4 at d = 128
-  // against fp16's 8 KiB. On the GPU machine's Xeon a read of that pattern alone reached 0.70-0.84 of the 8 KiB
-  // one at 16 threads; 2 to 4 heads a task brought it to 0.85-1.1 (artifacts/rworker/gpu-machine-hg-*/).
-  const int bits = p.dtype == KVDType::F16 ? 16 : p.dtype == KVDType::I8 ? 8 : 4;
-  const int run = kKVBlockTokens * p.head_dim * bits / 8;  // one head's K of a block
-  const int want = std::clamp(8192 / run, 1, kMaxHeadsPerTask);
-  int hpt = 1;
-  for (int d = 1; d <= want; ++d)
-    if (p.n_kv_heads % d == 0) hpt = d;
-  return hpt;
+  // A task reads a block as runs of one head's K, V and scales: 2, 2 and 2 x 0.5 KiB for int4 at d = 128, against
+  // fp16's two 8 KiB. On the GPU machine's Xeon (16 threads) that pattern alone read at 0.71-0.91 of fp16's, and the
+  // int4 kernel at 111 GB/s against 138 for fp16; 2 heads a task read 124-125 GB/s, 4 or 8 no better than 1
+  // (each head keeps its own scratch: at 4 and more they no longer fit in L1 beside the blocks). So: the fewest heads
+  // whose bytes of a block reach 8 KiB (fp16 and int8 1, int4 2 at d = 128), as a divisor of n_kv_heads.
+  // artifacts/rworker/gpu-machine-prefetch-d846a34/ and gpu-machine-hg-54a9b76/ hold the measurements.
+  const int64_t head_bytes = int64_t(kv_block_bytes(p.dtype, p.n_kv_heads, p.head_dim)) / p.n_kv_heads;
+  const int want = int(std::clamp<int64_t>((8192 + head_bytes - 1) / head_bytes, 1, kMaxHeadsPerTask));
+  for (int d = want; d <= kMaxHeadsPerTask; ++d)
+    if (p.n_kv_heads % d == 0) return d;
+  return 1;
 }
 
 DecodeAttentionPlan decode_attention_plan(const DecodeAttentionParams& p, int n_threads) {

@@ -89,8 +89,8 @@ struct DecodeAttentionParams {
   // twin does not prefetch. Results do not depend on it; speed does (docs/RWORKER.md).
   int prefetch_blocks = 1;
   // KV heads one task reads, block by block (each block: head after head), so that a thread's reads of a block are
-  // runs of heads_per_task heads' K (and V) rather than one head's: 0 = auto (the largest divisor of n_kv_heads
-  // that keeps a run of K at most 8 KiB: fp16 1, int8 2, int4 4 heads at head_dim 128), else a divisor of
+  // runs of heads_per_task heads' K (and V) rather than one head's: 0 = auto (the fewest heads, a divisor of
+  // n_kv_heads, whose bytes of a block reach 8 KiB: fp16 and int8 1, int4 2 at head_dim 128), else a divisor of
   // n_kv_heads, at most kMaxHeadsPerTask. Results do not depend on it (docs/RWORKER.md says why it exists).
   int heads_per_task = 0;
 };

@@ -569,23 +569,25 @@ TEST(DecodeAttention, PrefetchAndHeadsPerTaskKeepTheBits) {
   }
 }
 
-// heads_per_task = 0 takes the largest divisor of n_kv_heads that keeps a head group's K run of a block within 8 KiB.
+// heads_per_task = 0 takes the fewest heads, a divisor of n_kv_heads, whose bytes of a full block reach 8 KiB.
 TEST(DecodeAttention, HeadsPerTaskAuto) {
   auto hpt = [](KVDType dt, int H, int D, int set = 0) {
     fd::DecodeAttentionParams p;
     p.dtype = dt, p.n_heads = 4 * H, p.n_kv_heads = H, p.head_dim = D, p.heads_per_task = set;
     return fd::decode_attention_heads_per_task(p);
   };
-  EXPECT_EQ(hpt(KVDType::F16, 32, 128), 1);
-  EXPECT_EQ(hpt(KVDType::I8, 32, 128), 2);
-  EXPECT_EQ(hpt(KVDType::I4, 32, 128), 4);
-  EXPECT_EQ(hpt(KVDType::I4, 8, 128), 4);
-  EXPECT_EQ(hpt(KVDType::I4, 6, 128), 3);   // the largest divisor of 6 up to 4
-  EXPECT_EQ(hpt(KVDType::I4, 7, 128), 1);   // 7 is prime
-  EXPECT_EQ(hpt(KVDType::I4, 32, 64), 8);   // 1 KiB runs: 8, the most
-  EXPECT_EQ(hpt(KVDType::F16, 32, 32), 4);  // fp16 at d = 32: 2 KiB runs
-  EXPECT_EQ(hpt(KVDType::F16, 32, 256), 1);
-  EXPECT_EQ(hpt(KVDType::I4, 32, 128, 2), 2);  // set: taken as it is
+  EXPECT_EQ(hpt(KVDType::F16, 32, 128), 1);  // 16 KiB a head
+  EXPECT_EQ(hpt(KVDType::I8, 32, 128), 1);   // 8 KiB + 256 B
+  EXPECT_EQ(hpt(KVDType::I4, 32, 128), 2);   // 5 KiB
+  EXPECT_EQ(hpt(KVDType::I4, 8, 128), 2);
+  EXPECT_EQ(hpt(KVDType::I4, 9, 128), 3);    // the next divisor up
+  EXPECT_EQ(hpt(KVDType::I4, 7, 128), 7);    // 7 is prime: all 7 (at most 8)
+  EXPECT_EQ(hpt(KVDType::I4, 11, 128), 1);   // no divisor in [2, 8]
+  EXPECT_EQ(hpt(KVDType::I4, 32, 64), 4);    // 2.5 KiB
+  EXPECT_EQ(hpt(KVDType::I8, 32, 64), 2);    // 4 KiB + 256 B
+  EXPECT_EQ(hpt(KVDType::F16, 32, 32), 2);   // 4 KiB
+  EXPECT_EQ(hpt(KVDType::I4, 32, 32), 8);    // 1.25 KiB: at most 8
+  EXPECT_EQ(hpt(KVDType::I4, 32, 128, 4), 4);  // set: taken as it is
 }
 
 TEST(DecodeAttention, KvBytesFormula) {
