@@ -24,6 +24,7 @@ usage: analysis/claims.py [--baselines ROOT...] [--paper ROOT] [--rworker FILE..
 (the committed CLAIMS.md is `analysis/claims.py --out CLAIMS.md` from the repository root: CI checks it is current)
 """
 import argparse
+import glob
 import json
 import os
 import statistics
@@ -35,8 +36,7 @@ from shapes import PAPER_HW, SHAPES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BASELINES = [os.path.join(REPO, "artifacts", "baselines", r) for r in ("run1-a40a146", "run3-4bf4e28")]
-DEFAULT_RWORKER = [os.path.join(REPO, "artifacts", "rworker", "gpu-machine-kvlayout-5285944", "new_attn_kv32_%s_r%d.json" % (isa, r))
-                   for isa in ("avx512", "avx512vnni") for r in (1, 2, 3, 4, 5)]
+DEFAULT_RWORKER = sorted(glob.glob(os.path.join(REPO, "artifacts", "rworker", "gpu-machine-hg-c47f15b", "new_attn_kv32_avx512*_r*.json")))
 
 
 def int4_speedups(paths):

@@ -15,6 +15,7 @@ usage: analysis/stages_targets.py [--attn JSON...] [--prefill JSON] [--pipeline 
                                   [--spart JSON...] [--roofline JSON] [--kernels JSON] [--trace JSON] [--out DIR]
 """
 import argparse
+import glob
 import os
 import re
 import statistics
@@ -25,8 +26,7 @@ from fd_runs import read_json, write_report
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ART = os.path.join(REPO, "artifacts")
 DEFAULTS = {
-    "attn": [os.path.join(ART, "rworker", "gpu-machine-kvlayout-5285944", "new_attn_kv%d_%s_r%d.json" % (kv, isa, r))
-             for kv in (32, 8) for isa in ("avx512", "avx512vnni") for r in (1, 2, 3, 4, 5)],
+    "attn": sorted(glob.glob(os.path.join(ART, "rworker", "gpu-machine-hg-c47f15b", "new_attn_kv*_avx512*_r*.json"))),
     "prefill": os.path.join(ART, "stages", "prefill-5285944", "prefill_ttft.json"),
     "pipeline": os.path.join(ART, "stages", "pipeline", "pipeline_bound.json"),
     "transport": os.path.join(ART, "stages", "transport-inplace-236fbe0", "transport.json"),

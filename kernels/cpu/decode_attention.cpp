@@ -272,11 +272,14 @@ int decode_attention_heads_per_task(const DecodeAttentionParams& p) {
   // fp16's two 8 KiB. On the GPU machine's Xeon (16 threads) that pattern alone read at 0.71-0.91 of fp16's, and the
   // int4 kernel at 111 GB/s against 138 for fp16; 2 heads a task read 124-125 GB/s, 4 or 8 no better than 1
   // (each head keeps its own scratch: at 4 and more they no longer fit in L1 beside the blocks). So: the fewest heads
-  // whose bytes of a block reach 8 KiB (fp16 and int8 1, int4 2 at d = 128), as a divisor of n_kv_heads.
+  // whose bytes of a block reach 8 KiB (fp16 and int8 1, int4 2 at d = 128), as a divisor of n_kv_heads (else the
+  // most that divide it, up to that count).
   // artifacts/rworker/gpu-machine-prefetch-d846a34/ and gpu-machine-hg-54a9b76/ hold the measurements.
   const int64_t head_bytes = int64_t(kv_block_bytes(p.dtype, p.n_kv_heads, p.head_dim)) / p.n_kv_heads;
   const int want = int(std::clamp<int64_t>((8192 + head_bytes - 1) / head_bytes, 1, kMaxHeadsPerTask));
   for (int d = want; d <= kMaxHeadsPerTask; ++d)
+    if (p.n_kv_heads % d == 0) return d;
+  for (int d = std::min(want, kMaxHeadsPerTask); d > 1; --d)  // none reaches it: as many as divide n_kv_heads
     if (p.n_kv_heads % d == 0) return d;
   return 1;
 }

@@ -90,8 +90,9 @@ struct DecodeAttentionParams {
   int prefetch_blocks = 1;
   // KV heads one task reads, block by block (each block: head after head), so that a thread's reads of a block are
   // runs of heads_per_task heads' K (and V) rather than one head's: 0 = auto (the fewest heads, a divisor of
-  // n_kv_heads, whose bytes of a block reach 8 KiB: fp16 and int8 1, int4 2 at head_dim 128), else a divisor of
-  // n_kv_heads, at most kMaxHeadsPerTask. Results do not depend on it (docs/RWORKER.md says why it exists).
+  // n_kv_heads, whose bytes of a block reach 8 KiB, else the most that divide it: fp16 and int8 1, int4 2 at
+  // head_dim 128), else a divisor of n_kv_heads, at most kMaxHeadsPerTask. Results do not depend on it
+  // (docs/RWORKER.md says why it exists).
   int heads_per_task = 0;
 };
 constexpr int kMaxPrefetchBlocks = 8;

@@ -104,7 +104,10 @@ def test_counters_agree_with_each_other(attn):
         assert k["ratio_to_ceiling"] == pytest.approx(ceil["seconds_median"] / k["seconds_median"], rel=1e-12), where
         assert k["ratio_to_ceiling"] == pytest.approx(k["bytes_per_second"] / ceil["bytes_per_second"], rel=1e-12), where
         assert k["ceiling_bytes_per_second"] == pytest.approx(ceil["bytes_per_second"], rel=1e-12), where
-        assert k["plan_tasks"] >= b * HKV and k["plan_split_pairs"] >= 0 and k["plan_chunk_target_bytes"] > 0, where
+        # a task reads heads_per_task kv heads (its auto value: the fewest whose bytes of a block reach 8 KiB)
+        assert k["heads_per_task"] >= 1 and HKV % k["heads_per_task"] == 0 and k["prefetch_blocks"] == 1, where
+        assert k["plan_tasks"] >= b * HKV // k["heads_per_task"], where
+        assert k["plan_split_pairs"] >= 0 and k["plan_chunk_target_bytes"] > 0, where
         fp16 = kernels.get((isa, "fp16", b, c))
         if dt == "fp16" or fp16 is None:
             assert "speedup_vs_fp16" not in k, where

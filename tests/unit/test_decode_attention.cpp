@@ -583,6 +583,8 @@ TEST(DecodeAttention, HeadsPerTaskAuto) {
   EXPECT_EQ(hpt(KVDType::I4, 9, 128), 3);    // the next divisor up
   EXPECT_EQ(hpt(KVDType::I4, 7, 128), 7);    // 7 is prime: all 7 (at most 8)
   EXPECT_EQ(hpt(KVDType::I4, 11, 128), 1);   // no divisor in [2, 8]
+  EXPECT_EQ(hpt(KVDType::I4, 2, 64), 2);     // wants 4 of 2.5 KiB: both
+  EXPECT_EQ(hpt(KVDType::I4, 6, 64), 6);     // wants 4: 6 is the next divisor up
   EXPECT_EQ(hpt(KVDType::I4, 32, 64), 4);    // 2.5 KiB
   EXPECT_EQ(hpt(KVDType::I8, 32, 64), 2);    // 4 KiB + 256 B
   EXPECT_EQ(hpt(KVDType::F16, 32, 32), 2);   // 4 KiB
