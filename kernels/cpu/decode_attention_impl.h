@@ -113,6 +113,18 @@ struct Chunk {
 inline const void* prefetch_block(const CallCtx& c, const Chunk& ch, int32_t b) {
   return c.prefetch > 0 && b + c.prefetch < ch.b1 ? ch.seq->blocks[b + c.prefetch] : nullptr;
 }
+// A chunk's walk: its full blocks in order, within each its heads one after the other, head(j, block, the block to
+// prefetch); then, with an fp16 tail, head(j, nullptr, nullptr) for each head.
+template <class F>
+inline void walk_chunk(const CallCtx& c, const Chunk& ch, F&& head) {
+  for (int32_t b = ch.b0; b < ch.b1; ++b) {
+    const void* blk = ch.seq->blocks[b];
+    const void* nxt = prefetch_block(c, ch, b);
+    for (int j = 0; j < ch.n_heads; ++j) head(j, blk, nxt);
+  }
+  if (ch.tail && ch.seq->n_tail > 0)
+    for (int j = 0; j < ch.n_heads; ++j) head(j, nullptr, nullptr);
+}
 // Scratch floats one thread needs (64-byte multiple): qs [G][D] (q * scale), qq [G][D] (int4: q with
 // the block's per-channel key scale folded in), scores/probabilities [G][kBT], c0 [G] (int4: q . z),
 // vt [D/32][2][kBT] (int4: the block's value params in fp32, 16*scale and min - 16*scale).
@@ -539,13 +551,7 @@ struct Kernel {
         default: FD_THROW("decode_attention: unknown KV dtype " << int(c.dtype));
       }
     };
-    for (int32_t b = ch.b0; b < ch.b1; ++b) {
-      const void* blk = ch.seq->blocks[b];
-      const void* nxt = prefetch_block(c, ch, b);
-      for (int j = 0; j < ch.n_heads; ++j) head(j, blk, nxt);
-    }
-    if (ch.tail && ch.seq->n_tail > 0)
-      for (int j = 0; j < ch.n_heads; ++j) head(j, nullptr, nullptr);
+    walk_chunk(c, ch, head);
   }
 };
 

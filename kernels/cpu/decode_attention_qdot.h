@@ -466,13 +466,7 @@ struct QKernel {
         FD_THROW("decode_attention: the integer-dot path takes int8 or int4 blocks, not dtype " << int(c.dtype));
       }
     };
-    for (int32_t b = ch.b0; b < ch.b1; ++b) {
-      const void* blk = ch.seq->blocks[b];
-      const void* nxt = prefetch_block(c, ch, b);
-      for (int j = 0; j < ch.n_heads; ++j) head(j, blk, nxt);
-    }
-    if (ch.tail && ch.seq->n_tail > 0)
-      for (int j = 0; j < ch.n_heads; ++j) head(j, nullptr, nullptr);
+    walk_chunk(c, ch, head);
   }
 };
 
