@@ -270,8 +270,8 @@ int decode_attention_heads_per_task(const DecodeAttentionParams& p) {
   if (p.heads_per_task > 0) return p.heads_per_task;
   // A task reads a block as runs of one head's K, V and scales: 2, 2 and 2 x 0.5 KiB for int4 at d = 128, against
   // fp16's two 8 KiB. On the GPU machine's Xeon (16 threads) that pattern alone read at 0.71-0.91 of fp16's, and the
-  // int4 kernel at 111 GB/s against 138 for fp16; 2 heads a task read 124-125 GB/s, 4 or 8 no better than 1
-  // (each head keeps its own scratch: at 4 and more they no longer fit in L1 beside the blocks). So: the fewest heads
+  // int4 kernel at 111 GB/s against 138 for fp16; 2 heads a task read 124-125 GB/s, 4 or 8 no better than 1 (why
+  // was not found: in cache, on one thread, 1 to 8 heads a task run alike on the dev Xeon). So: the fewest heads
   // whose bytes of a block reach 8 KiB (fp16 and int8 1, int4 2 at d = 128), as a divisor of n_kv_heads (else the
   // most that divide it, up to that count).
   // artifacts/rworker/gpu-machine-prefetch-d846a34/ and gpu-machine-hg-54a9b76/ hold the measurements.
@@ -306,8 +306,8 @@ void decode_attention(const DecodeAttentionParams& p, Isa isa, int n_threads, De
   const Task* tasks = reinterpret_cast<const Task*>(ws.index.data());
   const Split* splits = reinterpret_cast<const Split*>(ws.index.data() + plan.n_tasks * 4);
 
-  // ws.partial: [n_slots] slots of (m [G], l [G], acc [G][D]) and [n_threads] thread areas of
-  // (m, l, acc, scratch); each a multiple of 16 floats (64 bytes) from a 64-byte aligned base.
+  // ws.partial: [n_slots] slots of (m [GP], l [GP], acc [GP][D]) and [n_threads] thread areas of
+  // (m, l, acc, hpt heads' scratch); each a multiple of 16 floats (64 bytes) from a 64-byte aligned base.
   const size_t slot_f = (size_t(GP) * (D + 2) + 15) / 16 * 16;
   const size_t thread_f = slot_f + attn::chunk_scratch_floats(G, D) * hpt;
   const size_t need = size_t(n_slots) * slot_f + size_t(n_threads) * thread_f + 16;
