@@ -275,7 +275,7 @@ int decode_attention_heads_per_task(const DecodeAttentionParams& p) {
   // whose bytes of a block reach 8 KiB (fp16 and int8 1, int4 2 at d = 128), as a divisor of n_kv_heads (else the
   // most that divide it, up to that count).
   // artifacts/rworker/gpu-machine-prefetch-d846a34/ and gpu-machine-hg-54a9b76/ hold the measurements.
-  const int64_t head_bytes = int64_t(kv_block_bytes(p.dtype, p.n_kv_heads, p.head_dim)) / p.n_kv_heads;
+  const int64_t head_bytes = head_block_bytes(p);
   const int want = int(std::clamp<int64_t>((8192 + head_bytes - 1) / head_bytes, 1, kMaxHeadsPerTask));
   for (int d = want; d <= kMaxHeadsPerTask; ++d)
     if (p.n_kv_heads % d == 0) return d;

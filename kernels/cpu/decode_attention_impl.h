@@ -221,7 +221,8 @@ namespace fd::attn::simd {
 // prefetchers to ramp up; while token t of this block is processed, row t of the same head in the later block
 // is requested. Measured on the dev machine (Zen 5, 1 thread, fp16, B=4, ctx 2048, 32 heads): no prefetch 34 %
 // of the read ceiling; into L1 (T0) 35 %; NTA 35 %; into L2 (T1) 67 %; two or four blocks ahead with T1
-// the same as one. Kept: T1.
+// the same as one. Kept: T1. On the GPU machine's Xeon at 16 threads 2-6 blocks ahead were slower than one
+// (artifacts/rworker/gpu-machine-prefetch-d846a34/): the default stays 1.
 inline void prefetch_row(const void* row, int bytes) {
   for (int o = 0; o < bytes; o += 64) _mm_prefetch(static_cast<const char*>(row) + o, _MM_HINT_T1);
 }
