@@ -41,11 +41,12 @@ inline void pack_i8_keys(const int8_t* c, int cs, int D, int8_t* k) {
     for (int t = 0; t < kBT; ++t)
       for (int b = 0; b < 4; ++b) k[(size_t(w) * kBT + t) * 4 + b] = c[size_t(t) * cs + 4 * w + b];
 }
-inline I8Head i8_head(const void* blk, int H, int D, int h) {
-  const auto* b = static_cast<const int8_t*>(blk);
+// Head-major: head h's codes and scales are one run of 2 kBT D + 8 kBT bytes, laid out as a block of one head.
+inline I8Head i8_head(const void* blk, int /*H*/, int D, int h) {
   const size_t hs = size_t(kBT) * D;
-  const auto* sc = reinterpret_cast<const float*>(b + 2 * H * hs);
-  return {b + h * hs, b + H * hs + h * hs, sc + h * kBT, sc + H * kBT + h * kBT};
+  const auto* b = static_cast<const int8_t*>(blk) + h * (2 * hs + 2 * kBT * sizeof(float));
+  const auto* sc = reinterpret_cast<const float*>(b + 2 * hs);
+  return {b, b + hs, sc, sc + kBT};
 }
 struct I4Head {
   const uint8_t* k;    // [D/8][kBT][4] packed codes, token-interleaved words (u4_key; kv_quant.cpp)
@@ -87,11 +88,12 @@ inline void pack_u4_values(const uint8_t* c, int cs, int D, uint8_t* v) {
         v[((size_t(t / 4) * (D / 32) + d / 32) * 16 + j) * 4 + t % 4] = uint8_t(r[j] | (r[16 + j] << 4));
       }
 }
-inline I4Head i4_head(const void* blk, int H, int D, int h) {
-  const auto* b = static_cast<const uint8_t*>(blk);
+// Head-major: head h's codes and params are one run of kBT D + 8 D bytes, laid out as a block of one head.
+inline I4Head i4_head(const void* blk, int /*H*/, int D, int h) {
   const size_t hs = size_t(kBT) * D / 2;
-  const auto* par = reinterpret_cast<const uint16_t*>(b + 2 * H * hs);
-  return {b + h * hs, b + H * hs + h * hs, par + size_t(h) * 2 * D, par + size_t(H) * 2 * D + size_t(h) * kBT * (D / 32) * 2};
+  const auto* b = static_cast<const uint8_t*>(blk) + h * (2 * hs + size_t(2) * 2 * D + size_t(kBT) * (D / 32) * 2 * 2);
+  const auto* par = reinterpret_cast<const uint16_t*>(b + 2 * hs);
+  return {b, b + hs, par, par + size_t(2) * D};
 }
 
 // ---- Per-ISA chunk entry points ----

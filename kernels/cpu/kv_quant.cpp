@@ -4,15 +4,19 @@
 // one head at D = 128.
 //
 //   fp16 (the tail layout):  K fp16 [H][kBT][D], V fp16 [H][kBT][D].                       16384 B/head
-//   int8 (symmetric, per token and head; x = scale * code, code in [-127, 127]):
-//        K int8 [H][D/4][kBT][4] (token-interleaved words of 4 channels, as the int4 keys'), V int8 [H][kBT][D],
-//        K scale fp32 [H][kBT], V scale fp32 [H][kBT].                                     8448 B/head (1.94x)
+//   int8 and int4 are head-major: head h's codes and scales are one contiguous run (the block of one head), the
+//   H runs one after the other, so a task reading a head (or heads_per_task adjacent heads) reads one run.
+//   int8 (symmetric, per token and head; x = scale * code, code in [-127, 127]), a head's run:
+//        K int8 [D/4][kBT][4] (token-interleaved words of 4 channels, as the int4 keys'), V int8 [kBT][D],
+//        K scale fp32 [kBT], V scale fp32 [kBT].                                            8448 B/head (1.94x)
 //        fp32 scales: 256 B/head more than fp16 ones (3%) and no rounding of the scale to think about.
-//   int4 (KIVI-style, asymmetric; x = scale * code + min, code in [0, 15]):
-//        K codes [H][D/8][kBT][4] (token-interleaved words), V codes [H][kBT/4][D/32][16][4] (quad-group words),
-//        K params fp16 [H][2][D]       (row 0: scale per channel over the block's 32 tokens, row 1: min),
-//        V params fp16 [H][D/32][2][kBT] (per group of 32 channels: the 32 tokens' scales, then their
+//   int4 (KIVI-style, asymmetric; x = scale * code + min, code in [0, 15]), a head's run:
+//        K codes [D/8][kBT][4] (token-interleaved words), V codes [kBT/4][D/32][16][4] (quad-group words),
+//        K params fp16 [2][D]       (row 0: scale per channel over the block's 32 tokens, row 1: min),
+//        V params fp16 [D/32][2][kBT] (per group of 32 channels: the 32 tokens' scales, then their
 //        mins; token-contiguous so a block's scales convert with vector loads).          5120 B/head (3.2x)
+//        Head-major since the read-pattern measurement of issue 18's step 3.7: with the codes of all heads first
+//        and the scales after, a head was four short runs (2 KiB, 2 KiB, 0.5 KiB, 0.5 KiB at d = 128 for int4).
 //        Keys per channel because LLM keys have outlier *channels* (a per-token scale would be set by
 //        them); values per token because their outliers are not channel-aligned (KIVI, arXiv 2402.02750).
 //

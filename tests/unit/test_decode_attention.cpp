@@ -93,7 +93,7 @@ std::vector<int> q8_codes(const float* x, int D, float* sq) {
 
 // The double reference of the q8 math and the bound of the one error it leaves out. Scores: full int8
 // blocks sq * sum(code_q * k) (k the exact values), full int4 blocks sqf * sum(code_qf * c) + qs . z with
-// qf = qs * s read from the block's layout (kv_quant.cpp: K params fp16 [H][2][D] after the K and V codes),
+// qf = qs * s read from the block's layout (kv_quant.cpp: head-major, a head's K params fp16 [2][D] after its K and V codes),
 // the fp16 tail q . k exactly; softmax and V in double with the exact value weights. The kernels round
 // each full block's value weights w_t = p_t * vs_t (int4: per 32-channel group) to 7 bits, amax / 127 a
 // step: `bound` gets, per output element, sum over those tokens of (step / 2) * |value code|, the most that
@@ -127,8 +127,8 @@ Q8Ref reference_q8(const Batch& b) {
           for (int d = 0; d < D; ++d) dot += double(sq) * qc[d] * k[d];
         } else {
           const auto* blk = static_cast<const uint8_t*>(sv.blocks[t / kT]);
-          const auto* kp = reinterpret_cast<const uint16_t*>(blk + size_t(2) * H * kT * D / 2) + size_t(j) * 2 * D;
-          const uint8_t* kc = blk + size_t(j) * kT * D / 2;  // head j's key words [D/8][kT][4] (kv_quant.cpp)
+          const uint8_t* kc = blk + size_t(j) * (kT * D + 8 * D);  // head j's run: key words [D/8][kT][4] first
+          const auto* kp = reinterpret_cast<const uint16_t*>(kc + size_t(kT) * D);  // after K and V codes (kv_quant.cpp)
           std::vector<float> qf(D);
           for (int d = 0; d < D; ++d) qf[d] = qs[d] * fd::fp16_to_fp32(kp[d]);
           float sqf = 0;
@@ -149,18 +149,20 @@ Q8Ref reference_q8(const Batch& b) {
       for (int64_t t = 0; t < ctx; ++t)
         for (int d = 0; d < D; ++d) out[d] += sc[t] / l * b.v[s][(t * H + j) * D + d];
       for (int blk_i = 0; blk_i < sv.n_full; ++blk_i) {
-        const auto* blk = static_cast<const uint8_t*>(sv.blocks[blk_i]);
+        // head j's run of the block (head-major, kv_quant.cpp): int8 K, V codes, K, V scales; int4 K, V codes, K, V params
+        const auto* blk = static_cast<const uint8_t*>(sv.blocks[blk_i]) +
+                          size_t(j) * (b.dtype == KVDType::I8 ? 2 * hs + 8 * kT : hs + 8 * size_t(D));
         const double* p = &sc[size_t(blk_i) * kT];
         for (int g = 0; g < (b.dtype == KVDType::I8 ? 1 : D / 32); ++g) {
           // the token's value scale and its codes' magnitudes (layouts: kv_quant.cpp)
           auto vscale = [&](int t) -> double {
-            if (b.dtype == KVDType::I8) return reinterpret_cast<const float*>(blk + 2 * H * hs)[H * kT + j * kT + t];
-            const auto* vp = reinterpret_cast<const uint16_t*>(blk + 2 * H * hs / 2) + size_t(H) * 2 * D + size_t(j) * kT * (D / 32) * 2;
+            if (b.dtype == KVDType::I8) return reinterpret_cast<const float*>(blk + 2 * hs)[kT + t];
+            const auto* vp = reinterpret_cast<const uint16_t*>(blk + hs) + size_t(2) * D;
             return fd::fp16_to_fp32(vp[(2 * g) * kT + t]);
           };
           auto vcode = [&](int t, int d) -> double {
-            if (b.dtype == KVDType::I8) return std::fabs(double(reinterpret_cast<const int8_t*>(blk)[H * hs + j * hs + t * D + d]));
-            const uint8_t byte = blk[H * hs / 2 + j * hs / 2 + ((size_t(t / 4) * (D / 32) + d / 32) * 16 + d % 16) * 4 + t % 4];
+            if (b.dtype == KVDType::I8) return std::fabs(double(reinterpret_cast<const int8_t*>(blk)[hs + t * D + d]));
+            const uint8_t byte = blk[hs / 2 + ((size_t(t / 4) * (D / 32) + d / 32) * 16 + d % 16) * 4 + t % 4];
             return d % 32 < 16 ? byte & 15 : byte >> 4;
           };
           double amax = 0;

@@ -106,13 +106,15 @@ TEST(KVStore, QuantizedBlocksAndAccounting) {
 // The expected blocks are computed here from the layouts and rounding documented in
 // kernels/cpu/kv_quant.cpp (its header comment; the int4 scale rule at u4_params), not with
 // kv_quantize_block:
-//   int8: K codes int8 [H][D/4][T][4] (word w of token t: channels 4w..4w+3), V codes [H][T][D], K scales fp32
-//         [H][T], V scales [H][T];
+//   Head-major: [H][one head's run], each run as follows.
+//   int8: K codes int8 [D/4][T][4] (word w of token t: channels 4w..4w+3), V codes [T][D], K scales fp32 [T],
+//         V scales [T];
 //         scale = max|row| / 127 (fp32), code = round-half-even(x / scale) in [-127, 127].
-//   int4: K codes [H][D/8][T][4] (word w of token t: byte b holds channel 8w + b in the low nibble and
-//         8w + 4 + b in the high one), V codes [H][T/4][D/32][16][4] (word j of quad q, group g: byte r is
-//         token 4q + r's channel 32g + j in the low nibble and 32g + 16 + j in the high one), K params fp16 [H][2][D] (scale, min per channel over
-//         the block's 32 tokens), V params fp16 [H][D/32][2][T] (per group: 32 token scales, then mins);
+//   int4: K codes [D/8][T][4] (word w of token t: byte b holds channel 8w + b in the low nibble and
+//         8w + 4 + b in the high one), V codes [T/4][D/32][16][4] (word j of quad q, group g: byte r is
+//         token 4q + r's channel 32g + j in the low nibble and 32g + 16 + j in the high one), K params fp16
+//         [2][D] (scale, min per channel over the block's 32 tokens), V params fp16 [D/32][2][T] (per group:
+//         32 token scales, then mins);
 //         min = the smallest value (an fp16 value, so exact), scale = the smallest fp16 with
 //         15 * scale + min >= max (the fp16 rounding of (max - min) / 15, upwards),
 //         code = round-half-even((x - min) / scale) in [0, 15].
@@ -185,18 +187,18 @@ void check_block(KVDType t, const void* blk_ptr, const Stream& s, int b, int H, 
                         (kv == 0 ? s.k : s.v)[((size_t(b) * kT + tok) * H + h) * D + d];
   } else if (t == KVDType::I8) {
     ASSERT_EQ(kv_block_bytes(t, H, D), size_t(2) * H * kT * D + size_t(2) * H * kT * 4);
-    const size_t scales = size_t(2) * H * kT * D;
+    const size_t run = size_t(2) * kT * D + size_t(2) * kT * 4, scales = size_t(2) * kT * D;  // a head's bytes; its scales
     for (int kv = 0; kv < 2; ++kv)
       for (int h = 0; h < H; ++h)
         for (int tok = 0; tok < kT; ++tok) {
           double amax = 0;
           for (int d = 0; d < D; ++d) amax = std::max(amax, std::fabs(x(kv, h, tok, d)));
           const float scale = float(amax) / 127.0f;  // fp32, correctly rounded
-          const float got = load<float>(blk + scales, (size_t(kv) * H + h) * kT + tok);
+          const float got = load<float>(blk + h * run + scales, size_t(kv) * kT + tok);
           bad_param += std::memcmp(&got, &scale, 4) != 0;
           for (int d = 0; d < D; ++d) {
             // keys: token-interleaved words of 4 channels ([D/4][T][4]); values: rows
-            const size_t at = (size_t(kv) * H + h) * kT * D + (kv == 0 ? (size_t(d / 4) * kT + tok) * 4 + d % 4 : size_t(tok) * D + d);
+            const size_t at = h * run + size_t(kv) * kT * D + (kv == 0 ? (size_t(d / 4) * kT + tok) * 4 + d % 4 : size_t(tok) * D + d);
             const int8_t code = load<int8_t>(blk, at);
             bad_code += !cc.ok(x(kv, h, tok, d) / double(scale), -127, 127, code);
             bad_deq += std::fabs(deq_at(kv, h, tok, d) - x(kv, h, tok, d)) > kHalfStep * double(scale);
@@ -204,9 +206,10 @@ void check_block(KVDType t, const void* blk_ptr, const Stream& s, int b, int H, 
         }
   } else {
     ASSERT_EQ(kv_block_bytes(t, H, D), size_t(H) * kT * D + size_t(H) * 2 * D * 2 + size_t(H) * (D / 32) * 2 * kT * 2);
-    const size_t params = size_t(H) * kT * D;  // bytes of codes, K then V
+    const size_t run = size_t(kT) * D + size_t(2) * D * 2 + size_t(D / 32) * 2 * kT * 2;  // a head's bytes
+    const size_t params = size_t(kT) * D;  // within a run: bytes of codes, K then V
     const auto nibble = [&](int kv, int h, int tok, int d) {
-      const uint8_t* head = blk + (size_t(kv) * H + h) * kT * (D / 2);
+      const uint8_t* head = blk + h * run + size_t(kv) * kT * (D / 2);
       if (kv == 0) {  // keys: token-interleaved words
         const uint8_t byte = head[((d / 8) * kT + tok) * 4 + d % 4];
         return d % 8 < 4 ? byte & 15 : byte >> 4;
@@ -227,20 +230,20 @@ void check_block(KVDType t, const void* blk_ptr, const Stream& s, int b, int H, 
       for (int d = 0; d < D; ++d) {  // keys: per channel over the 32 tokens
         double lo = INFINITY, hi = -INFINITY;
         for (int tok = 0; tok < kT; ++tok) lo = std::min(lo, x(0, h, tok, d)), hi = std::max(hi, x(0, h, tok, d));
-        const auto [sc, z] = group(lo, hi, load<uint16_t>(blk + params, size_t(h) * 2 * D + d),
-                                   load<uint16_t>(blk + params, size_t(h) * 2 * D + D + d));
+        const auto [sc, z] = group(lo, hi, load<uint16_t>(blk + h * run + params, d),
+                                   load<uint16_t>(blk + h * run + params, D + d));
         for (int tok = 0; tok < kT; ++tok) {
           bad_code += !cc.ok((x(0, h, tok, d) - z) / sc, 0, 15, nibble(0, h, tok, d));
           bad_deq += std::fabs(deq_at(0, h, tok, d) - x(0, h, tok, d)) > kHalfStep * sc;
         }
       }
-      const size_t vpar = size_t(H) * 2 * D + size_t(h) * (D / 32) * 2 * kT;  // in fp16 units
+      const size_t vpar = size_t(2) * D;  // in fp16 units after the run's codes
       for (int tok = 0; tok < kT; ++tok)  // values: per token and group of 32 channels
         for (int g = 0; g < D / 32; ++g) {
           double lo = INFINITY, hi = -INFINITY;
           for (int d = g * 32; d < g * 32 + 32; ++d) lo = std::min(lo, x(1, h, tok, d)), hi = std::max(hi, x(1, h, tok, d));
-          const auto [sc, z] = group(lo, hi, load<uint16_t>(blk + params, vpar + size_t(g) * 2 * kT + tok),
-                                     load<uint16_t>(blk + params, vpar + size_t(g) * 2 * kT + kT + tok));
+          const auto [sc, z] = group(lo, hi, load<uint16_t>(blk + h * run + params, vpar + size_t(g) * 2 * kT + tok),
+                                     load<uint16_t>(blk + h * run + params, vpar + size_t(g) * 2 * kT + kT + tok));
           for (int d = g * 32; d < g * 32 + 32; ++d) {
             bad_code += !cc.ok((x(1, h, tok, d) - z) / sc, 0, 15, nibble(1, h, tok, d));
             bad_deq += std::fabs(deq_at(1, h, tok, d) - x(1, h, tok, d)) > kHalfStep * sc;
