@@ -36,7 +36,7 @@ from shapes import PAPER_HW, SHAPES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BASELINES = [os.path.join(REPO, "artifacts", "baselines", r) for r in ("run1-a40a146", "run3-4bf4e28")]
-DEFAULT_RWORKER = sorted(glob.glob(os.path.join(REPO, "artifacts", "rworker", "gpu-machine-hg-c47f15b", "new_attn_kv32_avx512*_r*.json")))
+DEFAULT_RWORKER = sorted(glob.glob(os.path.join(REPO, "artifacts", "rworker", "gpu-machine-headmajor-0c7afb6", "new_attn_kv32_avx512*_r*.json")))
 
 
 def int4_speedups(paths):

@@ -26,7 +26,7 @@ from fd_runs import read_json, write_report
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ART = os.path.join(REPO, "artifacts")
 DEFAULTS = {
-    "attn": sorted(glob.glob(os.path.join(ART, "rworker", "gpu-machine-hg-c47f15b", "new_attn_kv*_avx512*_r*.json"))),
+    "attn": sorted(glob.glob(os.path.join(ART, "rworker", "gpu-machine-headmajor-0c7afb6", "new_attn_kv*_avx512*_r*.json"))),
     "prefill": os.path.join(ART, "stages", "prefill-5285944", "prefill_ttft.json"),
     "pipeline": os.path.join(ART, "stages", "pipeline", "pipeline_bound.json"),
     "transport": os.path.join(ART, "stages", "transport-inplace-236fbe0", "transport.json"),

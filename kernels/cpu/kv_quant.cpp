@@ -15,8 +15,9 @@
 //        K params fp16 [2][D]       (row 0: scale per channel over the block's 32 tokens, row 1: min),
 //        V params fp16 [D/32][2][kBT] (per group of 32 channels: the 32 tokens' scales, then their
 //        mins; token-contiguous so a block's scales convert with vector loads).          5120 B/head (3.2x)
-//        Head-major since the read-pattern measurement of issue 18's step 3.7: with the codes of all heads first
-//        and the scales after, a head was four short runs (2 KiB, 2 KiB, 0.5 KiB, 0.5 KiB at d = 128 for int4).
+//        Head-major since issue 18's step 3.8: with the codes of all heads first and the scales after, a head was
+//        four short runs (2 KiB, 2 KiB, 0.5 KiB, 0.5 KiB at d = 128 for int4). Measured: no change on the GPU
+//        machine's Xeon beyond its spread, int4 2-3 % faster on the dev VM (artifacts/rworker/gpu-machine-headmajor-0c7afb6/).
 //        Keys per channel because LLM keys have outlier *channels* (a per-token scale would be set by
 //        them); values per token because their outliers are not channel-aligned (KIVI, arXiv 2402.02750).
 //

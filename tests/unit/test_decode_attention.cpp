@@ -64,6 +64,8 @@ std::vector<GridCase> grid() {
   // The other head dims the kernels dispatch: partial 64-byte chunks, 5..8 value groups, odd 16-word key tiles.
   for (int d : {32, 96, 160, 256})
     for (auto [hq, h] : {std::pair{4, 4}, {8, 2}}) g.push_back({3, hq, h, d});
+  // Other group sizes: 2 and 16 query heads a kv head.
+  for (auto [hq, h] : {std::pair{6, 3}, {32, 2}}) g.push_back({3, hq, h, 128});
   return g;
 }
 
