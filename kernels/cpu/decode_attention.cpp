@@ -3,8 +3,8 @@
 //
 // Work split. A pair is a sequence s and hpt consecutive kv heads (DecodeAttentionParams::heads_per_task, resolved by
 // decode_attention_heads_per_task), read block by block, head after head within a block: a thread's reads of a block
-// are then runs of hpt heads' K and V rather than one head's, which a 2 KiB int4 run needs (the function says what
-// was measured). A pair costs bytes(s) = hpt * (n_full*kv_block_bytes/H + n_tail*D*4).
+// are then runs of hpt heads rather than one head's (with head-major int8/int4 blocks, one run of hpt heads), which
+// int4's 5 KiB a head at d = 128 needs (the function says what was measured). A pair costs bytes(s) = hpt * (n_full*kv_block_bytes/H + n_tail*D*4).
 // With W = the sum over pairs and n threads, the chunk target is max(W / (4n), 64 KiB): about four
 // chunks per thread for dynamic balance, but never so short that the merge and per-chunk setup matter.
 // A pair longer than 1.5 targets is cut into ceil(bytes/target) chunks of whole blocks (the tail goes
@@ -268,13 +268,15 @@ int64_t decode_attention_kv_bytes(const DecodeAttentionParams& p) {
 
 int decode_attention_heads_per_task(const DecodeAttentionParams& p) {
   if (p.heads_per_task > 0) return p.heads_per_task;
-  // A task reads a block as runs of one head's K, V and scales: 2, 2 and 2 x 0.5 KiB for int4 at d = 128, against
+  // Before the blocks were head-major, a task read a block as runs of one head's K, V and scales: 2, 2 and 2 x 0.5 KiB
+  // for int4 at d = 128, against
   // fp16's two 8 KiB. On the GPU machine's Xeon (16 threads) that pattern alone read at 0.71-0.91 of fp16's, and the
   // int4 kernel at 111 GB/s against 138 for fp16; 2 heads a task read 124-125 GB/s, 4 or 8 no better than 1 (why
   // was not found: in cache, on one thread, 1 to 8 heads a task run alike on the dev Xeon). So: the fewest heads
   // whose bytes of a block reach 8 KiB (fp16 and int8 1, int4 2 at d = 128), as a divisor of n_kv_heads (else the
   // most that divide it, up to that count).
-  // artifacts/rworker/gpu-machine-prefetch-d846a34/ and gpu-machine-hg-54a9b76/ hold the measurements.
+  // artifacts/rworker/gpu-machine-prefetch-d846a34/ and gpu-machine-hg-54a9b76/ hold the measurements. With the blocks
+  // head-major since 0c7afb6 (one run a head) the sweep gave the same choice (gpu-machine-hg-e85de20/).
   const int64_t head_bytes = head_block_bytes(p);
   const int want = int(std::clamp<int64_t>((8192 + head_bytes - 1) / head_bytes, 1, kMaxHeadsPerTask));
   for (int d = want; d <= kMaxHeadsPerTask; ++d)
