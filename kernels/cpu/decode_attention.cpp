@@ -269,10 +269,10 @@ int64_t decode_attention_kv_bytes(const DecodeAttentionParams& p) {
 int decode_attention_heads_per_task(const DecodeAttentionParams& p) {
   if (p.heads_per_task > 0) return p.heads_per_task;
   // Before the blocks were head-major, a task read a block as runs of one head's K, V and scales: 2, 2 and 2 x 0.5 KiB
-  // for int4 at d = 128, against
-  // fp16's two 8 KiB. On the GPU machine's Xeon (16 threads) that pattern alone read at 0.71-0.91 of fp16's, and the
-  // int4 kernel at 111 GB/s against 138 for fp16; 2 heads a task read 124-125 GB/s, 4 or 8 no better than 1 (why
-  // was not found: in cache, on one thread, 1 to 8 heads a task run alike on the dev Xeon). So: the fewest heads
+  // for int4 at d = 128, against fp16's two 8 KiB. On the GPU machine's Xeon (16 threads) that pattern alone read at
+  // 0.71-0.91 of fp16's, and the int4 kernel at 111 GB/s against 138 for fp16; 2 heads a task read 124-125 GB/s, 4
+  // or 8 no better than 1 (why was not found: in cache, on one thread, 1 to 8 heads a task run alike on the dev
+  // Xeon). So: the fewest heads
   // whose bytes of a block reach 8 KiB (fp16 and int8 1, int4 2 at d = 128), as a divisor of n_kv_heads (else the
   // most that divide it, up to that count).
   // artifacts/rworker/gpu-machine-prefetch-d846a34/ and gpu-machine-hg-54a9b76/ hold the measurements. With the blocks
