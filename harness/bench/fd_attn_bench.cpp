@@ -16,7 +16,11 @@
 //   bytes_per_second = kv_bytes / seconds_median;  tokens_per_second = B / seconds_median (kernel only)
 //   ratio_to_ceiling = ceiling seconds_median / kernel seconds_median
 //                    = kernel bytes_per_second / ceiling bytes_per_second (same bytes)
-//   speedup_vs_fp16  = tokens_per_second / that of fp16 at the same (isa, B, C) in this run (int8, int4)
+//   speedup_vs_fp16  = tokens_per_second / that of fp16 at the same (isa, B, C) in this run (int8, int4); in a
+//                      sweep (--prefetch-blocks / --heads-per-task with more than one value) at the same setting too
+//   speedup_vs_fp16_default (sweeps only) = tokens_per_second / that of fp16 at the same (isa, B, C) and the
+//                      library's defaults as fp16 resolves them (prefetch_blocks 1, heads_per_task auto), when the
+//                      sweep ran fp16 there (the first such run): so every setting compares with one base
 // Google Benchmark's own real_time is the mean of the same timed iterations.
 //
 // With --quantize, per (isa, kv dtype) one more benchmark, single-threaded (the R-worker's APPEND_KV path):
@@ -264,6 +268,19 @@ class Bench {
       fp16_tps_[fp16_key] = tps;
     else if (fp16_tps_.count(fp16_key))
       st.counters["speedup_vs_fp16"] = tps / fp16_tps_[fp16_key];
+    // fp16 by the settings it resolved to, and (in sweeps) int8/int4 against fp16 at the defaults as resolved.
+    const std::string shape_key = std::string(fd::isa_name(isa)) + "/" + std::to_string(s.B) + "/" + std::to_string(s.C);
+    if (s.dt == fd::KVDType::F16) {
+      // the first fp16 run at those settings (an auto run and an explicit one can resolve alike)
+      fp16_resolved_tps_.emplace(shape_key + "/" + std::to_string(prefetch) + "/" + std::to_string(plan.heads_per_task), tps);
+    } else if (o_.prefetch.size() > 1 || o_.hpt.size() > 1) {
+      fd::DecodeAttentionParams d = p;
+      d.dtype = fd::KVDType::F16, d.prefetch_blocks = fd::DecodeAttentionParams{}.prefetch_blocks;
+      d.heads_per_task = fd::DecodeAttentionParams{}.heads_per_task;
+      const auto it = fp16_resolved_tps_.find(shape_key + "/" + std::to_string(d.prefetch_blocks) + "/" +
+                                              std::to_string(fd::decode_attention_heads_per_task(d)));
+      if (it != fp16_resolved_tps_.end()) st.counters["speedup_vs_fp16_default"] = tps / it->second;
+    }
     st.counters["query_int8"] = fd::query_is_q8(p.query, s.dt, isa) ? 1 : 0;  // what the call ran
     st.counters["prefetch_blocks"] = prefetch;
     st.counters["heads_per_task"] = plan.heads_per_task;  // as resolved
@@ -295,7 +312,8 @@ class Bench {
   std::unique_ptr<CacheData> data_;
   fd::DecodeAttentionWorkspace ws_;
   fd::bench::Ceilings ceilings_;
-  std::map<std::string, double> fp16_tps_;  // (isa, B, C) -> fp16 tokens/s in this run
+  std::map<std::string, double> fp16_tps_;  // (isa, B, C, prefetch, heads a task as asked) -> fp16 tokens/s
+  std::map<std::string, double> fp16_resolved_tps_;  // (isa, B, C, prefetch, heads a task as resolved) -> the same
 };
 
 std::unique_ptr<Bench> g_bench;
@@ -443,7 +461,11 @@ void register_all(Options& o, CLI::App& app) {
                {"tokens_per_second", "batch / seconds_median"},
                {"ratio_to_ceiling", "read_ceiling seconds_median / decode_attention seconds_median (same kv_bytes)"},
                {"ceiling_bytes_per_second", "kv_bytes / read_ceiling seconds_median"},
-               {"speedup_vs_fp16", "tokens_per_second / tokens_per_second of fp16 at the same (isa, batch, context)"}}
+               {"speedup_vs_fp16", "tokens_per_second / tokens_per_second of fp16 at the same (isa, batch, context) "
+                                   "and, in a sweep, the same prefetch_blocks and heads_per_task as asked"},
+               {"speedup_vs_fp16_default",
+                "sweeps: tokens_per_second / tokens_per_second of fp16 at the same (isa, batch, context) at the "
+                "defaults as fp16 resolves them (prefetch_blocks 1, heads_per_task auto), when the sweep ran them"}}
           .dump());
 }
 

@@ -2,7 +2,7 @@
 each decode_attention benchmark runs right after its read_ceiling, the counters agree with each other and
 with the KV bytes formula, the provenance is in the context, the memory cap's skips are listed; and
 analysis/rworker_report.py still reproduces the committed reports from the issue-3 files and reads this
-format. No timed assertions: numbers are only checked against each other.
+format; a sweep of the kernel's knobs names each setting and compares it with fp16 at that setting and at the defaults. No timed assertions: numbers are only checked against each other.
 """
 
 from __future__ import annotations
@@ -114,6 +114,54 @@ def test_counters_agree_with_each_other(attn):
         else:
             assert k["speedup_vs_fp16"] == pytest.approx(k["tokens_per_second"] / fp16["tokens_per_second"],
                                                          rel=1e-12), where
+
+
+# A sweep of the kernel's knobs: every (prefetch distance, heads a task) a run of its own, named /pf:N/hg:N, with the
+# counters as resolved; speedup_vs_fp16 against fp16 at the same setting, speedup_vs_fp16_default against fp16 at the
+# library's defaults as fp16 resolves them (prefetch 1, heads a task auto: 1 for fp16 at d 64; int4's auto is 2 here).
+SWEEP_PF, SWEEP_HG = (0, 1), (0, 1, 2)
+
+
+def auto_heads_per_task(dtype):  # decode_attention_heads_per_task: the fewest dividing heads reaching 8 KiB a block
+    want = min(-(-8192 // per_head_block_bytes(dtype)), 8)
+    for d in range(want, 9):
+        if HKV % d == 0:
+            return d
+    return next(d for d in range(min(want, 8), 0, -1) if HKV % d == 0)
+
+
+@pytest.fixture(scope="module")
+def sweep(fd_bin, tmp_path_factory, run_program):
+    out = tmp_path_factory.mktemp("attn") / "attn_sweep.json"
+    run_program([fd_bin("fd-attn-bench"), "--isa", "scalar", "--kv-dtype", "fp16", "int4", "--batch", 3,
+                 "--context", 96, "--heads", H, "--kv-heads", HKV, "--head-dim", D, "--threads", 2, "--reps", REPS,
+                 "--cold-gb", 0, "--prefetch-blocks", *SWEEP_PF, "--heads-per-task", *SWEEP_HG, "--json", out],
+                timeout=120)
+    return json.loads(out.read_text())["benchmarks"]
+
+
+def test_a_sweep_names_each_setting_and_compares_with_fp16_twice(sweep):
+    runs = {}
+    for r in sweep:
+        if not r["name"].startswith("decode_attention/"):
+            continue
+        parts = r["name"].split("/")
+        f = dict(p.split(":", 1) for p in parts[3:] if ":" in p)
+        runs[(parts[2], int(f["pf"]), int(f["hg"]))] = r
+    assert set(runs) == {(dt, pf, hg) for dt in ("fp16", "int4") for pf in SWEEP_PF for hg in SWEEP_HG}
+    assert auto_heads_per_task("fp16") == 1 and auto_heads_per_task("int4") == 2  # the shape tells them apart
+    default = next(r for r in sweep if r["name"].startswith("decode_attention/scalar/fp16/") and
+                   r["prefetch_blocks"] == 1 and r["heads_per_task"] == auto_heads_per_task("fp16"))
+    for (dt, pf, hg), r in runs.items():
+        where = r["name"]
+        assert r["prefetch_blocks"] == pf and r["heads_per_task"] == (hg or auto_heads_per_task(dt)), where
+        if dt == "fp16":
+            assert "speedup_vs_fp16" not in r and "speedup_vs_fp16_default" not in r, where
+            continue
+        fp16 = runs[("fp16", pf, hg)]
+        assert r["speedup_vs_fp16"] == pytest.approx(r["tokens_per_second"] / fp16["tokens_per_second"], rel=1e-12), where
+        assert r["speedup_vs_fp16_default"] == pytest.approx(r["tokens_per_second"] / default["tokens_per_second"],
+                                                             rel=1e-12), where
 
 
 def test_usage_errors(fd_bin):
