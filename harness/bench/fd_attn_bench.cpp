@@ -262,14 +262,13 @@ class Bench {
       st.counters["ratio_to_ceiling"] = tc / t;
       st.counters["ceiling_bytes_per_second"] = double(c.kv_bytes) / tc;
     }
-    const std::string fp16_key = std::string(fd::isa_name(isa)) + "/" + std::to_string(s.B) + "/" + std::to_string(s.C) +
-                                 "/" + std::to_string(prefetch) + "/" + std::to_string(hpt);
+    const std::string shape_key = std::string(fd::isa_name(isa)) + "/" + std::to_string(s.B) + "/" + std::to_string(s.C);
+    const std::string fp16_key = shape_key + "/" + std::to_string(prefetch) + "/" + std::to_string(hpt);
     if (s.dt == fd::KVDType::F16)
       fp16_tps_[fp16_key] = tps;
     else if (fp16_tps_.count(fp16_key))
       st.counters["speedup_vs_fp16"] = tps / fp16_tps_[fp16_key];
     // fp16 by the settings it resolved to, and (in sweeps) int8/int4 against fp16 at the defaults as resolved.
-    const std::string shape_key = std::string(fd::isa_name(isa)) + "/" + std::to_string(s.B) + "/" + std::to_string(s.C);
     if (s.dt == fd::KVDType::F16) {
       // the first fp16 run at those settings (an auto run and an explicit one can resolve alike)
       fp16_resolved_tps_.emplace(shape_key + "/" + std::to_string(prefetch) + "/" + std::to_string(plan.heads_per_task), tps);

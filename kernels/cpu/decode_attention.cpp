@@ -4,7 +4,8 @@
 // Work split. A pair is a sequence s and hpt consecutive kv heads (DecodeAttentionParams::heads_per_task, resolved by
 // decode_attention_heads_per_task), read block by block, head after head within a block: a thread's reads of a block
 // are then runs of hpt heads rather than one head's (with head-major int8/int4 blocks, one run of hpt heads), which
-// int4's 5 KiB a head at d = 128 needs (the function says what was measured). A pair costs bytes(s) = hpt * (n_full*kv_block_bytes/H + n_tail*D*4).
+// int4's 5 KiB a head at d = 128 needs (the function says what was measured).
+// A pair costs bytes(s) = hpt * (n_full*kv_block_bytes/H + n_tail*D*4).
 // With W = the sum over pairs and n threads, the chunk target is max(W / (4n), 64 KiB): about four
 // chunks per thread for dynamic balance, but never so short that the merge and per-chunk setup matter.
 // A pair longer than 1.5 targets is cut into ceil(bytes/target) chunks of whole blocks (the tail goes
@@ -272,9 +273,8 @@ int decode_attention_heads_per_task(const DecodeAttentionParams& p) {
   // for int4 at d = 128, against fp16's two 8 KiB. On the GPU machine's Xeon (16 threads) that pattern alone read at
   // 0.71-0.91 of fp16's, and the int4 kernel at 111 GB/s against 138 for fp16; 2 heads a task read 124-125 GB/s, 4
   // or 8 no better than 1 (why was not found: in cache, on one thread, 1 to 8 heads a task run alike on the dev
-  // Xeon). So: the fewest heads
-  // whose bytes of a block reach 8 KiB (fp16 and int8 1, int4 2 at d = 128), as a divisor of n_kv_heads (else the
-  // most that divide it, up to that count).
+  // Xeon). So: the fewest heads whose bytes of a block reach 8 KiB (fp16 and int8 1, int4 2 at d = 128), as a
+  // divisor of n_kv_heads (else the most that divide it, up to that count).
   // artifacts/rworker/gpu-machine-prefetch-d846a34/ and gpu-machine-hg-54a9b76/ hold the measurements. With the blocks
   // head-major since 0c7afb6 (one run a head) the sweep gave the same choice (gpu-machine-hg-e85de20/).
   const int64_t head_bytes = head_block_bytes(p);

@@ -41,10 +41,11 @@ inline void pack_i8_keys(const int8_t* c, int cs, int D, int8_t* k) {
     for (int t = 0; t < kBT; ++t)
       for (int b = 0; b < 4; ++b) k[(size_t(w) * kBT + t) * 4 + b] = c[size_t(t) * cs + 4 * w + b];
 }
-// Head-major: head h's codes and scales are one run of 2 kBT D + 8 kBT bytes, laid out as a block of one head.
+// Head-major: head h's run (the block of one head): K and V codes kBT D bytes each, then K and V scales (fp32, kBT).
+inline size_t i8_head_bytes(int D) { return 2 * size_t(kBT) * D + 2 * kBT * sizeof(float); }
 inline I8Head i8_head(const void* blk, int /*H*/, int D, int h) {
   const size_t hs = size_t(kBT) * D;
-  const auto* b = static_cast<const int8_t*>(blk) + h * (2 * hs + 2 * kBT * sizeof(float));
+  const auto* b = static_cast<const int8_t*>(blk) + h * i8_head_bytes(D);
   const auto* sc = reinterpret_cast<const float*>(b + 2 * hs);
   return {b, b + hs, sc, sc + kBT};
 }
@@ -88,10 +89,12 @@ inline void pack_u4_values(const uint8_t* c, int cs, int D, uint8_t* v) {
         v[((size_t(t / 4) * (D / 32) + d / 32) * 16 + j) * 4 + t % 4] = uint8_t(r[j] | (r[16 + j] << 4));
       }
 }
-// Head-major: head h's codes and params are one run of kBT D + 8 D bytes, laid out as a block of one head.
+// Head-major: head h's run (the block of one head): K and V codes kBT D / 2 bytes each, then K params (fp16 [2][D])
+// and V params (fp16 [D/32][2][kBT]), 4 D bytes each.
+inline size_t i4_head_bytes(int D) { return size_t(kBT) * D + 8 * size_t(D); }
 inline I4Head i4_head(const void* blk, int /*H*/, int D, int h) {
   const size_t hs = size_t(kBT) * D / 2;
-  const auto* b = static_cast<const uint8_t*>(blk) + h * (2 * hs + size_t(2) * 2 * D + size_t(kBT) * (D / 32) * 2 * 2);
+  const auto* b = static_cast<const uint8_t*>(blk) + h * i4_head_bytes(D);
   const auto* par = reinterpret_cast<const uint16_t*>(b + 2 * hs);
   return {b, b + hs, par, par + size_t(2) * D};
 }

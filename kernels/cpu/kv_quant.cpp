@@ -76,11 +76,10 @@ static void check_shape(int H, int D) {
 
 size_t kv_block_bytes(KVDType dtype, int H, int D) {
   check_shape(H, D);
-  const size_t hd = size_t(H) * D;
-  switch (dtype) {
+  switch (dtype) {  // int8 / int4: H heads' runs (decode_attention_impl.h)
     case KVDType::F16: return kv_fp16_block_bytes(H, D);
-    case KVDType::I8: return 2 * hd * kBT + 2 * size_t(H) * kBT * sizeof(float);
-    case KVDType::I4: return hd * kBT + hd * 2 * 2 + size_t(H) * kBT * (D / 32) * 2 * 2;
+    case KVDType::I8: return size_t(H) * attn::i8_head_bytes(D);
+    case KVDType::I4: return size_t(H) * attn::i4_head_bytes(D);
   }
   FD_THROW("unknown KV dtype " << int(dtype));
 }
