@@ -12,6 +12,7 @@ GpuOnlyConfig GpuOnlyConfig::parse(StrictObject& o) {
   GpuOnlyConfig c;
   c.max_context = o.get_int("max_context", 1, 1 << 24, 0);
   c.cuda_graphs = o.get_bool("cuda_graphs", true);
+  c.async_steps = o.get_bool("async_steps", true);
   c.dtype = o.get_enum("dtype", {"fp16", "bf16"}, std::string("fp16"));
   c.prefill_tokens = o.get_int("prefill_tokens", 1, 1 << 24, 16384);
   if (o.has("parallel")) {
@@ -24,7 +25,7 @@ GpuOnlyConfig GpuOnlyConfig::parse(StrictObject& o) {
 }
 
 json GpuOnlyConfig::to_json() const {
-  json j = {{"max_context", max_context}, {"cuda_graphs", cuda_graphs}, {"dtype", dtype}, {"prefill_tokens", prefill_tokens}};
+  json j = {{"max_context", max_context}, {"cuda_graphs", cuda_graphs}, {"async_steps", async_steps}, {"dtype", dtype}, {"prefill_tokens", prefill_tokens}};
   if (parallel.ranks() > 1 || parallel.waves > 0) j["parallel"] = parallel.to_json();
   return j;
 }

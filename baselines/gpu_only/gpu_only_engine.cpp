@@ -159,6 +159,7 @@ class GpuOnlyEngine : public Engine {
   }
 
   StepResult step() override {
+    if (!inflight_.empty()) return step_async();
     StepResult out;
     GoPlan plan;
     std::vector<std::vector<Seq*>> waves;
@@ -213,10 +214,22 @@ class GpuOnlyEngine : public Engine {
     }
     out.breakdown_ms = {{"gpu_attention", att}, {"gpu_decode", dec}, {"prefill", pre}};
     if (ranks_.size() > 1) out.breakdown_ms["comm"] = comm;
+    if (async_ok()) {  // the next decode step starts now, from the tokens just emitted
+      InFlight f;
+      GoRows r;
+      std::vector<int32_t> feed;
+      for (auto& [id, s] : running_) {
+        if (!async_row(s)) return out;
+        f.ids.push_back(id), f.pos.push_back(s.len), feed.push_back(-1);
+        add_row(r, s, s.last, s.len, s.generated);
+      }
+      launch(std::move(f), r, feed);
+    }
     return out;
   }
 
   void shutdown() override {
+    drain();
     queued_.clear();
     running_.clear();
   }
@@ -253,6 +266,96 @@ class GpuOnlyEngine : public Engine {
     r.starts.push_back(int32_t(r.tokens.size()));
   }
 
+  // Asynchronous stepping (engine.async_steps): a greedy decode step of the whole running batch is launched before
+  // the host reads the step before's tokens, its input tokens taken on the device from that step's picks, so the
+  // GPU goes from one step to the next without waiting for the host. A row whose sequence turns out to have ended
+  // at the step before (eos) is computed and dropped; a sequence reaching max_new_tokens is left out ahead. Only
+  // with one rank and graphs, one wave, every row greedy without forced tokens or recorded logits, and nothing
+  // queued that could start (the queue empty, or no slot free and none freeing at the step read: then the next step
+  // is synchronous and starts the queued as the synchronous engine does). A request that arrives while a step is in
+  // flight, or a slot freed by eos, starts a step later than it would have.
+  struct InFlight {
+    std::vector<uint64_t> ids;  // per row: its request
+    std::vector<int64_t> pos;   // per row: the position its token went to
+    int64_t t0 = 0;             // launched (now_ns)
+  };
+
+  bool async_ok() const {
+    return ec_.async_steps && ranks_.size() == 1 && ranks_[0]->graphs() && ec_.parallel.wave_count() == 1 &&
+           (queued_.empty() || free_slots_.empty()) && !running_.empty();
+  }
+  bool async_row(const Seq& s) const {
+    return s.req.forced.empty() && !s.req.record_logits && s.req.sampling_or(sampling_).greedy();
+  }
+  void add_row(GoRows& r, const Seq& s, int32_t token, int64_t pos, int64_t generated) const {
+    r.tokens.push_back(token), r.pos.push_back(pos), r.slots.push_back(s.slot);
+    r.lens.push_back(int32_t(pos + 1)), r.sample.push_back(int32_t(r.sample.size()));
+    r.draws.add(s.req, generated, sampling_);
+  }
+  void launch(InFlight f, const GoRows& r, const std::vector<int32_t>& feed) {
+    if (r.pos.empty() || !ranks_[0]->can_launch(r)) return;
+    f.t0 = now_ns();
+    ranks_[0]->launch_decode(r, feed);
+    inflight_.push_back(std::move(f));
+  }
+  // Waits for what is in flight and drops it.
+  void drain() {
+    GoRankStep ignored;
+    while (!inflight_.empty()) ranks_[0]->wait_decode(ignored), inflight_.pop_front();
+  }
+
+  // A step whose decode was launched by the call before: launch the one after it (when it may run), then read it.
+  StepResult step_async() {
+    StepResult out;
+    const InFlight& cur = inflight_.front();
+    if (async_ok()) {
+      InFlight next;
+      GoRows r;
+      std::vector<int32_t> feed;
+      bool ok = true;
+      for (size_t i = 0; i < cur.ids.size() && ok; ++i) {
+        auto it = running_.find(cur.ids[i]);
+        if (it == running_.end()) continue;  // ended before cur: its row was computed and dropped
+        const Seq& s = it->second;
+        if (s.generated + 1 >= s.req.max_new_tokens) {  // ends at cur, freeing its slot: the queued start next
+          ok = queued_.empty();
+          continue;
+        }
+        ok = async_row(s);
+        next.ids.push_back(cur.ids[i]), next.pos.push_back(cur.pos[i] + 1), feed.push_back(int32_t(i));
+        add_row(r, s, 0, cur.pos[i] + 1, s.generated + 1);
+      }
+      if (ok) launch(std::move(next), r, feed);
+    }
+    GoRankStep res;
+    const int32_t* picks = ranks_[0]->wait_decode(res);
+    const InFlight done_step = std::move(inflight_.front());
+    inflight_.pop_front();
+    int64_t dropped = 0;
+    for (size_t i = 0; i < done_step.ids.size(); ++i) {
+      auto it = running_.find(done_step.ids[i]);
+      if (it == running_.end()) {
+        ++dropped;
+        continue;
+      }
+      Seq& s = it->second;
+      s.len += 1;
+      emit(s, picks[i], nullptr, out);
+      out.total_context += s.len;
+      ++out.decode_tokens;
+    }
+    for (const auto& t : out.tokens) {
+      if (!t.finished) continue;
+      free_slots_.push_back(running_.at(t.request_id).slot);
+      running_.erase(t.request_id);
+    }
+    if (running_.empty()) drain();  // every row of a step launched after this one ended here
+    out.breakdown_ms = {{"gpu_attention", 0.0}, {"gpu_decode", res.decode_ms}, {"prefill", 0.0}};
+    out.counts = {{"async_steps", 1}, {"async_dropped_rows", dropped}};
+    out.spans.push_back({"gpu stream 0", "decode step (async)", done_step.t0, now_ns() - done_step.t0});
+    return out;
+  }
+
   // Emits the pick; the sequence continues with it, or with its forced token (teacher forcing). logits: the
   // row the pick was made from, when the request records them.
   void emit(Seq& s, int32_t tok, const float* logits, StepResult& out) {
@@ -272,6 +375,7 @@ class GpuOnlyEngine : public Engine {
   std::vector<int32_t> free_slots_;
   std::deque<Request> queued_;
   std::map<uint64_t, Seq> running_;
+  std::deque<InFlight> inflight_;  // launched decode steps not yet read (async_steps; at most two)
 };
 
 }  // namespace

@@ -41,6 +41,9 @@ struct GpuOnlyConfig {
   // Greedy decode steps of at most 128 rows replayed from one CUDA graph per batch size (padded to a
   // power of two).
   bool cuda_graphs = true;
+  // Asynchronous stepping with the graphs: each greedy decode step is launched before the host reads the step
+  // before's tokens, which feed it on the device (gpu_only_engine.cpp says when it applies).
+  bool async_steps = true;
   std::string dtype = "fp16";  // 16-bit weights and activations: fp16 | bf16 (fp32 accumulation)
   // Tensor and pipeline parallelism (docs/PARALLEL.md): T x P S-ranks, threads of the engine's process, rank
   // (t, p) on its own GPU with the KV-cache of its heads and layers. CUDA graphs only without it.

@@ -32,8 +32,12 @@ GpuOnlyRank::GpuOnlyRank(const ModelWeights& w, const GoRankOptions& o) : o_(o) 
 
 GpuOnlyRank::~GpuOnlyRank() {
   cudaSetDevice(o_.device);
+  if (!launched_.empty()) cudaStreamSynchronize(stream_);
   graphs_.reset();
   for (auto e : events_) cudaEventDestroy(e);
+  for (Launch& l : ring_)
+    for (cudaEvent_t e : {l.start, l.end, l.copied})
+      if (e) cudaEventDestroy(e);
 }
 
 void GpuOnlyRank::current() const { CUDA_CHECK(cudaSetDevice(o_.device)); }
@@ -72,6 +76,13 @@ void GpuOnlyRank::allocate(int64_t slots) {
     for (size_t i = 0; i < rows.size(); ++i) rows[i] = int32_t(i);
     model_->upload(graph_dec_.rows.get(), rows.data(), rows.size() * 4);  // the LM head reads every row
     graphs_ = std::make_unique<GraphCache>(stream_);
+    graph_feed_.resize(size_t(graph_rows_));
+    for (Launch& l : ring_) {
+      void* p = nullptr;
+      CUDA_CHECK(cudaMallocHost(&p, size_t(graph_rows_) * 4));
+      l.picks = HostBuffer(p, size_t(graph_rows_) * 4, [](void* q) { cudaFreeHost(q); });
+      for (cudaEvent_t* e : {&l.start, &l.end, &l.copied}) CUDA_CHECK(cudaEventCreate(e));
+    }
   }
 }
 
@@ -147,6 +158,54 @@ void GpuOnlyRank::decode_graph(const GoRows& r, int32_t* tok, float* recorded, G
   float ms = 0;
   CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[1]));
   out.decode_ms += ms;
+}
+
+// decode_graph's work without its wait: the inputs go up in one staged upload (with the feed array), the fed rows'
+// tokens are gathered on the device from the previous graph's argmax output (graph_dec_.out_tokens, which nothing
+// else writes), then the graph, then its picks' copy to this launch's pinned buffer.
+void GpuOnlyRank::launch_decode(const GoRows& r, const std::vector<int32_t>& feed) {
+  FD_CHECK(can_launch(r) && feed.size() == r.pos.size() && launched_.size() < 2, "launch_decode: not a launchable wave");
+  const int64_t T = int64_t(r.pos.size()), Tb = std::min(GraphCache::bucket(T), graph_rows_);
+  const size_t n = size_t(Tb);
+  std::vector<int32_t> tokens(n, 0), slots(n, int32_t(slots_)), pos32(n, 0), lens(n, 1), fd(n, -1);
+  std::vector<int64_t> pos(n, 0);
+  bool fed = false;
+  for (size_t i = 0; i < size_t(T); ++i) {
+    tokens[i] = r.tokens[i], pos[i] = r.pos[i], slots[i] = r.slots[i], pos32[i] = int32_t(r.pos[i]), lens[i] = r.lens[i];
+    fd[i] = feed[i], fed = fed || feed[i] >= 0;
+  }
+  model_->upload({{graph_dec_.tokens.get(), tokens.data(), n * 4},
+                  {graph_dec_.pos.get(), pos.data(), n * 8},
+                  {graph_aux_.get(), slots.data(), n * 4},
+                  {graph_aux_.get() + graph_rows_, pos32.data(), n * 4},
+                  {graph_aux_.get() + 2 * graph_rows_, lens.data(), n * 4},
+                  {graph_feed_.get(), fd.data(), fed ? n * 4 : 0}});
+  if (fed) cuda::feed_tokens(graph_dec_.out_tokens.get(), graph_feed_.get(), Tb, graph_dec_.tokens.get(), stream_);
+  model_->ensure(graph_dec_, Tb);
+  const int k = launched_.empty() ? 0 : 1 - launched_.back();
+  Launch& l = ring_[k];
+  l.T = T;
+  CUDA_CHECK(cudaEventRecord(l.start, stream_));
+  graphs_->run(uint64_t(Tb), [&] {
+    decode_body(graph_dec_, Tb, graph_aux_.get(), graph_aux_.get() + 2 * graph_rows_, false);
+    model_->logits(graph_dec_, Tb);
+    cuda::argmax_rows(graph_dec_.logits.get(), Tb, config().vocab_size, graph_dec_.out_tokens.get(), stream_);
+  });
+  CUDA_CHECK(cudaEventRecord(l.end, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(l.picks.data(), graph_dec_.out_tokens.get(), size_t(T) * 4, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaEventRecord(l.copied, stream_));
+  launched_.push_back(k);
+}
+
+const int32_t* GpuOnlyRank::wait_decode(GoRankStep& out) {
+  FD_CHECK(!launched_.empty(), "wait_decode: nothing launched");
+  Launch& l = ring_[launched_.front()];
+  launched_.pop_front();
+  CUDA_CHECK(cudaEventSynchronize(l.copied));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, l.start, l.end));
+  out.decode_ms += ms;
+  return reinterpret_cast<const int32_t*>(l.picks.data());
 }
 
 DevActs& GpuOnlyRank::acts(size_t i) {

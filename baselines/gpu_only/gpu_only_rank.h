@@ -6,6 +6,7 @@
 // tensor ranks all-reduce inside CudaModel, a stage hands each wave's residual stream on to the next stage.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,6 +77,18 @@ class GpuOnlyRank {
   void allocate(int64_t slots);
   GoRankStep run(const GoPlan& plan);
 
+  // Asynchronous greedy decode (one rank with graphs; the engine's engine.async_steps). launch_decode enqueues a
+  // wave's graph and the copy of its picks to pinned host memory, and returns; wait_decode waits for the oldest
+  // launch's picks (T of them, valid until the launch after next) and adds its device time to out.decode_ms.
+  // feed[i] >= 0: row i's input token is row feed[i]'s pick of the launch just before (read on the device, from
+  // that graph's argmax output; it must have been a launch_decode too), else r.tokens[i]. At most two launches
+  // are outstanding.
+  bool can_launch(const GoRows& r) const {
+    return graphs_ && r.draws.greedy && r.draws.record.empty() && int64_t(r.pos.size()) <= graph_rows_;
+  }
+  void launch_decode(const GoRows& r, const std::vector<int32_t>& feed);
+  const int32_t* wait_decode(GoRankStep& out);
+  size_t launched() const { return launched_.size(); }
   const ModelConfig& config() const { return model_->config(); }
   int device() const { return o_.device; }
   int sm_count() const { return streams_->sm_count(); }
@@ -116,6 +129,16 @@ class GpuOnlyRank {
   std::vector<std::unique_ptr<DevActs>> acts_;  // per batch
   std::vector<HostBuffer> mirrors_;             // per batch, pinned: stage hand-offs
   std::vector<cudaEvent_t> events_;
+  // launch_decode's: the feed array on the device, and per outstanding launch (a ring of two) its pinned picks,
+  // CUDA events (graph start, graph end, picks copied) and row count; launched_: the ring indices outstanding.
+  DeviceBuffer<int32_t> graph_feed_;
+  struct Launch {
+    HostBuffer picks;
+    cudaEvent_t start = nullptr, end = nullptr, copied = nullptr;
+    int64_t T = 0;
+  };
+  Launch ring_[2];
+  std::deque<int> launched_;
 };
 
 }  // namespace fd

@@ -82,7 +82,18 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
   }
 }
 
+__global__ void feed_tokens_kernel(const int32_t* picks, const int32_t* feed, int64_t n, int32_t* tokens) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n && feed[i] >= 0) tokens[i] = picks[feed[i]];
+}
+
 }  // namespace
+
+void feed_tokens(const int32_t* picks, const int32_t* feed, int64_t n, int32_t* tokens, cudaStream_t s) {
+  if (n <= 0) return;
+  feed_tokens_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(picks, feed, n, tokens);
+  check_launch("feed_tokens");
+}
 
 void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaStream_t s) {
   static_assert(kArgmaxThreads == 32 * 32, "the second reduction gives one warp's partial to each lane");

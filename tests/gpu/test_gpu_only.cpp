@@ -4,6 +4,7 @@
 // a near-tie: the gap between its token and the engine's within 5e-3 of the largest |logit| (the stages
 // are within ~3e-4 of fp32, artifacts/sworker). The GPU-only engine's memory bound: with fewer slots than requests, the rest wait and finish.
 // Skips when no CUDA device answers (label gpu).
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -334,6 +335,88 @@ TEST_P(GpuEngines, CudaGraphsPastThePowerOfTwoBuckets) {
     const auto k = fd::test::check_greedy_tokens(weights, {DType::F16}, reqs, *t, kNearTie);
     EXPECT_TRUE(k.ok()) << (t == &eager ? "eager: " : "graphs: ") << k.describe();
   }
+}
+
+// Asynchronous stepping (engine.async_steps, on by default with graphs): each greedy decode step is launched before
+// the host reads the step before's tokens, which feed it on the device. Requests end at 9..39 tokens, so rows leave
+// the batch ahead of time. (1) Without eos the batches are the synchronous engine's: the same tokens, bit for bit.
+// (2) With eos (its id set to the 4th token request 102 emits; every request stopping at it) a row ended by eos is
+// computed once more and dropped (counted): same lengths, each run judged against the reference. (3) Requests
+// arriving mid-run (before steps 3 and 9) take the synchronous path until they are in: judged the same way. (4)
+// below: fewer slots than requests.
+TEST_P(GpuEngines, AsyncStepsSameTokensAsSync) {
+  const ModelConfig c = load_model_config(repo_path(std::string("experiments/models/") + GetParam() + ".json"));
+  std::vector<Request> reqs = requests(6, 40);
+  for (size_t i = 0; i < reqs.size(); ++i) reqs[i].max_new_tokens = 9 + 6 * int64_t(i);
+  auto run = [&](const ModelConfig& cfg, bool async, const std::vector<Request>& rs,
+                 const std::map<int64_t, std::vector<Request>>& arrivals) {
+    auto w = make_random_source(3, DType::F16);
+    GpuOnlyConfig go;
+    go.max_context = 128;
+    go.cuda_graphs = true;
+    go.async_steps = async;
+    auto e = make_gpu_only_engine(go, {cfg, *w});
+    fd::test::EngineRun r = fd::test::run_engine(*e, rs, arrivals);
+    EXPECT_TRUE(r.errors.empty()) << r.describe_errors();
+    return r;
+  };
+  auto judge = [&](const ModelConfig& cfg, const std::vector<Request>& rs, const Tokens& t, const char* what) {
+    auto w = make_random_source(3, DType::F16);
+    const auto k = fd::test::check_greedy_tokens(load_model_weights(cfg, *w), {DType::F16}, rs, t, kNearTie);
+    std::printf("%s gpu-only %s vs reference: %s\n", GetParam(), what, k.describe().c_str());
+    EXPECT_TRUE(k.ok()) << what << ": " << k.describe();
+  };
+  const auto sync = run(c, false, reqs, {}), async = run(c, true, reqs, {});
+  EXPECT_EQ(sync.counts.count("async_steps"), 0u);
+  EXPECT_GT(async.counts.count("async_steps") ? async.counts.at("async_steps") : 0, 20);
+  EXPECT_EQ(async.tokens, sync.tokens);
+  judge(c, reqs, async.tokens, "async");
+
+  ModelConfig ce = c;
+  const std::vector<int32_t>& t102 = sync.tokens.at(102);
+  ce.eos_token_id = t102.at(3);
+  const size_t stop_len = size_t(std::find(t102.begin(), t102.end(), ce.eos_token_id) - t102.begin()) + 1;
+  std::vector<Request> stop = reqs;
+  for (Request& r : stop) r.stop_at_eos = true;
+  const auto se = run(ce, false, stop, {}), ae = run(ce, true, stop, {});
+  EXPECT_EQ(ae.tokens.at(102).size(), stop_len);
+  EXPECT_GT(ae.counts.count("async_dropped_rows") ? ae.counts.at("async_dropped_rows") : 0, 0);
+  size_t same = 0, total = 0;
+  for (const auto& [id, t] : se.tokens) {
+    EXPECT_EQ(ae.tokens.at(id).size(), t.size()) << "request " << id;
+    for (size_t i = 0; i < t.size() && i < ae.tokens.at(id).size(); ++i, ++total) same += ae.tokens.at(id)[i] == t[i];
+  }
+  std::printf("%s gpu-only with eos: async vs sync %zu of %zu tokens equal\n", GetParam(), same, total);
+  judge(ce, stop, ae.tokens, "async with eos");
+
+  const std::vector<Request> first(reqs.begin(), reqs.begin() + 4);
+  const std::map<int64_t, std::vector<Request>> arrivals = {{3, {reqs[4]}}, {9, {reqs[5]}}};
+  const auto aa = run(c, true, first, arrivals);
+  EXPECT_GT(aa.counts.count("async_steps") ? aa.counts.at("async_steps") : 0, 0);
+  judge(c, reqs, aa.tokens, "async with arrivals");
+
+  // (4) Three slots for the six: the queued wait with no slot free (steps still launched ahead) and start when one
+  // frees, at the same step as the synchronous engine: the same tokens, bit for bit.
+  const int64_t max_ctx = 128;
+  const GpuOnlyRankMemory m = gpu_only_rank_memory(c, 1, 1, 0, c.num_layers, max_ctx);
+  HardwareBalance hw;
+  hw.gpu_memory_gb = (m.weights + double(1ull << 30) + 3.5 * m.per_seq) / 1e9;
+  ASSERT_EQ(gpu_only_slots(c, hw.gpu_memory_gb * 1e9, max_ctx), 3);
+  auto run_slots = [&](bool async) {
+    auto w = make_random_source(3, DType::F16);
+    GpuOnlyConfig go;
+    go.max_context = max_ctx;
+    go.async_steps = async;
+    auto e = make_gpu_only_engine(go, {c, *w, SamplingParams{}, hw});
+    fd::test::EngineRun r = fd::test::run_engine(*e, reqs);
+    EXPECT_TRUE(r.errors.empty()) << r.describe_errors();
+    EXPECT_LE(r.max_running, 3);
+    return r;
+  };
+  const auto s3 = run_slots(false), a3 = run_slots(true);
+  EXPECT_GT(a3.counts.count("async_steps") ? a3.counts.at("async_steps") : 0, 20);
+  EXPECT_EQ(a3.tokens, s3.tokens);
+  EXPECT_EQ(a3.steps, s3.steps);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuEngines, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa"));

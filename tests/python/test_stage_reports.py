@@ -122,6 +122,34 @@ def test_gpu_roofline_takes_the_steady_batch():
     assert steady_steps([]) == []
 
 
+def test_gpu_roofline_judges_the_step_period(tmp_path):
+    """The step judged is the period from one decode step's start to the next's (what the run's throughput sees), not
+    the step() call: with asynchronous stepping the call returns while the next step runs. 20 steps of 64 rows
+    started 0.70 ms apart, each call 0.55 ms: judged at 0.70; a run without start_ms falls back to the call."""
+    gr = module("gpu_roofline")
+    bal = tmp_path / "balance.json"
+    bal.write_text(json.dumps({"benchmarks": [{"name": "balance/read/all/x", "bytes_per_second": 4.4e12},
+                                              {"name": "balance/gemm_fp16/all/x", "flop_per_second": 8.9e14}]}))
+    for name, with_start in (("a", True), ("b", False)):
+        d = tmp_path / name / "full" / "llama-2-7b" / "steady" / "gpu-only-b64"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"model": {"name": "llama-2-7b", "layers": 2}, "config": {}}))
+        steps = [{"step": 0, "start_ms": 0.0, "prefill_tokens": 64 * 500, "decode_tokens": 0, "step_ms": 50.0}]
+        for i in range(1, 21):
+            x = {"step": i, "prefill_tokens": 0, "decode_tokens": 64, "total_context": 64 * 528, "step_ms": 0.55,
+                 "breakdown_ms": {"gpu_decode": 0.66}}
+            if with_start:
+                x["start_ms"] = 50.0 + 0.70 * (i - 1)
+            steps.append(x)
+        (d / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in steps))
+        assert gr.main(["--baselines", str(tmp_path / name), "--balance-bench", str(bal), "--out", str(tmp_path / ("o" + name))]) == 0
+        r = json.loads((tmp_path / ("o" + name) / "gpu_roofline.json").read_text())["rows"][0]
+        want = 0.70 if with_start else 0.55
+        assert r["step_ms"] == pytest.approx(0.55) and r["period_ms"] == pytest.approx(want)
+        assert r["period_from"] == ("start_ms" if with_start else "step_ms")
+        assert r["step_vs_roofline"] == pytest.approx(want / r["roofline_ms"])
+
+
 def test_kernel_profile_cuts_decode_steps_at_argmax(tmp_path):
     """ncu's raw CSV (a units row, thousands separators): a prefill step is left out, each decode step's kernels summed
     per name, and the step's wall time without ncu set against the kernels' sum."""

@@ -151,6 +151,11 @@ TEST(GpuOnlySlots, MemoryBoundedAtFullDepth) {
   EXPECT_EQ(gpu_only(json{{"type", "gpu-only"}}).dtype, "fp16");
   EXPECT_EQ(gpu_only(json{{"type", "gpu-only"}, {"dtype", "bf16"}}).dtype, "bf16");
   EXPECT_THROW(parse(json{{"type", "gpu-only"}, {"dtype", "fp32"}}), ConfigError);
+  // Asynchronous stepping: on by default, off when asked, echoed in the config; not a bool: refused.
+  EXPECT_TRUE(gpu_only(json{{"type", "gpu-only"}}).async_steps);
+  EXPECT_FALSE(gpu_only(json{{"type", "gpu-only"}, {"async_steps", false}}).async_steps);
+  EXPECT_EQ(gpu_only(json{{"type", "gpu-only"}, {"async_steps", false}}).to_json().at("async_steps"), false);
+  EXPECT_THROW(parse(json{{"type", "gpu-only"}, {"async_steps", 1}}), ConfigError);
   EXPECT_EQ(std::any_cast<FastDecodeConfig>(parse(json{{"type", "fastdecode"}, {"backend", "cuda"}, {"dtype", "bf16"}}).config).dtype,
             "bf16");
   EXPECT_THROW(parse(json{{"type", "fastdecode"}, {"dtype", "bf16"}}), ConfigError);
