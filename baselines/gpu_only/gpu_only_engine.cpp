@@ -214,7 +214,7 @@ class GpuOnlyEngine : public Engine {
     }
     out.breakdown_ms = {{"gpu_attention", att}, {"gpu_decode", dec}, {"prefill", pre}};
     if (ranks_.size() > 1) out.breakdown_ms["comm"] = comm;
-    if (async_ok()) {  // the next decode step starts now, from the tokens just emitted
+    if (async_ok()) {  // the next decode step starts now, from the tokens just emitted (its graph captured before)
       InFlight f;
       GoRows r;
       std::vector<int32_t> feed;
@@ -223,7 +223,7 @@ class GpuOnlyEngine : public Engine {
         f.ids.push_back(id), f.pos.push_back(s.len), feed.push_back(-1);
         add_row(r, s, s.last, s.len, s.generated);
       }
-      launch(std::move(f), r, feed);
+      if (ranks_[0]->can_launch(r, true)) launch(std::move(f), r, feed);
     }
     return out;
   }

@@ -5,6 +5,7 @@
 // greedy batches), with several each rank runs the step on its own thread (fastdecode/parallel/ranks.h):
 // tensor ranks all-reduce inside CudaModel, a stage hands each wave's residual stream on to the next stage.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -83,8 +84,12 @@ class GpuOnlyRank {
   // feed[i] >= 0: row i's input token is row feed[i]'s pick of the launch just before (read on the device, from
   // that graph's argmax output; it must have been a launch_decode too), else r.tokens[i]. At most two launches
   // are outstanding.
-  bool can_launch(const GoRows& r) const {
-    return graphs_ && r.draws.greedy && r.draws.record.empty() && int64_t(r.pos.size()) <= graph_rows_;
+  // A launchable wave: all-greedy, no recorded logits, within the graphs' rows, and (captured_only) its graph
+  // captured already (a first capture inside a step that emits tokens would hold those tokens back).
+  bool can_launch(const GoRows& r, bool captured_only = false) const {
+    const int64_t T = int64_t(r.pos.size());
+    return graphs_ && r.draws.greedy && r.draws.record.empty() && T <= graph_rows_ &&
+           (!captured_only || graphs_->has(uint64_t(std::min(GraphCache::bucket(T), graph_rows_))));
   }
   void launch_decode(const GoRows& r, const std::vector<int32_t>& feed);
   const int32_t* wait_decode(GoRankStep& out);

@@ -111,6 +111,7 @@ class GraphCache {
   void run(uint64_t key, const std::function<void()>& body);
   void clear();
   size_t size() const { return graphs_.size(); }
+  bool has(uint64_t key) const { return graphs_.count(key) > 0; }  // captured already
 
  private:
   cudaStream_t s_;
