@@ -241,6 +241,12 @@ def test_stage_targets_verdicts(tmp_path):
                                          {"engine": "paged-swap", "layers": 2, "requested_batch": 64, "step_vs_roofline": 1.31}]}))
     go = st.roofline_rows(str(roof), str(kern))[0]
     assert go[2] == "2 layers: 1.29-1.38x; 4 layers: 1.25x" and go[3] is False
+    # Two files: each engine from the first that has it (gpu-only from a newer call, paged-swap from an older one).
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps({"rows": [{"engine": "gpu-only", "layers": 4, "requested_batch": 64, "step_vs_roofline": 1.2}]}))
+    go, ps = st.roofline_rows([str(newer), str(roof)], str(kern))
+    assert go[2] == "1.20x" and go[3] is True and go[4].endswith("newer.json")
+    assert ps[2].endswith("(its whole decode step: 1.31x)") and ps[4].endswith("roof.json")
 
     # fp16 GQA against its ceiling: the best ISA, and every repeat (*_rN.json) of it kept, not the kindest.
     def attn(path, isa_ratios):
