@@ -122,6 +122,8 @@ class GpuOnlyEngine : public Engine {
               {"max_context", max_ctx_},
               {"slots", slots_},
               {"cuda_graphs", r0.graphs()},
+              // whether decode steps can be launched ahead (engine.async_steps with one rank, graphs, one wave)
+              {"async_steps", ec_.async_steps && ranks_.size() == 1 && r0.graphs() && ec_.parallel.wave_count() == 1},
               {"gemm_table", r0.model().gemm_table_info()},
               {"slots_limited_by_device", slots_device_limited_}};
     if (ranks_.size() > 1) {
