@@ -354,7 +354,11 @@ class GpuOnlyEngine : public Engine {
     if (running_.empty()) drain();  // every row of a step launched after this one ended here
     out.breakdown_ms = {{"gpu_attention", 0.0}, {"gpu_decode", res.decode_ms}, {"prefill", 0.0}};
     out.counts = {{"async_steps", 1}, {"async_dropped_rows", dropped}};
-    out.spans.push_back({"gpu stream 0", "decode step (async)", done_step.t0, now_ns() - done_step.t0});
+    // The step ran on the GPU from its launch or the step before's end, whichever was later: spans on the track
+    // follow one another, not overlap (a launch ahead of time is not the step running).
+    const int64_t end = now_ns(), start = std::max(done_step.t0, last_read_ns_);
+    out.spans.push_back({"gpu stream 0", "decode step (async)", start, end - start});
+    last_read_ns_ = end;
     return out;
   }
 
@@ -378,6 +382,7 @@ class GpuOnlyEngine : public Engine {
   std::deque<Request> queued_;
   std::map<uint64_t, Seq> running_;
   std::deque<InFlight> inflight_;  // launched decode steps not yet read (async_steps; at most two)
+  int64_t last_read_ns_ = 0;       // when step_async last read a step (its span's end)
 };
 
 }  // namespace
