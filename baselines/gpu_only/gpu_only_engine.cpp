@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 
+#include "baselines/gpu_only/async_chain.h"
 #include "baselines/gpu_only/gpu_only_engine.h"
 #include "baselines/gpu_only/gpu_only_rank.h"
 #include "fastdecode/core/clock.h"
@@ -311,23 +312,21 @@ class GpuOnlyEngine : public Engine {
     StepResult out;
     const InFlight& cur = inflight_.front();
     if (async_ok()) {
-      InFlight next;
-      GoRows r;
-      std::vector<int32_t> feed;
-      bool ok = true;
-      for (size_t i = 0; i < cur.ids.size() && ok; ++i) {
+      std::vector<ChainRow> rows(cur.ids.size());
+      for (size_t i = 0; i < cur.ids.size(); ++i) {
         auto it = running_.find(cur.ids[i]);
         if (it == running_.end()) continue;  // ended before cur: its row was computed and dropped
-        const Seq& s = it->second;
-        if (s.generated + 1 >= s.req.max_new_tokens) {  // ends at cur, freeing its slot: the queued start next
-          ok = queued_.empty();
-          continue;
-        }
-        ok = async_row(s);
-        next.ids.push_back(cur.ids[i]), next.pos.push_back(cur.pos[i] + 1), feed.push_back(int32_t(i));
-        add_row(r, s, 0, cur.pos[i] + 1, s.generated + 1);
+        rows[i] = {true, async_row(it->second), it->second.generated, it->second.req.max_new_tokens};
       }
-      if (ok) launch(std::move(next), r, feed);
+      InFlight next;
+      GoRows r;
+      std::vector<int32_t> feed = chain_rows(rows, !queued_.empty());
+      for (int32_t i : feed) {
+        const Seq& s = running_.at(cur.ids[size_t(i)]);
+        next.ids.push_back(cur.ids[size_t(i)]), next.pos.push_back(cur.pos[size_t(i)] + 1);
+        add_row(r, s, 0, cur.pos[size_t(i)] + 1, s.generated + 1);
+      }
+      launch(std::move(next), r, feed);  // nothing when feed is empty
     }
     GoRankStep res;
     const int32_t* picks = ranks_[0]->wait_decode(res);

@@ -1,3 +1,4 @@
+#include "baselines/gpu_only/async_chain.h"
 #include "baselines/gpu_only/gpu_only_engine.h"
 #include "fastdecode/model/shard.h"
 #include "baselines/hybrid/hybrid_engine.h"
@@ -134,6 +135,26 @@ TEST(Engine, FactoryAndSamplingDeterminism) {
 // weights at full depth; 1 GiB reserved; KV 2 (K,V) x 32 layers x 4096 x 2 bytes = 524 288 bytes per
 // token. At 24 GB and 1024 positions per sequence: (24e9 - 13 476 831 232 - 1 073 741 824) / 536 870 912
 // = 17.6 -> 17 sequences; the same with the model reduced to 2 layers (full-depth accounting).
+// gpu-only's asynchronous chain (async_chain.h): which rows of the step in flight continue into the step launched
+// ahead. Rows are (running, eligible, generated, max_new_tokens).
+TEST(GpuOnlyAsyncChain, RowsThatContinue) {
+  using R = ChainRow;
+  const R go{true, true, 3, 10}, last{true, true, 9, 10}, gone{false, false, 0, 0}, sampled{true, false, 3, 10};
+  EXPECT_EQ(chain_rows({go, go, go}, false), (std::vector<int32_t>{0, 1, 2}));
+  // A row ended before the step in flight, and one ending at it (max_new_tokens): left out, the rest go on.
+  EXPECT_EQ(chain_rows({go, gone, last, go}, false), (std::vector<int32_t>{0, 3}));
+  // Requests queued: still chained while no slot frees at the step in flight...
+  EXPECT_EQ(chain_rows({go, gone, go}, true), (std::vector<int32_t>{0, 2}));
+  // ... but not when one does (the queued start at the next step, synchronously).
+  EXPECT_TRUE(chain_rows({go, last, go}, true).empty());
+  // A row that may not run ahead (sampled, forced or recording): nothing is launched; unless it ends anyway.
+  EXPECT_TRUE(chain_rows({go, sampled}, false).empty());
+  EXPECT_EQ(chain_rows({go, R{true, false, 9, 10}}, false), (std::vector<int32_t>{0}));
+  // Nothing continues: nothing launched.
+  EXPECT_TRUE(chain_rows({last, gone}, false).empty());
+  EXPECT_TRUE(chain_rows({}, false).empty());
+}
+
 TEST(GpuOnlySlots, MemoryBoundedAtFullDepth) {
   const ModelConfig c = cfg("llama-2-7b");
   EXPECT_EQ(c.num_params(), 6738415616);
