@@ -123,8 +123,7 @@ class GpuOnlyEngine : public Engine {
               {"max_context", max_ctx_},
               {"slots", slots_},
               {"cuda_graphs", r0.graphs()},
-              // whether decode steps can be launched ahead (engine.async_steps with one rank, graphs, one wave)
-              {"async_steps", ec_.async_steps && ranks_.size() == 1 && r0.graphs() && ec_.parallel.wave_count() == 1},
+              {"async_steps", async_enabled()},  // whether decode steps can be launched ahead
               {"gemm_table", r0.model().gemm_table_info()},
               {"slots_limited_by_device", slots_device_limited_}};
     if (ranks_.size() > 1) {
@@ -283,10 +282,12 @@ class GpuOnlyEngine : public Engine {
     int64_t t0 = 0;             // launched (now_ns)
   };
 
-  bool async_ok() const {
-    return ec_.async_steps && ranks_.size() == 1 && ranks_[0]->graphs() && ec_.parallel.wave_count() == 1 &&
-           (queued_.empty() || free_slots_.empty()) && !running_.empty();
+  // engine.async_steps with one rank, graphs and one wave: whether decode steps can ever be launched ahead.
+  bool async_enabled() const {
+    return ec_.async_steps && ranks_.size() == 1 && ranks_[0]->graphs() && ec_.parallel.wave_count() == 1;
   }
+  // ... and now: something runs, and nothing queued could start.
+  bool async_ok() const { return async_enabled() && (queued_.empty() || free_slots_.empty()) && !running_.empty(); }
   bool async_row(const Seq& s) const {
     return s.req.forced.empty() && !s.req.record_logits && s.req.sampling_or(sampling_).greedy();
   }

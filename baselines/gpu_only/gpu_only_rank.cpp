@@ -132,39 +132,10 @@ void GpuOnlyRank::decode_body(DevActs& a, int64_t Tb, const int32_t* d_slots, co
 // A greedy decode wave from the graph of its padded batch size Tb (body, LM head, argmax on graph_dec_;
 // graph_aux_ holds slots, positions and lengths at 0, graph_rows_, 2 graph_rows_; graph_dec_.rows is 0, 1, ...
 // from allocate()): rows T..Tb-1 pad the batch (token 0 at position 0 of the spare slot). The step's inputs go up
-// in one staged upload; the logits rows in `record` come down after the replay.
-void GpuOnlyRank::decode_graph(const GoRows& r, int32_t* tok, float* recorded, GoRankStep& out) {
-  const int64_t T = int64_t(r.pos.size()), Tb = std::min(GraphCache::bucket(T), graph_rows_);
-  const size_t n = size_t(Tb);
-  std::vector<int32_t> tokens(n, 0), slots(n, int32_t(slots_)), pos32(n, 0), lens(n, 1);
-  std::vector<int64_t> pos(n, 0);
-  for (size_t i = 0; i < size_t(T); ++i)
-    tokens[i] = r.tokens[i], pos[i] = r.pos[i], slots[i] = r.slots[i], pos32[i] = int32_t(r.pos[i]), lens[i] = r.lens[i];
-  model_->upload({{graph_dec_.tokens.get(), tokens.data(), n * 4},
-                  {graph_dec_.pos.get(), pos.data(), n * 8},
-                  {graph_aux_.get(), slots.data(), n * 4},
-                  {graph_aux_.get() + graph_rows_, pos32.data(), n * 4},
-                  {graph_aux_.get() + 2 * graph_rows_, lens.data(), n * 4}});
-  model_->ensure(graph_dec_, Tb);  // sized for graph_rows_ at allocate(): sets T, never reallocates
-  CUDA_CHECK(cudaEventRecord(events_[0], stream_));
-  graphs_->run(uint64_t(Tb), [&] {
-    decode_body(graph_dec_, Tb, graph_aux_.get(), graph_aux_.get() + 2 * graph_rows_, false);
-    model_->logits(graph_dec_, Tb);
-    cuda::argmax_rows(graph_dec_.logits.get(), Tb, config().vocab_size, graph_dec_.out_tokens.get(), stream_);
-  });
-  CUDA_CHECK(cudaEventRecord(events_[1], stream_));
-  CUDA_CHECK(cudaMemcpyAsync(tok, graph_dec_.out_tokens.get(), size_t(T) * 4, cudaMemcpyDeviceToHost, stream_));
-  model_->download_logits(graph_dec_, r.draws.record, recorded);  // synchronises the stream
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[1]));
-  out.decode_ms += ms;
-}
-
-// decode_graph's work without its wait: the inputs go up in one staged upload (with the feed array), the fed rows'
-// tokens are gathered on the device from the previous graph's argmax output (graph_dec_.out_tokens, which nothing
-// else writes), then the graph, then its picks' copy to this launch's pinned buffer.
-void GpuOnlyRank::launch_decode(const GoRows& r, const std::vector<int32_t>& feed) {
-  FD_CHECK(can_launch(r) && feed.size() == r.pos.size() && launched_.size() < 2, "launch_decode: not a launchable wave");
+// in one staged upload (with feed, when given and any row is fed: those rows' tokens are then gathered on the device
+// from the previous replay's argmax output, graph_dec_.out_tokens, which nothing else writes); the replay runs
+// between events `start` and `end`; the caller copies the picks down.
+void GpuOnlyRank::replay_graph(const GoRows& r, const std::vector<int32_t>* feed, cudaEvent_t start, cudaEvent_t end) {
   const int64_t T = int64_t(r.pos.size()), Tb = std::min(GraphCache::bucket(T), graph_rows_);
   const size_t n = size_t(Tb);
   std::vector<int32_t> tokens(n, 0), slots(n, int32_t(slots_)), pos32(n, 0), lens(n, 1), fd(n, -1);
@@ -172,7 +143,7 @@ void GpuOnlyRank::launch_decode(const GoRows& r, const std::vector<int32_t>& fee
   bool fed = false;
   for (size_t i = 0; i < size_t(T); ++i) {
     tokens[i] = r.tokens[i], pos[i] = r.pos[i], slots[i] = r.slots[i], pos32[i] = int32_t(r.pos[i]), lens[i] = r.lens[i];
-    fd[i] = feed[i], fed = fed || feed[i] >= 0;
+    if (feed) fd[i] = (*feed)[i], fed = fed || fd[i] >= 0;
   }
   model_->upload({{graph_dec_.tokens.get(), tokens.data(), n * 4},
                   {graph_dec_.pos.get(), pos.data(), n * 8},
@@ -181,18 +152,34 @@ void GpuOnlyRank::launch_decode(const GoRows& r, const std::vector<int32_t>& fee
                   {graph_aux_.get() + 2 * graph_rows_, lens.data(), n * 4},
                   {graph_feed_.get(), fd.data(), fed ? n * 4 : 0}});
   if (fed) cuda::feed_tokens(graph_dec_.out_tokens.get(), graph_feed_.get(), Tb, graph_dec_.tokens.get(), stream_);
-  model_->ensure(graph_dec_, Tb);
-  const int k = launched_.empty() ? 0 : 1 - launched_.back();
-  Launch& l = ring_[k];
-  l.T = T;
-  CUDA_CHECK(cudaEventRecord(l.start, stream_));
+  model_->ensure(graph_dec_, Tb);  // sized for graph_rows_ at allocate(): sets T, never reallocates
+  CUDA_CHECK(cudaEventRecord(start, stream_));
   graphs_->run(uint64_t(Tb), [&] {
     decode_body(graph_dec_, Tb, graph_aux_.get(), graph_aux_.get() + 2 * graph_rows_, false);
     model_->logits(graph_dec_, Tb);
     cuda::argmax_rows(graph_dec_.logits.get(), Tb, config().vocab_size, graph_dec_.out_tokens.get(), stream_);
   });
-  CUDA_CHECK(cudaEventRecord(l.end, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(l.picks.data(), graph_dec_.out_tokens.get(), size_t(T) * 4, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaEventRecord(end, stream_));
+}
+
+// The replay, then the picks and the logits rows in `record` down, waited for.
+void GpuOnlyRank::decode_graph(const GoRows& r, int32_t* tok, float* recorded, GoRankStep& out) {
+  replay_graph(r, nullptr, events_[0], events_[1]);
+  CUDA_CHECK(cudaMemcpyAsync(tok, graph_dec_.out_tokens.get(), r.pos.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  model_->download_logits(graph_dec_, r.draws.record, recorded);  // synchronises the stream
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[1]));
+  out.decode_ms += ms;
+}
+
+// The replay and its picks' copy to this launch's pinned buffer, not waited for.
+void GpuOnlyRank::launch_decode(const GoRows& r, const std::vector<int32_t>& feed) {
+  FD_CHECK(can_launch(r) && feed.size() == r.pos.size() && launched_.size() < 2, "launch_decode: not a launchable wave");
+  const int k = launched_.empty() ? 0 : 1 - launched_.back();
+  Launch& l = ring_[k];
+  replay_graph(r, &feed, l.start, l.end);
+  CUDA_CHECK(cudaMemcpyAsync(l.picks.data(), graph_dec_.out_tokens.get(), r.pos.size() * 4, cudaMemcpyDeviceToHost,
+                             stream_));
   CUDA_CHECK(cudaEventRecord(l.copied, stream_));
   launched_.push_back(k);
 }

@@ -108,6 +108,7 @@ class GpuOnlyRank {
   // so it can be captured into a graph. Positions: a.pos (the new token's k and v go to (d_slots, a.pos) of the
   // cache). `timed`: attention events per layer (eager only).
   void decode_body(DevActs& a, int64_t Tb, const int32_t* d_slots, const int32_t* d_lens, bool timed);
+  void replay_graph(const GoRows& r, const std::vector<int32_t>* feed, cudaEvent_t start, cudaEvent_t end);
   void decode_graph(const GoRows& r, int32_t* tok, float* recorded, GoRankStep& out);
   // Batch i of a step (waves 0..W-1, then the prefill) has its own activations, row arrays and hand-off buffer.
   void decode_wave(size_t i, const GoRows& r, GoRankStep& out);
@@ -134,13 +135,12 @@ class GpuOnlyRank {
   std::vector<std::unique_ptr<DevActs>> acts_;  // per batch
   std::vector<HostBuffer> mirrors_;             // per batch, pinned: stage hand-offs
   std::vector<cudaEvent_t> events_;
-  // launch_decode's: the feed array on the device, and per outstanding launch (a ring of two) its pinned picks,
-  // CUDA events (graph start, graph end, picks copied) and row count; launched_: the ring indices outstanding.
+  // launch_decode's: the feed array on the device, and per outstanding launch (a ring of two) its pinned picks and
+  // CUDA events (graph start, graph end, picks copied); launched_: the ring indices outstanding.
   DeviceBuffer<int32_t> graph_feed_;
   struct Launch {
     HostBuffer picks;
     cudaEvent_t start = nullptr, end = nullptr, copied = nullptr;
-    int64_t T = 0;
   };
   Launch ring_[2];
   std::deque<int> launched_;
