@@ -33,9 +33,9 @@ json GpuOnlyConfig::to_json() const {
 double gpu_only_row_bytes(const ModelConfig& c) {
   const double H = double(c.hidden_size), I = double(c.intermediate_size), qd = double(c.q_dim()),
                kvd = double(c.kv_dim()), V = double(c.vocab_size);
-  // fp32: residual x, norm scratch, q, attention output, k, v, logits; fp16: normed x, o-proj output,
-  // attention output, [q|k|v], q/k/v, [gate|up], the MLP's inner activation (CudaModel::ensure).
-  return 4 * (2 * H + 2 * qd + 2 * kvd + V) + 2 * (2 * H + 2 * qd + 2 * kvd + (qd + 2 * kvd) + 3 * I);
+  // fp32: residual x, q, attention output, k, v, logits; fp16: normed x, o-proj output, attention output,
+  // [q|k|v], q/k/v, [gate|up], the MLP's inner activation (CudaModel::ensure).
+  return 4 * (H + 2 * qd + 2 * kvd + V) + 2 * (2 * H + 2 * qd + 2 * kvd + (qd + 2 * kvd) + 3 * I);
 }
 
 GpuOnlyRankMemory gpu_only_rank_memory(const ModelConfig& c, int64_t T, int64_t P, int64_t p, int64_t stage_layers,

@@ -69,14 +69,13 @@ void GpuOnlyRank::allocate(int64_t slots) {
       1, cuda::decode_attention_workspace_floats(slots_, int(c.num_heads), int(c.head_dim), o_.max_ctx)));
   if (o_.cuda_graphs) {
     graph_rows_ = std::min<int64_t>(slots_, GraphCache::kMaxRows);
-    graph_aux_.resize(size_t(3 * graph_rows_));
+    graph_in_.resize(size_t(5 * graph_rows_));
     model_->ensure(graph_dec_, graph_rows_);
     graph_dec_.logits.resize(size_t(graph_rows_ * c.vocab_size));
     std::vector<int32_t> rows(static_cast<size_t>(graph_rows_));
     for (size_t i = 0; i < rows.size(); ++i) rows[i] = int32_t(i);
     model_->upload(graph_dec_.rows.get(), rows.data(), rows.size() * 4);  // the LM head reads every row
     graphs_ = std::make_unique<GraphCache>(stream_);
-    graph_feed_.resize(size_t(graph_rows_));
     for (Launch& l : ring_) {
       void* p = nullptr;
       CUDA_CHECK(cudaMallocHost(&p, size_t(graph_rows_) * 4));
@@ -120,42 +119,43 @@ void GpuOnlyRank::decode_body(DevActs& a, int64_t Tb, const int32_t* d_slots, co
                             .Hq = int(c.num_heads),
                             .Hkv = int(c.num_kv_heads),
                             .D = int(c.head_dim),
-                            .out = a.att.get(),
-                            .workspace = workspace_.get()},
+                            .workspace = workspace_.get(),
+                            .out_act = a.a16.get(),  // the o-projection's 16-bit input, no cast between
+                            .out_dtype = model_->act_dtype()},
                            stream_);
     if (timed) CUDA_CHECK(cudaEventRecord(events_[size_t(3 + 2 * l)], stream_));
-    model_->attention_from_f32(a);
     model_->attention_output_and_mlp(a, int(l));
   }
 }
 
 // A greedy decode wave from the graph of its padded batch size Tb (body, LM head, argmax on graph_dec_;
-// graph_aux_ holds slots, positions and lengths at 0, graph_rows_, 2 graph_rows_; graph_dec_.rows is 0, 1, ...
-// from allocate()): rows T..Tb-1 pad the batch (token 0 at position 0 of the spare slot). The step's inputs go up
-// in one staged upload (with feed, when given and any row is fed: those rows' tokens are then gathered on the device
-// from the previous replay's argmax output, graph_dec_.out_tokens, which nothing else writes); the replay runs
-// between events `start` and `end`; the caller copies the picks down.
+// graph_dec_.rows is 0, 1, ... from allocate()): rows T..Tb-1 pad the batch (token 0 at position 0 of the spare
+// slot). The step's inputs go up in one copy into graph_in_ as five arrays of Tb int32 (slots, lengths, tokens,
+// feed, positions), which the graph's first kernel turns into graph_dec_'s tokens and positions; a row with
+// feed >= 0 (asynchronous stepping) takes its token from the previous replay's argmax output,
+// graph_dec_.out_tokens, which nothing else writes. The replay runs between events `start` and `end`; the caller
+// copies the picks down.
 void GpuOnlyRank::replay_graph(const GoRows& r, const std::vector<int32_t>* feed, cudaEvent_t start, cudaEvent_t end) {
   const int64_t T = int64_t(r.pos.size()), Tb = std::min(GraphCache::bucket(T), graph_rows_);
   const size_t n = size_t(Tb);
-  std::vector<int32_t> tokens(n, 0), slots(n, int32_t(slots_)), pos32(n, 0), lens(n, 1), fd(n, -1);
-  std::vector<int64_t> pos(n, 0);
-  bool fed = false;
+  std::vector<int32_t> in(5 * n);
+  int32_t *slots = in.data(), *lens = slots + n, *tokens = lens + n, *fd = tokens + n, *pos = fd + n;
+  std::fill(slots, lens, int32_t(slots_));
+  std::fill(lens, tokens, 1);
+  std::fill(tokens, fd, 0);
+  std::fill(fd, pos, -1);
+  std::fill(pos, pos + n, 0);
   for (size_t i = 0; i < size_t(T); ++i) {
-    tokens[i] = r.tokens[i], pos[i] = r.pos[i], slots[i] = r.slots[i], pos32[i] = int32_t(r.pos[i]), lens[i] = r.lens[i];
-    if (feed) fd[i] = (*feed)[i], fed = fed || fd[i] >= 0;
+    slots[i] = r.slots[i], lens[i] = r.lens[i], tokens[i] = r.tokens[i], pos[i] = int32_t(r.pos[i]);
+    if (feed) fd[i] = (*feed)[i];
   }
-  model_->upload({{graph_dec_.tokens.get(), tokens.data(), n * 4},
-                  {graph_dec_.pos.get(), pos.data(), n * 8},
-                  {graph_aux_.get(), slots.data(), n * 4},
-                  {graph_aux_.get() + graph_rows_, pos32.data(), n * 4},
-                  {graph_aux_.get() + 2 * graph_rows_, lens.data(), n * 4},
-                  {graph_feed_.get(), fd.data(), fed ? n * 4 : 0}});
-  if (fed) cuda::feed_tokens(graph_dec_.out_tokens.get(), graph_feed_.get(), Tb, graph_dec_.tokens.get(), stream_);
+  model_->upload(graph_in_.get(), in.data(), in.size() * 4);
   model_->ensure(graph_dec_, Tb);  // sized for graph_rows_ at allocate(): sets T, never reallocates
   CUDA_CHECK(cudaEventRecord(start, stream_));
   graphs_->run(uint64_t(Tb), [&] {
-    decode_body(graph_dec_, Tb, graph_aux_.get(), graph_aux_.get() + 2 * graph_rows_, false);
+    const int32_t* g = graph_in_.get();
+    cuda::step_inputs(g, Tb, graph_dec_.out_tokens.get(), graph_dec_.tokens.get(), graph_dec_.pos.get(), stream_);
+    decode_body(graph_dec_, Tb, g, g + Tb, false);
     model_->logits(graph_dec_, Tb);
     cuda::argmax_rows(graph_dec_.logits.get(), Tb, config().vocab_size, graph_dec_.out_tokens.get(), stream_);
   });

@@ -129,15 +129,14 @@ class GpuOnlyRank {
   std::vector<DeviceBuffer<__half>> k_cache_, v_cache_;
   DeviceBuffer<float> workspace_;
   std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> aux_;  // per batch
-  DeviceBuffer<int32_t> graph_aux_;
+  DeviceBuffer<int32_t> graph_in_;  // a graph step's inputs: five arrays of Tb int32 (replay_graph)
   DevActs graph_dec_;
   std::unique_ptr<GraphCache> graphs_;
   std::vector<std::unique_ptr<DevActs>> acts_;  // per batch
   std::vector<HostBuffer> mirrors_;             // per batch, pinned: stage hand-offs
   std::vector<cudaEvent_t> events_;
-  // launch_decode's: the feed array on the device, and per outstanding launch (a ring of two) its pinned picks and
-  // CUDA events (graph start, graph end, picks copied); launched_: the ring indices outstanding.
-  DeviceBuffer<int32_t> graph_feed_;
+  // launch_decode's, per outstanding launch (a ring of two): its pinned picks and CUDA events (graph start, graph
+  // end, picks copied); launched_: the ring indices outstanding.
   struct Launch {
     HostBuffer picks;
     cudaEvent_t start = nullptr, end = nullptr, copied = nullptr;

@@ -346,11 +346,11 @@ class HostOffloadEngine : public Engine {
       cuda::decode_attention({.q = dec_.q.get(), .k_cache = k_stage_[buf].get(), .v_cache = v_stage_[buf].get(),
                               .slots = aux_.get() + 3 * B, .lens = aux_.get() + 2 * B, .B = B, .max_ctx = stride,
                               .Hq = int(cfg_.num_heads), .Hkv = int(cfg_.num_kv_heads), .D = int(cfg_.head_dim),
-                              .out = dec_.att.get(), .workspace = workspace_.get()},
+                              .workspace = workspace_.get(), .out_act = dec_.a16.get(),
+                              .out_dtype = model_->act_dtype()},  // the o-projection's input, no cast between
                              stream_);
       CUDA_CHECK(cudaEventRecord(ev(l, kAttEnd), stream_));
       if (l + 2 < L) issue_copies(l + 2, seqs, stride);
-      model_->attention_from_f32(dec_);
       model_->attention_output_and_mlp(dec_, int(l));
     }
     const RowDraws draws = row_draws(seqs, sampling_);

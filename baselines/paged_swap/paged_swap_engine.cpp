@@ -331,13 +331,13 @@ class PagedSwapEngine : public Engine {
                               .Hq = int(cfg_.num_heads),
                               .Hkv = int(cfg_.num_kv_heads),
                               .D = int(cfg_.head_dim),
-                              .out = dec_.att.get(),
                               .workspace = ws ? workspace_.get() : nullptr,
                               .block_tables = d[3],
                               .block_size = int(ec_.block_size),
-                              .max_blocks = max_blocks},
+                              .max_blocks = max_blocks,
+                              .out_act = dec_.a16.get(),  // the o-projection's 16-bit input, no cast between
+                              .out_dtype = model_->act_dtype()},
                              stream_);
-      model_->attention_from_f32(dec_);
       model_->attention_output_and_mlp(dec_, int(l));
     }
     sample(dec_, seqs, out);

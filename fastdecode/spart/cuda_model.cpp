@@ -289,7 +289,7 @@ void CudaModel::ensure(DevActs& a, int64_t T, int64_t capacity) const {
   ++a.generation;
   const size_t t = size_t(want), H = size_t(c.hidden_size), I = size_t(c.intermediate_size);
   const size_t qd = size_t(c.q_dim()), kvd = size_t(c.kv_dim());
-  a.x.resize(t * H), a.h16.resize(t * H), a.sel.resize(t * H);
+  a.x.resize(t * H), a.h16.resize(t * H);
   a.qkv16.resize(t * (qd + 2 * kvd)), a.q.resize(t * qd), a.att.resize(t * qd), a.a16.resize(t * qd), a.q16.resize(t * qd);
   a.k.resize(t * kvd), a.v.resize(t * kvd), a.k16.resize(t * kvd), a.v16.resize(t * kvd);
   a.gu16.resize(t * 2 * I), a.i16.resize(t * I);
@@ -310,11 +310,12 @@ void CudaModel::embed(DevActs& a) const {
   all_reduce(a.x.get(), a.T * cfg_.hidden_size);
 }
 
-void CudaModel::norm(float* x, const float* add_bias, const float* w, const float* b, int64_t T, void* out) const {
+void CudaModel::norm(float* x, const float* add_bias, const float* w, const float* b, int64_t T, void* out,
+                     const int32_t* rows) const {
   if (cfg_.arch == Arch::Llama)
-    cuda::rmsnorm(x, add_bias, w, float(cfg_.norm_eps), T, cfg_.hidden_size, out, act_, stream_);
+    cuda::rmsnorm(x, add_bias, w, float(cfg_.norm_eps), T, cfg_.hidden_size, out, act_, stream_, rows);
   else
-    cuda::layernorm(x, add_bias, w, b, float(cfg_.norm_eps), T, cfg_.hidden_size, out, act_, stream_);
+    cuda::layernorm(x, add_bias, w, b, float(cfg_.norm_eps), T, cfg_.hidden_size, out, act_, stream_, rows);
 }
 
 void CudaModel::attention_from_f32(DevActs& a) const {
@@ -472,8 +473,9 @@ void CudaModel::layer_gemms_only(DevActs& a, int layer) const {
 void CudaModel::logits(DevActs& a, int64_t n) const {
   const ModelConfig& c = cfg_;
   a.logits.resize(size_t(std::max<int64_t>(n, 1) * c.vocab_size));
-  cuda::gather_rows(a.x.get(), a.rows.get(), n, c.hidden_size, a.sel.get(), stream_);
-  norm(a.sel.get(), nullptr, final_norm_w_.get(), final_norm_b_.size() ? final_norm_b_.get() : nullptr, n, a.h16.get());
+  // The final norm of the rows the LM head reads, gathered as it reads them.
+  norm(a.x.get(), nullptr, final_norm_w_.get(), final_norm_b_.size() ? final_norm_b_.get() : nullptr, n, a.h16.get(),
+       a.rows.get());
   const void* head = lm_head_.size() ? lm_head_.get() : embed_.get();
   if (!tp_) {
     gemm(a.h16.get(), n, c.hidden_size, head, c.vocab_size, a.logits.get(), true);

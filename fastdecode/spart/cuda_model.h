@@ -78,7 +78,7 @@ struct DevActs {
   int64_t T = 0;
   int64_t capacity = 0;     // rows the buffers hold (ensure grows it)
   uint64_t generation = 0;  // bumped whenever ensure reallocates (graphs captured on older buffers are stale)
-  DeviceBuffer<float> x, q, k, v, att, sel, logits;
+  DeviceBuffer<float> x, q, k, v, att, logits;
   DeviceBuffer<float> lshard, lpad, lall;  // tensor parallel: this rank's logits slice, padded, gathered
   DeviceBuffer<uint16_t> h16, a16, i16, qkv16, gu16;
   DeviceBuffer<__half> q16, k16, v16;
@@ -216,7 +216,9 @@ class CudaModel {
     bool has_qkv_bias = false, has_o_bias = false, has_down_bias = false;
   };
   // out (act type) = norm(x), after x += add_bias when given.
-  void norm(float* x, const float* add_bias, const float* w, const float* b, int64_t T, void* out) const;
+  // rows: the source row of each output row (null: the same row), as cuda::rmsnorm.
+  void norm(float* x, const float* add_bias, const float* w, const float* b, int64_t T, void* out,
+            const int32_t* rows = nullptr) const;
   // Tensor parallel: buf (device, n floats) = its sum over the group's ranks / out = [rank 0's in | ...].
   void all_reduce(float* buf, int64_t n) const;
   void all_gather(const float* in, float* out, int64_t n) const;

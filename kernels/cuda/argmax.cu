@@ -82,17 +82,20 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
   }
 }
 
-__global__ void feed_tokens_kernel(const int32_t* picks, const int32_t* feed, int64_t n, int32_t* tokens) {
+__global__ void step_inputs_kernel(const int32_t* in, int64_t n, const int32_t* picks, int32_t* tokens, int64_t* pos) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n && feed[i] >= 0) tokens[i] = picks[feed[i]];
+  if (i >= n) return;
+  const int32_t feed = in[3 * n + i];
+  tokens[i] = feed >= 0 ? picks[feed] : in[2 * n + i];
+  pos[i] = in[4 * n + i];
 }
 
 }  // namespace
 
-void feed_tokens(const int32_t* picks, const int32_t* feed, int64_t n, int32_t* tokens, cudaStream_t s) {
+void step_inputs(const int32_t* in, int64_t n, const int32_t* picks, int32_t* tokens, int64_t* pos, cudaStream_t s) {
   if (n <= 0) return;
-  feed_tokens_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(picks, feed, n, tokens);
-  check_launch("feed_tokens");
+  step_inputs_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(in, n, picks, tokens, pos);
+  check_launch("step_inputs");
 }
 
 void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaStream_t s) {

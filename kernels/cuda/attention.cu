@@ -1,6 +1,8 @@
 // CUDA attention: flash-decoding over an fp16 KV-cache, tiled causal prefill, KV append (see attention.h).
 #include "kernels/cuda/attention.h"
 
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -67,6 +69,8 @@ struct DecodeArgs {
   int C;               // preferred chunk
   float qscale;        // 1/sqrt(D) * log2(e): scores in the exp2 domain
   float* out;
+  void* out_act;  // non-null: the output as 16-bit (bf16 when act_bf16, else fp16) instead of out
+  bool act_bf16;
   float* ws_acc;  // [B, Hq, S, D]
   float* ws_ml;   // [B, Hq, S, 2]: max (log2 domain), sum
   const int32_t* block_tables;  // paged layout: [B, max_blocks] (Paged kernels only)
@@ -78,6 +82,13 @@ __device__ __forceinline__ int seq_len(const int32_t* lens, int b, int64_t max_c
   const int64_t n = lens[b];
   return int(n < 0 ? 0 : n > max_ctx ? max_ctx : n);
 }
+// Output element i: fp32 into out, or rounded to 16 bits into out_act.
+__device__ __forceinline__ void store_out(float* out, void* out_act, bool bf16, int64_t i, float x) {
+  if (!out_act) out[i] = x;
+  else if (bf16) static_cast<__nv_bfloat16*>(out_act)[i] = __float2bfloat16_rn(x);
+  else static_cast<__half*>(out_act)[i] = __float2half_rn(x);
+}
+
 // Chunk of a sequence of length len over S splits: the same in the split and the combine kernel.
 __device__ __forceinline__ int seq_chunk(int len, int S, int C) { return max(C, (len + S - 1) / S); }
 
@@ -112,7 +123,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_split_kernel(const DecodeA
   const int64_t head_row = int64_t(b) * a.Hq + qh0;  // (b, first query head)
   if (start64 >= len) {
     if (len == 0 && sp == 0)
-      for (int i = threadIdx.x; i < ng * D; i += kDecThreads) a.out[head_row * D + i] = 0.0f;
+      for (int i = threadIdx.x; i < ng * D; i += kDecThreads) store_out(a.out, a.out_act, a.act_bf16, head_row * D + i, 0.0f);
     return;
   }
   const int start = int(start64), end = int(start64 + chunk < len ? start64 + chunk : len);
@@ -237,7 +248,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_split_kernel(const DecodeA
 #pragma unroll
     for (int g = 0; g < NG; ++g) x = fmaf(sm_w[g][j], sm_acc[g][j][d], x);
     if (nsplit == 1)
-      a.out[(head_row + j) * D + d] = x / sm_L[j];
+      store_out(a.out, a.out_act, a.act_bf16, (head_row + j) * D + d, x / sm_L[j]);
     else
       a.ws_acc[((head_row + j) * S + sp) * D + d] = x;
   }
@@ -251,7 +262,8 @@ __global__ void __launch_bounds__(kDecThreads) decode_split_kernel(const DecodeA
 // One block per (q head, b) whose sequence was split: weights 2^(m_s - M) / L from one warp, then
 // out[d] = sum_s w_s acc_s[d].
 __global__ void decode_combine_kernel(const int32_t* lens, int64_t max_ctx, int Hq, int D, int S, int C,
-                                      const float* ws_acc, const float* ws_ml, float* out) {
+                                      const float* ws_acc, const float* ws_ml, float* out, void* out_act,
+                                      bool act_bf16) {
   const int b = blockIdx.y;
   const int len = seq_len(lens, b, max_ctx);
   const int chunk = seq_chunk(len, S, C);
@@ -274,7 +286,7 @@ __global__ void decode_combine_kernel(const int32_t* lens, int64_t max_ctx, int 
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float x = 0.0f;
     for (int i = 0; i < n; ++i) x = fmaf(w[i], ws_acc[(row * S + i) * D + d], x);
-    out[row * D + d] = x;
+    store_out(out, out_act, act_bf16, row * D + d, x);
   }
 }
 
@@ -544,15 +556,21 @@ void decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
   if (plan.splits > 1 && workspace == nullptr)
     FD_THROW("decode_attention: a workspace of " << decode_attention_workspace_floats(B, Hq, D, max_ctx)
                                                   << " floats is required");
+  if (p.out_act && p.out_dtype != DType::F16 && p.out_dtype != DType::BF16)
+    FD_THROW("decode_attention: a 16-bit output must be F16 or BF16");
+  if (!p.out_act && !out) FD_THROW("decode_attention: no output");
+  const bool bf16 = p.out_dtype == DType::BF16;
   const size_t acc_floats = size_t(B) * size_t(Hq) * size_t(plan.splits) * size_t(D);
-  DecodeArgs a{q,  k_cache, v_cache, slots, lens, max_ctx, Hq, Hkv, G, HC, plan.chunk, exp2_scale(D), out,
-               workspace, workspace ? workspace + acc_floats : nullptr, p.block_tables, p.block_size, p.max_blocks};
+  DecodeArgs a{q,         k_cache,     v_cache,     slots,       lens,   max_ctx,
+               Hq,        Hkv,         G,           HC,          plan.chunk, exp2_scale(D),
+               out,       p.out_act,   bf16,        workspace,   workspace ? workspace + acc_floats : nullptr,
+               p.block_tables, p.block_size, p.max_blocks};
   const dim3 grid(unsigned(Hkv * HC), unsigned(plan.splits), unsigned(B));
   (paged ? decode_kernel_for<true>(D, GT) : decode_kernel_for<false>(D, GT))<<<grid, kDecThreads, 0, s>>>(a);
   check_launch("decode_attention");
   if (plan.splits > 1) {
     decode_combine_kernel<<<dim3(unsigned(Hq), unsigned(B)), 128, 0, s>>>(lens, max_ctx, Hq, D, plan.splits, plan.chunk,
-                                                                          a.ws_acc, a.ws_ml, out);
+                                                                          a.ws_acc, a.ws_ml, out, p.out_act, bf16);
     check_launch("decode_attention (combine)");
   }
 }

@@ -9,6 +9,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "fastdecode/core/dtype.h"
+
 namespace fd::cuda {
 
 // Decode attention: B sequences, one query token each, over an fp16 KV-cache in GPU memory.
@@ -43,6 +45,10 @@ struct DecodeAttentionParams {
   const int32_t* block_tables = nullptr;  // [B, max_blocks] device: the paged layout; null = contiguous slots
   int block_size = 0;                // tokens per block (paged layout)
   int64_t max_blocks = 0;            // block-table row stride (paged layout)
+  // When set, the output goes here instead of `out`, rounded to the 16-bit type out_dtype (F16 or BF16) as
+  // cuda::cast would round out: the o-projection's input without a cast kernel between (out may then be null).
+  void* out_act = nullptr;
+  DType out_dtype = DType::F16;
 };
 void decode_attention(const DecodeAttentionParams& p, cudaStream_t s);
 size_t decode_attention_workspace_floats(int64_t B_max, int Hq, int D, int64_t max_ctx);

@@ -14,19 +14,41 @@ namespace {
 
 using namespace detail;
 
+// Eight consecutive 16-bit elements (one 16-byte load) to fp32.
 template <typename T>
-__global__ void embed_kernel(const int32_t* tokens, const int64_t* pos, const T* table, const T* pos_table,
-                             int64_t pos_offset, int64_t vocab_begin, int64_t vocab_end, int64_t H, float* x) {
+__device__ __forceinline__ void load8(const T* p, float (&f)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 e = Act<T>::to2(*reinterpret_cast<const typename Act<T>::T2*>(&w[i]));
+    f[2 * i] = e.x, f[2 * i + 1] = e.y;
+  }
+}
+
+// One block per row. Vec: H % 8 == 0, eight elements a thread at a time (16-byte loads, all of a thread's
+// loads issued before its stores, so that a row costs one memory round trip); else one at a time.
+template <typename T, bool Vec>
+__global__ void embed_kernel(const int32_t* tokens, const int64_t* pos, const T* __restrict__ table,
+                             const T* __restrict__ pos_table, int64_t pos_offset, int64_t vocab_begin,
+                             int64_t vocab_end, int64_t H, float* __restrict__ x) {
   const int64_t t = blockIdx.x, tok = tokens[t];
   const T* e = tok >= vocab_begin && tok < vocab_end ? table + (tok - vocab_begin) * H : nullptr;
   const T* p = pos_table ? pos_table + (pos[t] + pos_offset) * H : nullptr;
-  for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
-    x[t * H + i] = (e ? Act<T>::to(e[i]) : 0.0f) + (p ? Act<T>::to(p[i]) : 0.0f);
-}
-
-__global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t H, float* out) {
-  const float* src = x + int64_t(rows[blockIdx.x]) * H;
-  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[blockIdx.x * H + i] = src[i];
+  if constexpr (Vec) {
+#pragma unroll 4
+    for (int64_t i = 8 * int64_t(threadIdx.x); i < H; i += 8 * int64_t(blockDim.x)) {
+      float a[8] = {}, b[8] = {};
+      if (e) load8(e + i, a);
+      if (p) load8(p + i, b);
+      float4* o = reinterpret_cast<float4*>(x + t * H + i);
+      o[0] = make_float4(a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]);
+      o[1] = make_float4(a[4] + b[4], a[5] + b[5], a[6] + b[6], a[7] + b[7]);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
+      x[t * H + i] = (e ? Act<T>::to(e[i]) : 0.0f) + (p ? Act<T>::to(p[i]) : 0.0f);
+  }
 }
 
 }  // namespace
@@ -34,15 +56,15 @@ __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t 
 void embed(const int32_t* tokens, const int64_t* pos, const void* table, const void* pos_table, DType wt,
            int64_t pos_offset, int64_t T, int64_t H, float* x, cudaStream_t s, int64_t vocab_begin,
            int64_t vocab_end) {
-  FD_ACT_DISPATCH(wt, "embed",
-                  if (T > 0) embed_kernel<A16><<<unsigned(T), kThreads, 0, s>>>(
-                      tokens, pos, static_cast<const A16*>(table), static_cast<const A16*>(pos_table), pos_offset,
-                      vocab_begin, vocab_end, H, x));
+  FD_ACT_DISPATCH(wt, "embed", if (T > 0) {
+    const auto* tb = static_cast<const A16*>(table);
+    const auto* pt = static_cast<const A16*>(pos_table);
+    if (H % 8 == 0)
+      embed_kernel<A16, true><<<unsigned(T), kThreads, 0, s>>>(tokens, pos, tb, pt, pos_offset, vocab_begin, vocab_end, H, x);
+    else
+      embed_kernel<A16, false><<<unsigned(T), kThreads, 0, s>>>(tokens, pos, tb, pt, pos_offset, vocab_begin, vocab_end, H, x);
+  });
   check_launch("embed");
-}
-void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s) {
-  if (n > 0) gather_rows_kernel<<<unsigned(n), kThreads, 0, s>>>(x, rows, H, out);
-  check_launch("gather_rows");
 }
 
 }  // namespace fd::cuda

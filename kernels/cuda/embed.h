@@ -16,7 +16,5 @@ namespace fd::cuda {
 void embed(const int32_t* tokens, const int64_t* pos, const void* table, const void* pos_table, DType wt,
            int64_t pos_offset, int64_t T, int64_t H, float* x, cudaStream_t s, int64_t vocab_begin = 0,
            int64_t vocab_end = INT64_MAX);
-// out[i, :] = x[rows[i], :]
-void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s);
 
 }  // namespace fd::cuda

@@ -14,56 +14,98 @@ namespace {
 
 using namespace detail;
 
-// Row x (n % 4 == 0) in float4s: x += bias (stored back) when bias is given; returns the element.
-__device__ __forceinline__ float4 row4(float4* xr, const float4* bias, int64_t i) {
-  float4 v = xr[i];
-  if (bias) xr[i] = v = v + bias[i];
-  return v;
+// A block normalises one row held in registers: thread t owns the float4s t, t + blockDim, ... (at most kNormVec
+// of them), all loaded before the first reduction so that a row costs one memory round trip, not one a float4.
+constexpr int kNormVec = 4;
+constexpr int kNormMaxThreads = 1024;
+
+// Threads for rows of n4 float4s: 256, or more when a row needs them (n4 <= kNormVec * kNormMaxThreads).
+int norm_threads(int64_t n4) {
+  const int64_t t = (n4 + kNormVec - 1) / kNormVec;
+  return int(std::max<int64_t>(kThreads, (t + 31) / 32 * 32));
 }
 
+// The row's float4s (x += bias stored back first when bias is given) and the weights beside them.
+struct Row {
+  float4 v[kNormVec];
+};
+
+__device__ __forceinline__ void load_row(float4* xr, const float4* bias, const float4* w, int n4, Row& v, Row& g) {
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k) {
+    const int i = int(threadIdx.x) + k * int(blockDim.x);
+    if (i < n4) v.v[k] = xr[i], g.v[k] = w[i];
+  }
+  if (bias)
+#pragma unroll
+    for (int k = 0; k < kNormVec; ++k) {
+      const int i = int(threadIdx.x) + k * int(blockDim.x);
+      if (i < n4) xr[i] = v.v[k] = v.v[k] + bias[i];
+    }
+}
+
+// rows: the source row of output row blockIdx.x (null: the same row).
 template <typename T>
-__global__ void rmsnorm_kernel(float* x, const float* add_bias, const float* w, float eps, int64_t n, T* out) {
-  float4* xr = reinterpret_cast<float4*>(x + blockIdx.x * n);
-  const float4* b4 = reinterpret_cast<const float4*>(add_bias);
-  const float4* w4 = reinterpret_cast<const float4*>(w);
-  T* o = out + blockIdx.x * n;
+__global__ void __launch_bounds__(kNormMaxThreads) rmsnorm_kernel(float* x, const int32_t* rows, const float* add_bias,
+                                                                 const float* w, float eps, int n4, T* out) {
+  const int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
+  Row v, g;
+  load_row(reinterpret_cast<float4*>(x) + src * n4, reinterpret_cast<const float4*>(add_bias),
+           reinterpret_cast<const float4*>(w), n4, v, g);
   float ss = 0;
-  for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
-    const float4 v = row4(xr, b4, i);
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-  }
-  const float r = rsqrtf(block_sum(ss) / float(n) + eps);
-  for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
-    const float4 v = xr[i], g = w4[i];
-    store4(o + 4 * i, make_float4(g.x * (v.x * r), g.y * (v.y * r), g.z * (v.z * r), g.w * (v.w * r)));
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k)
+    if (int(threadIdx.x) + k * int(blockDim.x) < n4) {
+      const float4 e = v.v[k];
+      ss += e.x * e.x + e.y * e.y + e.z * e.z + e.w * e.w;
+    }
+  const float r = rsqrtf(block_sum(ss) / float(4 * n4) + eps);
+  T* o = out + int64_t(blockIdx.x) * n4 * 4;
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k) {
+    const int i = int(threadIdx.x) + k * int(blockDim.x);
+    if (i < n4) {
+      const float4 e = v.v[k], c = g.v[k];
+      store4(o + 4 * i, make_float4(c.x * (e.x * r), c.y * (e.y * r), c.z * (e.z * r), c.w * (e.w * r)));
+    }
   }
 }
 
 template <typename T>
-__global__ void layernorm_kernel(float* x, const float* add_bias, const float* w, const float* b, float eps, int64_t n,
-                                 T* out) {
-  float4* xr = reinterpret_cast<float4*>(x + blockIdx.x * n);
-  const float4* b4 = reinterpret_cast<const float4*>(add_bias);
-  const float4* w4 = reinterpret_cast<const float4*>(w);
+__global__ void __launch_bounds__(kNormMaxThreads) layernorm_kernel(float* x, const int32_t* rows,
+                                                                   const float* add_bias, const float* w,
+                                                                   const float* b, float eps, int n4, T* out) {
+  const int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
+  Row v, g;
+  load_row(reinterpret_cast<float4*>(x) + src * n4, reinterpret_cast<const float4*>(add_bias),
+           reinterpret_cast<const float4*>(w), n4, v, g);
   const float4* bb4 = reinterpret_cast<const float4*>(b);
-  T* o = out + blockIdx.x * n;
   float s = 0;
-  for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
-    const float4 v = row4(xr, b4, i);
-    s += v.x + v.y + v.z + v.w;
-  }
-  const float mean = block_sum(s) / float(n);
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k)
+    if (int(threadIdx.x) + k * int(blockDim.x) < n4) {
+      const float4 e = v.v[k];
+      s += e.x + e.y + e.z + e.w;
+    }
+  const float mean = block_sum(s) / float(4 * n4);
   float var = 0;
-  for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
-    const float4 v = xr[i];
-    var += (v.x - mean) * (v.x - mean) + (v.y - mean) * (v.y - mean) + (v.z - mean) * (v.z - mean) +
-           (v.w - mean) * (v.w - mean);
-  }
-  const float r = rsqrtf(block_sum(var) / float(n) + eps);
-  for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
-    const float4 v = xr[i], g = w4[i], c = bb4[i];
-    store4(o + 4 * i, make_float4((v.x - mean) * r * g.x + c.x, (v.y - mean) * r * g.y + c.y,
-                                  (v.z - mean) * r * g.z + c.z, (v.w - mean) * r * g.w + c.w));
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k)
+    if (int(threadIdx.x) + k * int(blockDim.x) < n4) {
+      const float4 e = v.v[k];
+      var += (e.x - mean) * (e.x - mean) + (e.y - mean) * (e.y - mean) + (e.z - mean) * (e.z - mean) +
+             (e.w - mean) * (e.w - mean);
+    }
+  const float r = rsqrtf(block_sum(var) / float(4 * n4) + eps);
+  T* o = out + int64_t(blockIdx.x) * n4 * 4;
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k) {
+    const int i = int(threadIdx.x) + k * int(blockDim.x);
+    if (i < n4) {
+      const float4 e = v.v[k], c = g.v[k], d = bb4[i];
+      store4(o + 4 * i, make_float4((e.x - mean) * r * c.x + d.x, (e.y - mean) * r * c.y + d.y,
+                                    (e.z - mean) * r * c.z + d.z, (e.w - mean) * r * c.w + d.w));
+    }
   }
 }
 
@@ -72,21 +114,29 @@ __global__ void add_bias_rows_kernel(float* x, const float* bias, int64_t total,
   if (i < total) x[i] += bias[i % n];
 }
 
+void check_norm(const char* what, int64_t n, const int32_t* rows, const float* add_bias) {
+  check_width(n, 4, what);
+  if (n / 4 > int64_t(kNormVec) * kNormMaxThreads)
+    FD_THROW(what << ": width " << n << " exceeds " << 4 * kNormVec * kNormMaxThreads);
+  if (rows && add_bias) FD_THROW(what << ": a bias is stored back into x, so it cannot be added to gathered rows");
+}
+
 }  // namespace
 
 void rmsnorm(float* x, const float* add_bias, const float* w, float eps, int64_t T, int64_t n, void* out, DType ot,
-             cudaStream_t s) {
-  check_width(n, 4, "rmsnorm");
+             cudaStream_t s, const int32_t* rows) {
+  check_norm("rmsnorm", n, rows, add_bias);
   FD_ACT_DISPATCH(ot, "rmsnorm",
-                  if (T > 0) rmsnorm_kernel<A16><<<unsigned(T), kThreads, 0, s>>>(x, add_bias, w, eps, n, static_cast<A16*>(out)));
+                  if (T > 0) rmsnorm_kernel<A16><<<unsigned(T), norm_threads(n / 4), 0, s>>>(
+                      x, rows, add_bias, w, eps, int(n / 4), static_cast<A16*>(out)));
   check_launch("rmsnorm");
 }
 void layernorm(float* x, const float* add_bias, const float* w, const float* b, float eps, int64_t T, int64_t n,
-               void* out, DType ot, cudaStream_t s) {
-  check_width(n, 4, "layernorm");
+               void* out, DType ot, cudaStream_t s, const int32_t* rows) {
+  check_norm("layernorm", n, rows, add_bias);
   FD_ACT_DISPATCH(ot, "layernorm",
-                  if (T > 0) layernorm_kernel<A16><<<unsigned(T), kThreads, 0, s>>>(x, add_bias, w, b, eps, n,
-                                                                                 static_cast<A16*>(out)));
+                  if (T > 0) layernorm_kernel<A16><<<unsigned(T), norm_threads(n / 4), 0, s>>>(
+                      x, rows, add_bias, w, b, eps, int(n / 4), static_cast<A16*>(out)));
   check_launch("layernorm");
 }
 void add_bias_rows(float* x, const float* bias, int64_t T, int64_t n, cudaStream_t s) {

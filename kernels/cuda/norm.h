@@ -1,7 +1,8 @@
 // Normalisation kernels of the CUDA S-Part: the fp32 residual rows x[t, :] (width n, n % 4 == 0) into
 // 16-bit out (fp16 or bf16 as `ot` says). When add_bias is given, x[t, :] += add_bias is stored back
-// first (OPT's o-projection bias: the GEMM added its product into x already). One block per row;
-// statistics in fp32. Each launcher takes its stream.
+// first (OPT's o-projection bias: the GEMM added its product into x already). When rows is given (device
+// int32 [T]), output row t normalises x[rows[t], :] instead (the rows the LM head reads; no add_bias then).
+// One block per row, held in registers (n <= 16384); statistics in fp32. Each launcher takes its stream.
 #pragma once
 #include <cstdint>
 
@@ -14,10 +15,10 @@ namespace fd::cuda {
 
 // out[t, :] = w * x[t, :] / rms(x[t, :])                  (Llama RMSNorm)
 void rmsnorm(float* x, const float* add_bias, const float* w, float eps, int64_t T, int64_t n, void* out, DType ot,
-             cudaStream_t s);
-// out[t, :] = (x - mean) / std * w + b                    (OPT LayerNorm, biased variance, two passes)
+             cudaStream_t s, const int32_t* rows = nullptr);
+// out[t, :] = (x - mean) / std * w + b                    (OPT LayerNorm, biased variance: mean, then variance)
 void layernorm(float* x, const float* add_bias, const float* w, const float* b, float eps, int64_t T, int64_t n,
-               void* out, DType ot, cudaStream_t s);
+               void* out, DType ot, cudaStream_t s, const int32_t* rows = nullptr);
 // x[t, i] += bias[i]
 void add_bias_rows(float* x, const float* bias, int64_t T, int64_t n, cudaStream_t s);
 

@@ -30,8 +30,10 @@ void sample_rows(const float* logits, int64_t n, int64_t V, const sampling::RowD
 // out[r] = index of the largest of logits[r, 0:V] (the first one on ties), as fd::argmax (argmax.cu).
 void argmax_rows(const float* logits, int64_t n, int64_t V, int32_t* out, cudaStream_t s);
 
-// tokens[i] = picks[feed[i]] for each of n rows whose feed[i] >= 0 (others keep theirs): a decode step's input
-// tokens taken, on the device, from the step before's picks (asynchronous stepping; argmax.cu).
-void feed_tokens(const int32_t* picks, const int32_t* feed, int64_t n, int32_t* tokens, cudaStream_t s);
+// A decode step's inputs from one upload: `in` holds five arrays of n int32, [slots | lengths | tokens | feed |
+// positions] (the slots and lengths are read where they lie). tokens[i] = picks[feed[i]] when feed[i] >= 0 (the
+// step before's pick, taken on the device: asynchronous stepping), else in's token; pos[i] = its position, as
+// int64 (argmax.cu).
+void step_inputs(const int32_t* in, int64_t n, const int32_t* picks, int32_t* tokens, int64_t* pos, cudaStream_t s);
 
 }  // namespace fd::cuda

@@ -1,7 +1,7 @@
 // CUDA attention kernels (kernels/cuda/attention.h) vs the golden CPU reference fd::ref_decode_attention fed
 // the same fp16-rounded K/V: decode (MHA and GQA, mixed lengths, permuted slots, split and unsplit
 // sequences), causal prefill over packed sequences, the KV append (append_kv, and qkv_post writing k/v into the
-// cache as append_kv stores them); bandwidth / throughput printed, never
+// cache as append_kv stores them), the 16-bit decode output (the fp32 one rounded); bandwidth / throughput printed, never
 // asserted. Skips when no CUDA device answers (label gpu); without CUDA in the build it is empty.
 #include <gtest/gtest.h>
 
@@ -118,8 +118,26 @@ void check_decode(const Shape& sh, const std::vector<int32_t>& lens, const std::
                               .workspace = ws_n ? ws.get() : nullptr},
                              st);
   CUDA_CHECK(cudaStreamSynchronize(st));
-  cudaStreamDestroy(st);
   const std::vector<float> got = dout.download<float>();
+  // The 16-bit output (out_act, no fp32 out): every element as the fp32 output rounded to nearest even.
+  for (const fd::DType dt : {fd::DType::F16, fd::DType::BF16}) {
+    Dev<uint16_t> d16(size_t(B * qd));
+    d16.fill_bytes(0xFF);
+    fd::cuda::decode_attention({.q = dq.get(), .k_cache = dk.get(), .v_cache = dv.get(), .slots = dslots.get(),
+                                .lens = dlens.get(), .B = B, .max_ctx = max_ctx, .Hq = Hq, .Hkv = Hkv, .D = D,
+                                .workspace = ws_n ? ws.get() : nullptr, .out_act = d16.get(), .out_dtype = dt},
+                               st);
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    const std::vector<uint16_t> h = d16.download();
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < h.size(); ++i) {
+      const uint16_t want = dt == fd::DType::F16 ? fd::fp32_to_fp16(got[i]) : fd::fp32_to_bf16(got[i]);
+      if (h[i] != want && bad++ == 0) first = i;
+    }
+    EXPECT_EQ(bad, 0u) << fd::dtype_name(dt) << " output: " << bad << " elements differ from the fp32 output rounded, "
+                       << "first at " << first << " (" << h[first] << " against fp32 " << got[first] << ")";
+  }
+  cudaStreamDestroy(st);
 
   const fd::ModelConfig cfg = attn_config(Hq, Hkv, D);
   for (int64_t b = 0; b < B; ++b) {

@@ -1,0 +1,189 @@
+// The CUDA S-Part's small kernels against host twins: RMSNorm and LayerNorm (rows held in registers, every
+// width up to the largest allowed; the bias stored back; the rows gathered as the LM head reads them), the
+// embedding (the 16-byte path and the scalar one, learned positions, a tensor rank's vocabulary slice) and a
+// graph step's inputs (cuda::step_inputs: fed tokens and widened positions). Skips when no CUDA device answers
+// (label gpu); without CUDA in the build it is empty.
+#include <gtest/gtest.h>
+
+#ifdef FD_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fastdecode/core/dtype.h"
+#include "fastdecode/core/error.h"
+#include "kernels/cuda/embed.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/sampling.h"
+#include "tests/gpu/cuda_test_util.h"
+#include "tests/gpu/require_gpu.h"
+
+namespace {
+
+using fd::DType;
+using fd::test::Dev;
+
+std::vector<float> uniform(size_t n, float lo, float hi, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+float to_f32(uint16_t h, DType dt) { return dt == DType::F16 ? fd::fp16_to_fp32(h) : fd::bf16_to_fp32(h); }
+uint16_t to_16(float f, DType dt) { return dt == DType::F16 ? fd::fp32_to_fp16(f) : fd::fp32_to_bf16(f); }
+
+// One norm call: x [rows_in, n] (rows: output row t reads x[rows[t]]), against the host twin in double.
+// The output is 16-bit: within one rounding of the type (relative 2^-11 fp16, 2^-8 bf16), doubled for the fp32
+// arithmetic before it. With a bias, x + bias must be stored back exactly as the host sums it in fp32.
+void check_norm(bool rms, DType dt, int64_t n, int64_t rows_in, const std::vector<int32_t>& rows, bool bias,
+                uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t T = rows.empty() ? rows_in : int64_t(rows.size());
+  std::vector<float> x = uniform(size_t(rows_in * n), -3, 3, rng), w = uniform(size_t(n), 0.5f, 1.5f, rng),
+                     b = uniform(size_t(n), -0.5f, 0.5f, rng), add = uniform(size_t(n), -1, 1, rng);
+  Dev<float> dx(x), dw(w), db(b), dadd(add);
+  Dev<int32_t> drows(rows.empty() ? std::vector<int32_t>{0} : rows);
+  Dev<uint16_t> out(size_t(T * n));
+  out.fill_bytes(0xFF);
+  const int32_t* rp = rows.empty() ? nullptr : drows.get();
+  if (rms) fd::cuda::rmsnorm(dx.get(), bias ? dadd.get() : nullptr, dw.get(), 1e-5f, T, n, out.get(), dt, nullptr, rp);
+  else fd::cuda::layernorm(dx.get(), bias ? dadd.get() : nullptr, dw.get(), db.get(), 1e-5f, T, n, out.get(), dt, nullptr, rp);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = out.download();
+  const std::vector<float> xs = dx.download();
+  if (bias)
+    for (int64_t i = 0; i < rows_in * n; ++i) x[size_t(i)] += add[size_t(i % n)];
+  size_t stored_bad = 0;
+  for (size_t i = 0; i < x.size(); ++i) stored_bad += xs[i] != x[i];
+  EXPECT_EQ(stored_bad, 0u) << "x as stored back (bias " << bias << ")";
+  const double tol = dt == DType::F16 ? 2 * std::ldexp(1.0, -11) : 2 * std::ldexp(1.0, -8);
+  size_t bad = 0;
+  std::string first;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* r = &x[size_t((rows.empty() ? t : rows[size_t(t)]) * n)];
+    double mean = 0, ss = 0;
+    for (int64_t i = 0; i < n; ++i) mean += r[i], ss += double(r[i]) * r[i];
+    mean /= double(n);
+    double var = 0;
+    for (int64_t i = 0; i < n; ++i) var += (r[i] - mean) * (r[i] - mean);
+    const double inv = rms ? 1 / std::sqrt(ss / double(n) + 1e-5) : 1 / std::sqrt(var / double(n) + 1e-5);
+    for (int64_t i = 0; i < n; ++i) {
+      const double ref = rms ? w[size_t(i)] * (r[i] * inv) : (r[i] - mean) * inv * w[size_t(i)] + b[size_t(i)];
+      const double g = to_f32(got[size_t(t * n + i)], dt);
+      if (!(std::fabs(g - ref) <= tol * std::fabs(ref) + 1e-6) && bad++ == 0)
+        first = "row " + std::to_string(t) + " col " + std::to_string(i) + ": " + std::to_string(g) + " against " +
+                std::to_string(ref);
+    }
+  }
+  EXPECT_EQ(bad, 0u) << (rms ? "rmsnorm" : "layernorm") << " " << fd::dtype_name(dt) << " n=" << n << " T=" << T
+                     << (rows.empty() ? "" : " gathered") << (bias ? " +bias" : "") << ": " << bad
+                     << " elements off, first " << first;
+}
+
+class CudaElementwise : public ::testing::Test {
+ protected:
+  void SetUp() override { FD_SKIP_WITHOUT_GPU(); }
+};
+
+}  // namespace
+
+// Widths: a handful of float4s (most threads idle), Llama's 4096 (256 threads, four float4s each), OPT-66B's
+// 9216 (more threads than 256), the largest allowed 16384 (1024 threads); 16-bit outputs of both types.
+TEST_F(CudaElementwise, NormsMatchTheHostTwin) {
+  uint32_t seed = 1;
+  for (const bool rms : {true, false})
+    for (const DType dt : {DType::F16, DType::BF16})
+      for (const int64_t n : {int64_t(36), int64_t(4096), int64_t(9216), int64_t(16384)}) {
+        check_norm(rms, dt, n, 5, {}, false, seed++);
+        check_norm(rms, dt, n, 3, {}, true, seed++);
+      }
+}
+
+// The LM head's rows gathered by the norm: repeated and permuted sources, fewer outputs than rows.
+TEST_F(CudaElementwise, NormsGatherTheirRows) {
+  for (const bool rms : {true, false}) {
+    check_norm(rms, DType::F16, 4096, 6, {5, 0, 0, 3}, false, 11);
+    check_norm(rms, DType::BF16, 9216, 3, {2, 1}, false, 12);
+  }
+}
+
+TEST_F(CudaElementwise, NormsRefuseWhatTheyCannotDo) {
+  Dev<float> x(16388), w(16388);
+  Dev<uint16_t> out(16388);
+  Dev<int32_t> rows(1);
+  EXPECT_THROW(fd::cuda::rmsnorm(x.get(), nullptr, w.get(), 1e-5f, 1, 16388, out.get(), DType::F16, nullptr),
+               fd::Error);  // wider than 16384
+  EXPECT_THROW(fd::cuda::rmsnorm(x.get(), nullptr, w.get(), 1e-5f, 1, 18, out.get(), DType::F16, nullptr),
+               fd::Error);  // not a multiple of 4
+  EXPECT_THROW(fd::cuda::layernorm(x.get(), w.get(), w.get(), w.get(), 1e-5f, 1, 64, out.get(), DType::F16, nullptr,
+                                   rows.get()),
+               fd::Error);  // a bias stored back into gathered rows
+}
+
+// The embedding exactly as the host sums it: the 16-byte path (H % 8 == 0) and the scalar one, with learned
+// positions (OPT) and a tensor rank's slice of the vocabulary (tokens outside it embed as 0).
+TEST_F(CudaElementwise, EmbeddingMatchesTheHostTwin) {
+  std::mt19937 rng(5);
+  for (const DType dt : {DType::F16, DType::BF16})
+    for (const int64_t H : {int64_t(4096), int64_t(100), int64_t(8)})
+      for (const bool positions : {false, true})
+        for (const bool slice : {false, true}) {
+          const int64_t V = 50, P = 40, off = 2, v0 = slice ? 10 : 0, v1 = slice ? 30 : V;
+          std::vector<uint16_t> table(size_t((v1 - v0) * H)), pt(size_t(P * H));
+          for (auto& e : table) e = to_16(std::uniform_real_distribution<float>(-2, 2)(rng), dt);
+          for (auto& e : pt) e = to_16(std::uniform_real_distribution<float>(-2, 2)(rng), dt);
+          const std::vector<int32_t> tokens = {12, 0, 29, 49, 12, 10};
+          const std::vector<int64_t> pos = {0, 5, 37, 1, 2, 3};
+          const int64_t T = int64_t(tokens.size());
+          Dev<uint16_t> dt_(table), dp(pt);
+          Dev<int32_t> dtok(tokens);
+          Dev<int64_t> dpos(pos);
+          Dev<float> x(size_t(T * H));
+          x.fill_bytes(0xFF);
+          fd::cuda::embed(dtok.get(), dpos.get(), dt_.get(), positions ? dp.get() : nullptr, dt, off, T, H, x.get(),
+                          nullptr, v0, v1);
+          CUDA_CHECK(cudaDeviceSynchronize());
+          const std::vector<float> got = x.download();
+          size_t bad = 0;
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t i = 0; i < H; ++i) {
+              const int64_t tok = tokens[size_t(t)];
+              const float e = tok >= v0 && tok < v1 ? to_f32(table[size_t((tok - v0) * H + i)], dt) : 0.0f;
+              const float p = positions ? to_f32(pt[size_t((pos[size_t(t)] + off) * H + i)], dt) : 0.0f;
+              bad += got[size_t(t * H + i)] != e + p;
+            }
+          EXPECT_EQ(bad, 0u) << fd::dtype_name(dt) << " H=" << H << " positions " << positions << " slice " << slice;
+        }
+}
+
+// A graph step's inputs: fed rows take the step before's pick (any row of it), the others their own token;
+// positions widened to int64; the whole of a padded batch written.
+TEST_F(CudaElementwise, StepInputsFeedPicksAndWidenPositions) {
+  const int64_t n = 300;  // more than one block of 256
+  std::vector<int32_t> in(static_cast<size_t>(5 * n)), picks(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    in[size_t(2 * n + i)] = int32_t(1000 + i);                         // tokens
+    in[size_t(3 * n + i)] = i % 3 == 0 ? int32_t((i * 7) % n) : -1;   // feed
+    in[size_t(4 * n + i)] = int32_t(100000 + i);                      // positions
+    picks[size_t(i)] = int32_t(50000 + i);
+  }
+  Dev<int32_t> din(in), dpicks(picks), tokens(static_cast<size_t>(n));
+  Dev<int64_t> pos(static_cast<size_t>(n));
+  tokens.fill_bytes(0xFF), pos.fill_bytes(0xFF);
+  fd::cuda::step_inputs(din.get(), n, dpicks.get(), tokens.get(), pos.get(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<int32_t> t = tokens.download();
+  const std::vector<int64_t> p = pos.download();
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t feed = in[size_t(3 * n + i)];
+    ASSERT_EQ(t[size_t(i)], feed >= 0 ? picks[size_t(feed)] : in[size_t(2 * n + i)]) << "row " << i;
+    ASSERT_EQ(p[size_t(i)], 100000 + i) << "row " << i;
+  }
+}
+
+#endif  // FD_HAVE_CUDA
