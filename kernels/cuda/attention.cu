@@ -285,6 +285,7 @@ __global__ void decode_combine_kernel(const int32_t* lens, int64_t max_ctx, int 
   __syncthreads();
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float x = 0.0f;
+#pragma unroll 8  // the partials' loads in flight together (the sum's order unchanged)
     for (int i = 0; i < n; ++i) x = fmaf(w[i], ws_acc[(row * S + i) * D + d], x);
     store_out(out, out_act, act_bf16, row * D + d, x);
   }

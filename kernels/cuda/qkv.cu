@@ -14,10 +14,11 @@ namespace {
 
 using namespace detail;
 
-// One block per row t. The row's RoPE angles are computed once into shared memory (all heads share
-// them); then each thread takes four adjacent pairs (i..i+3) of a head, whose elements i..i+3 and
-// i + D/2 .. i + D/2 + 3 it reads as 8 bytes each and writes as float4 / 8 bytes (D % 8 == 0).
-// Pair i of head h is rotated as HF's rotate_half; v heads are copied (+ bias).
+// Blocks (t, y): row t's work items y * blockDim .. (y + 1) * blockDim - 1, one a thread (a row's items spread
+// over blocks, so that a thread makes one round trip to memory, not one an item). A block computes the row's RoPE
+// angles into shared memory first (all heads share them); a work item is four adjacent pairs (i..i+3) of a head,
+// whose elements i..i+3 and i + D/2 .. i + D/2 + 3 it reads as 8 bytes each and writes as float4 / 8 bytes
+// (D % 8 == 0). Pair i of head h is rotated as HF's rotate_half; v heads are copied (+ bias).
 template <typename T>
 __global__ void qkv_post_kernel(const T* qkv, const float* bias, const int64_t* pos, const float* inv_freq,
                                 float rope_scale, int64_t Hq, int64_t Hkv, int64_t D, float* q, float* k, float* v,
@@ -33,7 +34,8 @@ __global__ void qkv_post_kernel(const T* qkv, const float* bias, const int64_t* 
   __syncthreads();
   const T* row = qkv + t * ld;
   const int64_t per_head = half / 4;
-  for (int64_t j = threadIdx.x; j < heads * per_head; j += blockDim.x) {
+  const int64_t j = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (j < heads * per_head) {
     const int64_t h = j / per_head, i = 4 * (j % per_head), col = h * D + i;
     float4 a = load4(row + col), b = load4(row + col + half);
     if (bias) a = a + *reinterpret_cast<const float4*>(bias + col), b = b + *reinterpret_cast<const float4*>(bias + col + half);
@@ -63,7 +65,8 @@ __global__ void qkv_post_kernel(const T* qkv, const float* bias, const int64_t* 
 void qkv_post(const QkvPostParams& p, cudaStream_t s) {
   if (p.D % 8 != 0) FD_THROW("qkv_post: head_dim " << p.D << " is not a multiple of 8");
   FD_ACT_DISPATCH(p.dtype, "qkv_post",
-                  if (p.T > 0) qkv_post_kernel<A16><<<unsigned(p.T), kThreads, size_t(p.D) * sizeof(float), s>>>(
+                  if (p.T > 0) qkv_post_kernel<A16><<<dim3(unsigned(p.T), blocks((p.Hq + 2 * p.Hkv) * (p.D / 8))),
+                                                      kThreads, size_t(p.D) * sizeof(float), s>>>(
                       static_cast<const A16*>(p.qkv), p.bias, p.pos, p.inv_freq, p.rope_scale, p.Hq, p.Hkv, p.D,
                       p.q, p.k, p.v, p.q16, p.k16, p.v16, p.slots, p.max_ctx));
   check_launch("qkv_post");
