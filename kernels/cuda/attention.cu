@@ -19,7 +19,7 @@ namespace {
 // reduced across the group with xor shuffles. Every group keeps its own online-softmax state (max, sum,
 // acc slice); the block merges the groups through shared memory at the end.
 constexpr int kDecThreads = 128;
-constexpr int kMinChunk = 64;         // fewest rows a split reads
+constexpr int kMinChunk = 64;         // smallest preferred chunk (a balanced split reads over half of one)
 constexpr int kMaxChunk = 512;        // preferred chunk never grows past this (balance across lengths)
 constexpr int kMaxSplits = 32;        // splits per sequence (one warp merges them)
 constexpr int64_t kTargetBlocks = 4096;  // ~2 waves of resident blocks on an H200 (132 SMs)
@@ -89,8 +89,14 @@ __device__ __forceinline__ void store_out(float* out, void* out_act, bool bf16, 
   else static_cast<__half*>(out_act)[i] = __float2half_rn(x);
 }
 
-// Chunk of a sequence of length len over S splits: the same in the split and the combine kernel.
-__device__ __forceinline__ int seq_chunk(int len, int S, int C) { return max(C, (len + S - 1) / S); }
+// Chunk of a sequence of length len over at most S splits of about the preferred chunk C: n = min(S, ceil(len / C))
+// splits of equal length (ceil(len / n) rows; the last may be shorter by less than n), so that no split is left with
+// a short tail (528 rows at C = 512 are 264 + 264, not 512 + 16, whose blocks would leave half the grid idle). The
+// same in the split and the combine kernel; at least 1 (a length of 0 gives no split).
+__device__ __forceinline__ int seq_chunk(int len, int S, int C) {
+  const int n = min(S, max(1, (len + C - 1) / C));
+  return max(1, (len + n - 1) / n);
+}
 
 // Eight fp16 (one 16-byte load) to fp32; bit extraction instead of a type-punned pointer.
 __device__ __forceinline__ void h8_to_f32(const uint4& u, float (&f)[8]) {
