@@ -30,10 +30,12 @@ DEFAULTS = {
     "prefill": os.path.join(ART, "stages", "prefill-5285944", "prefill_ttft.json"),
     "pipeline": os.path.join(ART, "stages", "pipeline", "pipeline_bound.json"),
     "transport": os.path.join(ART, "stages", "transport-inplace-236fbe0", "transport.json"),
-    "spart": [os.path.join(ART, "stages", "spart-38a09de", f) for f in ("spart_llama-2-7b.json", "spart_llama-2-7b_bf16.json")],
-    # gpu-only from the async-stepping call; paged-swap's whole step from the 38a09de runs, re-analysed by step period
-    "roofline": [os.path.join(ART, "stages", "async-steps-9cf9bec", d, "gpu_roofline.json")
-                 for d in ("roofline-async", "roofline-38a09de-period")],
+    "spart": [os.path.join(ART, "stages", "small-kernels-c749edd", "call2-4ce8b58", f)
+              for f in ("spart_llama-2-7b.json", "spart_llama-2-7b_bf16.json")],
+    # gpu-only from the small-kernels call (two rounds); paged-swap's whole step from the 38a09de runs, re-analysed by
+    # step period
+    "roofline": [os.path.join(ART, "stages", "small-kernels-c749edd", "call3-c749edd", "roofline-async", "gpu_roofline.json"),
+                 os.path.join(ART, "stages", "async-steps-9cf9bec", "roofline-38a09de-period", "gpu_roofline.json")],
     "kernels": os.path.join(ART, "stages", "kernels-ae65a3a", "kernel_profile.json"),
     "trace": os.path.join(ART, "stages", "pipeline", "trace_tracks.json"),
 }

@@ -1,4 +1,5 @@
-// CUDA attention: flash-decoding over an fp16 KV-cache, tiled causal prefill, KV append (see attention.h).
+// CUDA attention: flash-decoding over an fp16 KV-cache, tiled causal prefill (see attention.h; the KV append is in
+// append_kv.cu).
 #include "kernels/cuda/attention.h"
 
 #include <cuda_bf16.h>
@@ -520,17 +521,6 @@ PrefillKernel prefill_kernel_for(int D) {
   }
 }
 
-// ---------------------------------------------------------------------------------------------------
-__global__ void append_kv_kernel(const float* k, const float* v, const int32_t* slots, const int32_t* pos, int64_t total,
-                                 int64_t max_ctx, int kv_dim, __half* kc, __half* vc) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= total) return;
-  const int64_t t = i / kv_dim, e = i - t * kv_dim;
-  const int64_t dst = (int64_t(slots[t]) * max_ctx + pos[t]) * kv_dim + e;
-  kc[dst] = __float2half_rn(k[i]);
-  vc[dst] = __float2half_rn(v[i]);
-}
-
 float exp2_scale(int D) { return float(1.0 / std::sqrt(double(D)) * 1.4426950408889634); }
 
 }  // namespace
@@ -603,15 +593,6 @@ void prefill_attention(const PrefillAttentionParams& p, cudaStream_t s) {
   const dim3 grid(unsigned(ceil_div64(max_len, kPM)), unsigned(Hq), unsigned(n_seq));
   kern<<<grid, kPThreads, smem, s>>>(q, k, v, starts, Hq, Hkv, exp2_scale(D), out);
   check_launch("prefill_attention");
-}
-
-void append_kv(const AppendKvParams& p, cudaStream_t s) {
-  const int64_t total = p.T * int64_t(p.kv_dim);
-  if (total <= 0) return;
-  constexpr int kThreads = 256;
-  append_kv_kernel<<<unsigned((total + kThreads - 1) / kThreads), kThreads, 0, s>>>(
-      p.k, p.v, p.slots, p.pos, total, p.max_ctx, p.kv_dim, p.k_cache, p.v_cache);
-  check_launch("append_kv");
 }
 
 }  // namespace fd::cuda
