@@ -80,7 +80,7 @@ void HybridRank::shutdown(bool spawned, const std::vector<std::string>& tokens) 
 }
 
 // The S-Part's [q|k|v] for every row; the R-worker rows' q, k, v (fp16) down and out; the GPU rows' attention on
-// the GPU (into a.att rows [0, n_gpu)).
+// the GPU (into the o-projection's input a.a16, rows [0, n_gpu)).
 void HybridRank::launch(size_t i, const HyBatch& b, int l, HyStep& out) {
   (void)out;
   DevActs& a = acts(i);
@@ -118,21 +118,24 @@ void HybridRank::launch(size_t i, const HyBatch& b, int l, HyStep& out) {
                     stream_);
     cuda::decode_attention({.q = a.q.get(), .k_cache = k_cache_[size_t(l)].get(), .v_cache = v_cache_[size_t(l)].get(),
                             .slots = x.get(), .lens = x.get() + 2 * n_rows, .B = ng, .max_ctx = o_.max_ctx,
-                            .Hq = int(c.num_heads), .Hkv = int(c.num_kv_heads), .D = int(c.head_dim), .out = a.att.get(),
-                            .workspace = workspace_.get()},
+                            .Hq = int(c.num_heads), .Hkv = int(c.num_kv_heads), .D = int(c.head_dim),
+                            .workspace = workspace_.get(), .out_act = a.a16.get(),  // the o-projection's input
+                            .out_dtype = model_->act_dtype()},
                            stream_);
     CUDA_CHECK(cudaEventRecord(event(ea + 1), stream_));
     attn_spans_.push_back({ea, ea + 1});
   }
 }
 
-// The R-worker rows' attention output up (fp16 into a.q16, cast to fp32 into a.att after the GPU rows'), then the
-// o-projection and the MLP for every row.
+// The R-worker rows' attention output (fp16) up into the o-projection's input a.a16 after the GPU rows' (which
+// decode_attention wrote there): as it lies when the activations are fp16, else through a.q16 and one cast; then
+// the o-projection and the MLP for every row.
 void HybridRank::finish(size_t i, const HyBatch& b, int l, HyStep& out) {
   DevActs& a = acts(i);
   const ModelConfig& c = config();
   const int64_t T = int64_t(b.rows.pos.size()), ng = int64_t(b.n_gpu), nc = T - ng;
   const size_t qd = size_t(c.q_dim());
+  const bool f16 = model_->act_dtype() == DType::F16;  // the replies are fp16: a.a16 takes them as they lie
   if (nc > 0) {
     std::vector<std::pair<size_t, uint64_t>> reqs;
     for (size_t p = 0; p < b.parts.size(); ++p) reqs.push_back({b.parts[p].worker, flights_[i].requests[p]});
@@ -145,15 +148,16 @@ void HybridRank::finish(size_t i, const HyBatch& b, int l, HyStep& out) {
       const size_t n = part.end - part.begin;
       FD_CHECK(replies[p].frames.at(0).size() == n * qd * 2, "hybrid engine: R-worker " << part.worker << " sent "
                                                              << replies[p].frames.at(0).size() << " bytes of attention");
-      CUDA_CHECK(cudaMemcpyAsync(a.q16.get() + part.begin * qd, replies[p].frames[0].data(), n * qd * 2,
-                                 cudaMemcpyHostToDevice, stream_));
+      void* dst = f16 ? static_cast<void*>(a.a16.get() + part.begin * qd) : static_cast<void*>(a.q16.get() + part.begin * qd);
+      CUDA_CHECK(cudaMemcpyAsync(dst, replies[p].frames[0].data(), n * qd * 2, cudaMemcpyHostToDevice, stream_));
     }
-    cuda::cast(a.q16.get() + size_t(ng) * qd, DType::F16, a.att.get() + size_t(ng) * qd, DType::F32, nc * int64_t(qd), stream_);
+    if (!f16)
+      cuda::cast(a.q16.get() + size_t(ng) * qd, DType::F16, a.a16.get() + size_t(ng) * qd, model_->act_dtype(),
+                 nc * int64_t(qd), stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // the replies' buffers go with `replies`
   }
   const size_t ev = s_part_spans_.size() * 2 + attn_spans_.size() * 2;
   CUDA_CHECK(cudaEventRecord(event(ev), stream_));
-  model_->attention_from_f32(a);
   model_->attention_output_and_mlp(a, l);
   CUDA_CHECK(cudaEventRecord(event(ev + 1), stream_));
   s_part_spans_.push_back({ev, ev + 1});
@@ -301,8 +305,7 @@ HybridRates HybridRank::calibrate(int64_t max_batch) {
     for (int rep = 0; rep < 4; ++rep) {
       CUDA_CHECK(cudaEventRecord(event(0), stream_));
       model_->attention_input(a, 0, CudaModel::kF32 | CudaModel::kF16);
-      model_->attention_from_f32(a);
-      model_->attention_output_and_mlp(a, 0);
+      model_->attention_output_and_mlp(a, 0);  // (the attention writes the o-projection's input itself)
       CUDA_CHECK(cudaEventRecord(event(1), stream_));
       CUDA_CHECK(cudaEventSynchronize(event(1)));
       float ms = 0;
@@ -332,7 +335,8 @@ HybridRates HybridRank::calibrate(int64_t max_batch) {
       CUDA_CHECK(cudaEventRecord(event(0), stream_));
       cuda::decode_attention({.q = a.q.get(), .k_cache = k_cache_[0].get(), .v_cache = v_cache_[0].get(), .slots = x.get(),
                               .lens = x.get() + 2 * B, .B = B, .max_ctx = o_.max_ctx, .Hq = int(c.num_heads),
-                              .Hkv = int(c.num_kv_heads), .D = int(c.head_dim), .out = a.att.get(), .workspace = workspace_.get()},
+                              .Hkv = int(c.num_kv_heads), .D = int(c.head_dim), .workspace = workspace_.get(),
+                              .out_act = a.a16.get(), .out_dtype = model_->act_dtype()},  // as the step runs it
                              stream_);
       CUDA_CHECK(cudaEventRecord(event(1), stream_));
       CUDA_CHECK(cudaEventSynchronize(event(1)));
