@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/decode_plan.h"
 
 namespace fd::cuda {
 
@@ -20,34 +21,7 @@ namespace {
 // reduced across the group with xor shuffles. Every group keeps its own online-softmax state (max, sum,
 // acc slice); the block merges the groups through shared memory at the end.
 constexpr int kDecThreads = 128;
-constexpr int kMinChunk = 64;         // smallest preferred chunk (a balanced split reads over half of one)
-constexpr int kMaxChunk = 512;        // preferred chunk never grows past this (balance across lengths)
-constexpr int kMaxSplits = 32;        // splits per sequence (one warp merges them)
-constexpr int64_t kTargetBlocks = 4096;  // ~2 waves of resident blocks on an H200 (132 SMs)
-constexpr int kMaxGroup = 8;          // query heads per block
-
-struct SplitPlan {
-  int chunk;   // preferred chunk C: a sequence of length n uses chunks of max(C, ceil(n / splits)) rows
-  int splits;  // grid size in the split dimension
-};
-
-int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// The largest power-of-two chunk (64..512) that still leaves kTargetBlocks blocks when the sequences fill
-// max_ctx; splits = ceil(max_ctx / chunk) capped at kMaxSplits. Non-increasing in blocks_per_split, so the
-// smallest blocks_per_split bounds the workspace.
-SplitPlan plan_splits(int64_t blocks_per_split, int64_t max_ctx) {
-  int64_t c = kMinChunk;
-  while (c < kMaxChunk && blocks_per_split * ceil_div64(max_ctx, 2 * c) >= kTargetBlocks) c *= 2;
-  const int64_t s = std::max<int64_t>(1, std::min<int64_t>(kMaxSplits, ceil_div64(max_ctx, c)));
-  return {int(c), int(s)};
-}
-
-int group_tile(int G) {  // query heads per block: the next power of two, at most kMaxGroup
-  int gt = 1;
-  while (gt < G && gt < kMaxGroup) gt *= 2;
-  return gt;
-}
+using namespace decode_plan;  // the split plan (decode_plan.h)
 
 void check_head_dim(const char* what, int D) {
   if (D < 32 || D > 256 || D % 32 != 0)
@@ -88,15 +62,6 @@ __device__ __forceinline__ void store_out(float* out, void* out_act, bool bf16, 
   if (!out_act) out[i] = x;
   else if (bf16) static_cast<__nv_bfloat16*>(out_act)[i] = __float2bfloat16_rn(x);
   else static_cast<__half*>(out_act)[i] = __float2half_rn(x);
-}
-
-// Chunk of a sequence of length len over at most S splits of about the preferred chunk C: n = min(S, ceil(len / C))
-// splits of equal length (ceil(len / n) rows; the last may be shorter by less than n), so that no split is left with
-// a short tail (528 rows at C = 512 are 264 + 264, not 512 + 16, whose blocks would leave half the grid idle). The
-// same in the split and the combine kernel; at least 1 (a length of 0 gives no split).
-__device__ __forceinline__ int seq_chunk(int len, int S, int C) {
-  const int n = min(S, max(1, (len + C - 1) / C));
-  return max(1, (len + n - 1) / n);
 }
 
 // Eight fp16 (one 16-byte load) to fp32; bit extraction instead of a type-punned pointer.
@@ -322,19 +287,6 @@ DecodeKernel decode_kernel_for(int D, int GT) {
     case 224: return decode_kernel_for_group<224, Paged>(GT);
     default: return decode_kernel_for_group<256, Paged>(GT);
   }
-}
-
-// Partials (b, q head, split) a call with at most B sequences may write, for any Hkv dividing Hq: a call
-// with b sequences has b * Hkv * ceil(G / GT) >= b * ceil(Hq / 8) blocks per split and plan_splits is
-// non-increasing in that, so it writes at most b * Hq * splits(b * ceil(Hq / 8)) partials. The maximum is
-// taken over every b <= B because b * splits(b) is not monotone (the chunk doubles at thresholds of b).
-int64_t max_partials_per_head(int64_t B, int Hq, int64_t max_ctx) {
-  int64_t best = 0;
-  for (int64_t b = 1; b <= B; ++b) {
-    const SplitPlan p = plan_splits(b * ceil_div64(Hq, kMaxGroup), max_ctx);
-    if (p.splits > 1) best = std::max(best, b * p.splits);
-  }
-  return best;
 }
 
 // ---------------------------------------------------------------------------------------------------
