@@ -30,83 +30,69 @@ struct Row {
   float4 v[kNormVec];
 };
 
-__device__ __forceinline__ void load_row(float4* xr, const float4* bias, const float4* w, int n4, Row& v, Row& g) {
+// f(k, i) for each float4 i = threadIdx.x + k * blockDim.x of a row of n4 that this thread owns (k < kNormVec).
+template <class F>
+__device__ __forceinline__ void each_owned(int n4, F&& f) {
 #pragma unroll
   for (int k = 0; k < kNormVec; ++k) {
     const int i = int(threadIdx.x) + k * int(blockDim.x);
-    if (i < n4) v.v[k] = xr[i], g.v[k] = w[i];
+    if (i < n4) f(k, i);
   }
-  if (bias)
-#pragma unroll
-    for (int k = 0; k < kNormVec; ++k) {
-      const int i = int(threadIdx.x) + k * int(blockDim.x);
-      if (i < n4) xr[i] = v.v[k] = v.v[k] + bias[i];
-    }
 }
 
-// rows: the source row of output row blockIdx.x (null: the same row).
+// The block's row: x[rows[blockIdx.x]] (rows null: x[blockIdx.x]) into v, + bias stored back when given; w into g.
+__device__ __forceinline__ void load_row(float* x, const int32_t* rows, const float* bias, const float* w, int n4,
+                                         Row& v, Row& g) {
+  float4* xr = reinterpret_cast<float4*>(x) + (rows ? int64_t(rows[blockIdx.x]) : int64_t(blockIdx.x)) * n4;
+  const float4 *b4 = reinterpret_cast<const float4*>(bias), *w4 = reinterpret_cast<const float4*>(w);
+  each_owned(n4, [&](int k, int i) { v.v[k] = xr[i], g.v[k] = w4[i]; });
+  if (b4) each_owned(n4, [&](int k, int i) { xr[i] = v.v[k] = v.v[k] + b4[i]; });
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kNormMaxThreads) rmsnorm_kernel(float* x, const int32_t* rows, const float* add_bias,
                                                                  const float* w, float eps, int n4, T* out) {
-  const int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
   Row v, g;
-  load_row(reinterpret_cast<float4*>(x) + src * n4, reinterpret_cast<const float4*>(add_bias),
-           reinterpret_cast<const float4*>(w), n4, v, g);
+  load_row(x, rows, add_bias, w, n4, v, g);
   float ss = 0;
-#pragma unroll
-  for (int k = 0; k < kNormVec; ++k)
-    if (int(threadIdx.x) + k * int(blockDim.x) < n4) {
-      const float4 e = v.v[k];
-      ss += e.x * e.x + e.y * e.y + e.z * e.z + e.w * e.w;
-    }
+  each_owned(n4, [&](int k, int) {
+    const float4 e = v.v[k];
+    ss += e.x * e.x + e.y * e.y + e.z * e.z + e.w * e.w;
+  });
   const float r = rsqrtf(block_sum(ss) / float(4 * n4) + eps);
   T* o = out + int64_t(blockIdx.x) * n4 * 4;
-#pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
-    const int i = int(threadIdx.x) + k * int(blockDim.x);
-    if (i < n4) {
-      const float4 e = v.v[k], c = g.v[k];
-      store4(o + 4 * i, make_float4(c.x * (e.x * r), c.y * (e.y * r), c.z * (e.z * r), c.w * (e.w * r)));
-    }
-  }
+  each_owned(n4, [&](int k, int i) {
+    const float4 e = v.v[k], c = g.v[k];
+    store4(o + 4 * i, make_float4(c.x * (e.x * r), c.y * (e.y * r), c.z * (e.z * r), c.w * (e.w * r)));
+  });
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kNormMaxThreads) layernorm_kernel(float* x, const int32_t* rows,
                                                                    const float* add_bias, const float* w,
                                                                    const float* b, float eps, int n4, T* out) {
-  const int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
   Row v, g;
-  load_row(reinterpret_cast<float4*>(x) + src * n4, reinterpret_cast<const float4*>(add_bias),
-           reinterpret_cast<const float4*>(w), n4, v, g);
+  load_row(x, rows, add_bias, w, n4, v, g);
   const float4* bb4 = reinterpret_cast<const float4*>(b);
   float s = 0;
-#pragma unroll
-  for (int k = 0; k < kNormVec; ++k)
-    if (int(threadIdx.x) + k * int(blockDim.x) < n4) {
-      const float4 e = v.v[k];
-      s += e.x + e.y + e.z + e.w;
-    }
+  each_owned(n4, [&](int k, int) {
+    const float4 e = v.v[k];
+    s += e.x + e.y + e.z + e.w;
+  });
   const float mean = block_sum(s) / float(4 * n4);
   float var = 0;
-#pragma unroll
-  for (int k = 0; k < kNormVec; ++k)
-    if (int(threadIdx.x) + k * int(blockDim.x) < n4) {
-      const float4 e = v.v[k];
-      var += (e.x - mean) * (e.x - mean) + (e.y - mean) * (e.y - mean) + (e.z - mean) * (e.z - mean) +
-             (e.w - mean) * (e.w - mean);
-    }
+  each_owned(n4, [&](int k, int) {
+    const float4 e = v.v[k];
+    var += (e.x - mean) * (e.x - mean) + (e.y - mean) * (e.y - mean) + (e.z - mean) * (e.z - mean) +
+           (e.w - mean) * (e.w - mean);
+  });
   const float r = rsqrtf(block_sum(var) / float(4 * n4) + eps);
   T* o = out + int64_t(blockIdx.x) * n4 * 4;
-#pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
-    const int i = int(threadIdx.x) + k * int(blockDim.x);
-    if (i < n4) {
-      const float4 e = v.v[k], c = g.v[k], d = bb4[i];
-      store4(o + 4 * i, make_float4((e.x - mean) * r * c.x + d.x, (e.y - mean) * r * c.y + d.y,
-                                    (e.z - mean) * r * c.z + d.z, (e.w - mean) * r * c.w + d.w));
-    }
-  }
+  each_owned(n4, [&](int k, int i) {
+    const float4 e = v.v[k], c = g.v[k], d = bb4[i];
+    store4(o + 4 * i, make_float4((e.x - mean) * r * c.x + d.x, (e.y - mean) * r * c.y + d.y,
+                                  (e.z - mean) * r * c.z + d.z, (e.w - mean) * r * c.w + d.w));
+  });
 }
 
 __global__ void add_bias_rows_kernel(float* x, const float* bias, int64_t total, int64_t n) {
