@@ -1,10 +1,13 @@
 // fd-spart-bench (CUDA builds): the S-Part of one layer on the GPU for B decode tokens next to its
 // ceiling, the same layer's cuBLAS GEMMs alone ([q|k|v], o, [gate|up], down: the same calls on the same
 // shapes), in the same run. Both are timed with CUDA events over --reps back-to-back repetitions after a
-// warm-up; the S-Part time is device time of the stages (norms, GEMMs, bias/RoPE, activation, residuals,
+// warm-up, in --rounds interleaved rounds (medians reported). Every GEMM reads a non-zero input, as in the engines
+// (the attention's output, which the R-Part would send, is a uniform random stand-in): a GEMM on zeros draws less
+// power and runs faster (kernels/cuda/ceilings.h). The S-Part time is device time of the stages (norms, GEMMs, bias/RoPE, activation, residuals,
 // the q/k/v split into the fp16 tensors FastDecode sends), without the host transfers of the engine (fd-bench profile --backend cuda measures
 // those). Writes JSON rows: B, spart_ms, gemm_ms, ratio, the GEMMs' TFLOP/s and weight-read GB/s, and
-// each elementwise kernel of the layer timed alone (elementwise_ms, elementwise_sum_ms).
+// each elementwise kernel of the layer timed alone (elementwise_ms, elementwise_sum_ms, and the DRAM rate each
+// reaches, elementwise_gbs).
 // --tensor T: the layer of one tensor rank of T (heads, KV heads and MLP columns / T: fastdecode/model/shard.h),
 // measured on one GPU: PREDICTED per-rank compute at T GPUs, without the two all-reduces of B x hidden fp32
 // per layer that T ranks add. Those are measured (NCCL, one thread per GPU, CUDA events) only where T GPUs
@@ -25,6 +28,7 @@
 #include <thread>
 
 #include "fastdecode/core/cli_main.h"
+#include "fastdecode/core/stats.h"
 #include "fastdecode/model/shard.h"
 #include "fastdecode/parallel/comm.h"
 #include "fastdecode/spart/cuda_model.h"
@@ -32,6 +36,7 @@
 #include "harness/bench/cuda_timing.h"
 #include "harness/provenance.h"
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/ceilings.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/green_context.h"
 #include "kernels/cuda/norm.h"
@@ -84,12 +89,13 @@ int tune(const fd::CudaModel& m, const fd::ModelConfig& c, fd::DType act, const 
     std::vector<fd::DeviceBuffer<uint16_t>> W;
     for (int k = 0; k < kCopies; ++k) {
       W.emplace_back(size_t(g.out * g.in));
-      CUDA_CHECK(cudaMemsetAsync(W.back().get(), 0, size_t(g.out * g.in) * 2, s));
+      fd::cuda::fill_uniform16(W.back().get(), W.back().size(), 0.05f, uint64_t(k + 1), act == fd::DType::BF16, s);
     }
     const int64_t rmax = *std::max_element(rows.begin(), rows.end());
     fd::DeviceBuffer<uint16_t> x(size_t(rmax * g.in));
     fd::DeviceBuffer<float> y(size_t(rmax * g.out));
-    CUDA_CHECK(cudaMemsetAsync(x.get(), 0, x.size() * 2, s));
+    // Random operands, not zeros: a tensor-core GEMM's time depends on its operands' bits (ceilings.h).
+    fd::cuda::fill_uniform16(x.get(), x.size(), 1.0f, 7, act == fd::DType::BF16, s);
     CUDA_CHECK(cudaMemsetAsync(y.get(), 0, y.size() * 4, s));
     for (const int64_t T : rows) {
       const fd::GemmProblem p{g.out, g.in, T, act, g.y_fp32, g.beta != 0.0f};
@@ -128,7 +134,7 @@ int main(int argc, char** argv) {
   app.name("fd-spart-bench");
   std::string model_path, out;
   std::vector<int64_t> batches = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
-  int64_t reps = 20, sm_count = 0, tensor = 1;
+  int64_t reps = 20, rounds = 5, sm_count = 0, tensor = 1;
   std::string dtype = "fp16", gemm_table = "auto", tune_out;
   std::vector<int64_t> tune_rows;
   // The graphs' buckets up to 128 rows: tuned at 192-1024 too, the S-Part ran slower in place at 1024 rows
@@ -138,6 +144,8 @@ int main(int argc, char** argv) {
   app.add_option("--model", model_path, "Model config (HF config.json)")->required();
   app.add_option("--batches", batches, "Decode batch sizes B")->capture_default_str();
   app.add_option("--reps", reps, "Timed repetitions per B (after one warm-up)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--rounds", rounds, "Rounds per B, each timing the S-Part and its GEMMs in turn (medians reported)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--sm-count", sm_count, "Run on this many SMs (green context); 0 = all")->capture_default_str();
   app.add_option("--dtype", dtype, "16-bit weight and activation type")->check(CLI::IsMember({"fp16", "bf16"}))->capture_default_str();
   app.add_option("--tensor", tensor, "Time one tensor rank's layer of T (per-rank shapes, one GPU); T GPUs and NCCL: "
@@ -220,26 +228,34 @@ int main(int argc, char** argv) {
       m.upload(a.tokens.get(), tok.data(), tok.size() * 4);
       m.upload(a.pos.get(), pos.data(), pos.size() * 8);
       m.embed(a);
-      CUDA_CHECK(cudaMemsetAsync(a.a16.get(), 0, size_t(B) * size_t(qd) * 2, s));
-      CUDA_CHECK(cudaMemsetAsync(a.i16.get(), 0, size_t(B) * size_t(I) * 2, s));
+      // The attention's output (the R-Part's, here a stand-in) and the MLP's input: random values, not zeros,
+      // for the S-Part and its ceiling alike: a GEMM on zeros runs faster than on real activations (ceilings.h).
+      fd::cuda::fill_uniform16(a.a16.get(), size_t(B) * size_t(qd), 1.0f, 11, act == fd::DType::BF16, s);
+      fd::cuda::fill_uniform16(a.i16.get(), size_t(B) * size_t(I), 1.0f, 13, act == fd::DType::BF16, s);
       auto time = [&](const std::function<void()>& body) { return fd::cuda_ms_per_call(s, reps, body); };
-      const double spart = time([&] {
-        m.attention_input(a, 0, fd::CudaModel::kF16);  // as FastDecode runs it (fp16 q/k/v for the wire)
-        m.attention_output_and_mlp(a, 0);
-      });
-      const double gemm = time([&] { m.layer_gemms_only(a, 0); });
-      // The same stages replayed from one CUDA graph (as the engines run batches of up to
-      // GraphCache::kMaxRows rows with cuda_graphs): what the layer costs without launch gaps.
-      double graph = 0;
-      if (B <= fd::GraphCache::kMaxRows) {
-        fd::GraphCache g(s);
-        graph = time([&] {
-          g.run(0, [&] {
-            m.attention_input(a, 0, fd::CudaModel::kF16);
-            m.attention_output_and_mlp(a, 0);
-          });
-        });
+      // --rounds rounds, each timing the S-Part (eagerly and from one CUDA graph, as the engines run batches of up
+      // to GraphCache::kMaxRows rows) and its GEMMs in turn; the medians are reported. Timed one after the other
+      // once, the last of them ran on a warmer GPU: at B = 1024 a GEMM-bound layer runs at its power limit, and the
+      // graph's ratio swung 1.11-1.21 between two such runs (artifacts/stages/gemm-inputs/).
+      fd::GraphCache g(s);
+      std::vector<double> spart_r, gemm_r, graph_r, gratio_r;
+      for (int64_t round = 0; round < rounds; ++round) {
+        spart_r.push_back(time([&] {
+          m.attention_input(a, 0, fd::CudaModel::kF16);  // as FastDecode runs it (fp16 q/k/v for the wire)
+          m.attention_output_and_mlp(a, 0);
+        }));
+        gemm_r.push_back(time([&] { m.layer_gemms_only(a, 0); }));
+        if (B <= fd::GraphCache::kMaxRows) {
+          graph_r.push_back(time([&] {
+            g.run(0, [&] {
+              m.attention_input(a, 0, fd::CudaModel::kF16);
+              m.attention_output_and_mlp(a, 0);
+            });
+          }));
+          gratio_r.push_back(graph_r.back() / gemm_r.back());
+        }
       }
+      const double spart = fd::median(spart_r), gemm = fd::median(gemm_r), graph = graph_r.empty() ? 0 : fd::median(graph_r);
       // Each elementwise kernel of the layer alone (same shapes; weights stand-ins: the values do not
       // change the time), to see where the S-Part's time beyond the GEMMs goes.
       const int64_t Hn = c.hidden_size, In = c.intermediate_size;
@@ -282,6 +298,15 @@ int main(int argc, char** argv) {
                           })}};
       double stage_sum = 0;
       for (auto& [k, v] : stages.items()) stage_sum += v.get<double>();
+      // Each one's DRAM traffic over its time (GB/s; eager launches, so launch-bound at small B): the norms read
+      // the fp32 residual and write 16 bits, bias+RoPE+split reads and writes the 16-bit [q|k|v], the activation
+      // reads two 16-bit halves and writes one.
+      const double qkv_cols = double(qd + 2 * c.kv_dim()), bytes_per_row_norm = double(Hn) * (4 + 2);
+      const double act_cols = llama ? 3.0 * double(In) : 2.0 * double(In);
+      const fd::json stage_gbs = {
+          {"norm_x2", 2 * double(B) * bytes_per_row_norm / (stages["norm_x2"].get<double>() * 1e-3) / 1e9},
+          {"qkv_post", double(B) * qkv_cols * 4 / (stages["qkv_post"].get<double>() * 1e-3) / 1e9},
+          {"activation", double(B) * act_cols * 2 / (stages["activation"].get<double>() * 1e-3) / 1e9}};
       const double tflops = 2.0 * layer_params * double(B) / (gemm * 1e-3) / 1e12;
       const double wgbs = layer_params * 2 / (gemm * 1e-3) / 1e9;
       std::printf("%6lld %10.4f %10.4f %7.3f %9.1f %9.0f %12.4f %10.4f\n", (long long)B, spart, gemm, spart / gemm,
@@ -292,8 +317,10 @@ int main(int argc, char** argv) {
                       {"allreduce_ms", ar},
                       {"spart_graph_ms", graph > 0 ? fd::json(graph) : fd::json(nullptr)},
                       {"graph_ratio", graph > 0 ? fd::json(graph / gemm) : fd::json(nullptr)},
+                      {"graph_ratio_rounds", gratio_r},  // each round's graph / GEMMs (same round)
+                      {"gemm_ms_rounds", gemm_r},
                       {"gemm_tflops", tflops}, {"gemm_weight_gbs", wgbs}, {"elementwise_ms", stages},
-                      {"elementwise_sum_ms", stage_sum}});
+                      {"elementwise_sum_ms", stage_sum}, {"elementwise_gbs", stage_gbs}});
     }
     fd::json tp = nullptr;
     if (tensor > 1)
@@ -308,11 +335,14 @@ int main(int argc, char** argv) {
                              {"device", devs[0].name},
                              {"sm_count", streams.sm_count()},
                              {"reps", reps},
+                             {"rounds", rounds},
                              {"dtype", dtype},
                              {"gemm_table", m.gemm_table_info()},
-                             {"method", "CUDA events over reps back-to-back; S-Part = one layer's device stages "
-                                        "(no host transfers); ceiling = the same layer's 4 cuBLAS GemmEx calls "
-                                        "(16-bit in and out, fp32 accumulation) alone"},
+                             {"method", "CUDA events over reps back-to-back, in rounds (S-Part eager, GEMMs, "
+                                        "S-Part graph in turn), medians over rounds; S-Part = one layer's device "
+                                        "stages (no host transfers); ceiling = the same layer's 4 cuBLAS GemmEx calls "
+                                        "(16-bit in and out, fp32 accumulation) alone, each on the input the layer "
+                                        "gives it; the attention's output (the R-Part's) a uniform random stand-in"},
                              {"rows", rows},
                              {"provenance", fd::collect_provenance(fd::join_args(argc, argv))}};
     if (!out.empty()) fd::write_json_file(out, result);

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "kernels/cuda/cuda_check.h"
 
 namespace fd::cuda {
@@ -59,6 +62,32 @@ int64_t fma_ceiling(int64_t flops, float* sink, cudaStream_t s) {
   fma_kernel<<<kFmaBlocks, kThreads, 0, s>>>(iters, sink);
   check_launch("fma_ceiling");
   return iters * per_iter;
+}
+
+
+namespace {
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_uniform16_kernel(uint16_t* p, size_t n, float amplitude, uint64_t seed, bool bf16) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = float(mix64(seed * 0x9e3779b97f4a7c15ull + i) >> 40) * 0x1p-24f;  // [0, 1)
+    const float v = amplitude * (2.0f * u - 1.0f);
+    p[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
+  }
+}
+
+}  // namespace
+
+void fill_uniform16(void* p, size_t n, float amplitude, uint64_t seed, bool bf16, cudaStream_t s) {
+  if (n == 0) return;
+  const int blocks = int(std::min<size_t>((n + kThreads - 1) / kThreads, size_t(132) * 16));
+  fill_uniform16_kernel<<<blocks, kThreads, 0, s>>>(static_cast<uint16_t*>(p), n, amplitude, seed, bf16);
+  check_launch("fill_uniform16");
 }
 
 }  // namespace fd::cuda

@@ -1,7 +1,9 @@
 // The CUDA S-Part's small kernels against host twins: RMSNorm and LayerNorm (rows held in registers, every
 // width up to the largest allowed; the bias stored back; the rows gathered as the LM head reads them), the
 // embedding (the 16-byte path and the scalar one, learned positions, a tensor rank's vocabulary slice) and a
-// graph step's inputs (cuda::step_inputs: fed tokens and widened positions). Skips when no CUDA device answers
+// graph step's inputs (cuda::step_inputs: fed tokens and widened positions); the benchmarks' operand fill
+// (cuda::fill_uniform16: the same bits as its host twin); bias + RoPE + split (cuda::qkv_post) at head sizes of
+// both its access widths. Skips when no CUDA device answers
 // (label gpu); without CUDA in the build it is empty.
 #include <gtest/gtest.h>
 
@@ -16,8 +18,10 @@
 
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/error.h"
+#include "kernels/cuda/ceilings.h"
 #include "kernels/cuda/embed.h"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/qkv.h"
 #include "kernels/cuda/sampling.h"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/gpu/require_gpu.h"
@@ -183,6 +187,103 @@ TEST_F(CudaElementwise, StepInputsFeedPicksAndWidenPositions) {
     const int32_t feed = in[size_t(3 * n + i)];
     ASSERT_EQ(t[size_t(i)], feed >= 0 ? picks[size_t(feed)] : in[size_t(2 * n + i)]) << "row " << i;
     ASSERT_EQ(p[size_t(i)], 100000 + i) << "row " << i;
+  }
+}
+
+// qkv_post against a host twin in double: 16-byte items (D % 16 == 0: 64, 96, 128) and 8-byte ones (8, 24), GQA,
+// bias or none, RoPE (positions to 5000, a rope_scale) or none (OPT); the fp32 outputs within float rounding of the
+// twin, the fp16 ones the fp32 ones rounded (bit for bit); rows over several blocks.
+TEST_F(CudaElementwise, QkvPostMatchesTheHostTwin) {
+  struct Shape {
+    int64_t Hq, Hkv, D;
+    bool bias, rope;
+  };
+  const Shape shapes[] = {{4, 2, 8, true, true}, {3, 1, 24, false, true}, {8, 2, 64, true, true},
+                          {12, 4, 96, false, true}, {32, 8, 128, false, true}, {32, 32, 128, true, false}};
+  std::mt19937 rng(5);
+  for (const DType dt : {DType::F16, DType::BF16})
+    for (const Shape& sh : shapes) {
+      const int64_t T = 37, D = sh.D, hd = D / 2, heads = sh.Hq + 2 * sh.Hkv, ld = heads * D;
+      std::vector<uint16_t> qkv(static_cast<size_t>(T * ld));
+      for (auto& x : qkv) x = to_16(std::uniform_real_distribution<float>(-2, 2)(rng), dt);
+      const std::vector<float> bias = uniform(size_t(ld), -0.5f, 0.5f, rng);
+      std::vector<float> inv(static_cast<size_t>(hd));
+      for (int64_t i = 0; i < hd; ++i) inv[size_t(i)] = float(std::pow(10000.0, -2.0 * double(i) / double(D)));
+      std::vector<int64_t> pos(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = (t * 137) % 5000;
+      const float scale = 1.25f;
+      Dev<uint16_t> dqkv(qkv);
+      Dev<float> dbias(bias), dinv(inv), q(size_t(T * sh.Hq * D)), k(size_t(T * sh.Hkv * D)), v(size_t(T * sh.Hkv * D));
+      Dev<__half> q16(size_t(T * sh.Hq * D)), k16(size_t(T * sh.Hkv * D)), v16(size_t(T * sh.Hkv * D));
+      Dev<int64_t> dpos(pos);
+      fd::cuda::qkv_post({.qkv = dqkv.get(), .dtype = dt, .bias = sh.bias ? dbias.get() : nullptr, .pos = dpos.get(),
+                          .inv_freq = sh.rope ? dinv.get() : nullptr, .rope_scale = scale, .T = T, .Hq = sh.Hq,
+                          .Hkv = sh.Hkv, .D = D, .q = q.get(), .k = k.get(), .v = v.get(), .q16 = q16.get(),
+                          .k16 = k16.get(), .v16 = v16.get()},
+                         nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> got[3] = {q.download(), k.download(), v.download()};
+      const std::vector<uint16_t> got16[3] = {q16.download<uint16_t>(), k16.download<uint16_t>(), v16.download<uint16_t>()};
+      size_t bad = 0, bad16 = 0;
+      std::string first;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < heads; ++h) {
+          const int which = h < sh.Hq ? 0 : h < sh.Hq + sh.Hkv ? 1 : 2;
+          const int64_t oh = which == 0 ? h : which == 1 ? h - sh.Hq : h - sh.Hq - sh.Hkv;
+          const int64_t width = (which == 0 ? sh.Hq : sh.Hkv) * D;
+          for (int64_t i = 0; i < hd; ++i) {
+            const int64_t col = h * D + i;
+            double a = to_f32(qkv[size_t(t * ld + col)], dt), b = to_f32(qkv[size_t(t * ld + col + hd)], dt);
+            if (sh.bias) a += bias[size_t(col)], b += bias[size_t(col + hd)];
+            if (sh.rope && which < 2) {
+              const double ang = double(float(pos[size_t(t)]) * inv[size_t(i)]);
+              const double c = std::cos(ang) * scale, sn = std::sin(ang) * scale, a2 = a * c - b * sn;
+              b = b * c + a * sn, a = a2;
+            }
+            const size_t o = size_t(t * width + oh * D + i);
+            for (const auto& [ref, at] : {std::pair{a, o}, std::pair{b, o + size_t(hd)}}) {
+              const float g = got[which][at];
+              if (std::fabs(g - ref) > 2e-6 * (4.0 + std::fabs(ref))) {
+                if (!bad++) first = "t " + std::to_string(t) + " head " + std::to_string(h) + " i " + std::to_string(i) +
+                                    ": " + std::to_string(g) + " vs " + std::to_string(ref);
+              }
+              bad16 += got16[which][at] != fd::fp32_to_fp16(g);
+            }
+          }
+        }
+      const std::string what = std::string(fd::dtype_name(dt)) + " Hq " + std::to_string(sh.Hq) + " Hkv " +
+                               std::to_string(sh.Hkv) + " D " + std::to_string(D);
+      EXPECT_EQ(bad, 0u) << what << ": first " << first;
+      EXPECT_EQ(bad16, 0u) << what;
+    }
+}
+
+// The benchmarks' GEMM operands (fill_uniform16): bit for bit the host twin's hash, in range, both 16-bit types,
+// a length that is no multiple of the grid (the grid-stride loop's tail).
+TEST_F(CudaElementwise, UniformFillMatchesItsHostTwin) {
+  const size_t n = 1000003;
+  for (const DType dt : {DType::F16, DType::BF16}) {
+    const float amp = dt == DType::F16 ? 0.05f : 2.0f;
+    Dev<uint16_t> d(n);
+    fd::cuda::fill_uniform16(d.get(), n, amp, 42, dt == DType::BF16, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = d.download();
+    size_t bad = 0, neg = 0;
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t z = 42 * 0x9e3779b97f4a7c15ull + i;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      const float u = float(z >> 40) * 0x1p-24f;
+      bad += got[i] != to_16(amp * (2.0f * u - 1.0f), dt);
+      const float v = to_f32(got[i], dt);
+      ASSERT_LE(std::fabs(v), amp * (1.0f + 0x1p-7f)) << i;  // within the range, up to the 16-bit rounding
+      neg += v < 0, sum += v;
+    }
+    EXPECT_EQ(bad, 0u) << fd::dtype_name(dt);
+    EXPECT_NEAR(double(neg) / double(n), 0.5, 0.01) << fd::dtype_name(dt);
+    EXPECT_NEAR(sum / double(n), 0.0, 0.01 * amp) << fd::dtype_name(dt);
   }
 }
 
