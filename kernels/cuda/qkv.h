@@ -1,6 +1,7 @@
 // After the fused [q|k|v] GEMM: + bias (if any), RoPE on q and k (if inv_freq), split into contiguous
 // q [T, Hq*D], k, v [T, Hkv*D], written as fp32 and/or fp16 (null outputs skipped), the fp16 k and v either
-// contiguous or straight into a KV-cache (QkvPostParams::slots). D % 8 == 0.
+// contiguous or straight into a KV-cache (QkvPostParams::slots). D % 8 == 0; every pointer aligned to 16 bytes
+// (the 16-bit tensors are read and written 16 bytes at a time when D % 16 == 0, else 8).
 #pragma once
 #include <cstdint>
 
