@@ -1,9 +1,10 @@
 // fd-spart-bench (CUDA builds): the S-Part of one layer on the GPU for B decode tokens next to its
 // ceiling, the same layer's cuBLAS GEMMs alone ([q|k|v], o, [gate|up], down: the same calls on the same
 // shapes), in the same run. Both are timed with CUDA events over --reps back-to-back repetitions after a
-// warm-up, in --rounds interleaved rounds (medians reported). Every GEMM reads a non-zero input, as in the engines
-// (the attention's output, which the R-Part would send, is a uniform random stand-in): a GEMM on zeros draws less
-// power and runs faster (kernels/cuda/ceilings.h). The S-Part time is device time of the stages (norms, GEMMs, bias/RoPE, activation, residuals,
+// warm-up, in --rounds interleaved rounds (times: medians; a ratio: the median of the rounds' ratios). Every GEMM
+// reads a non-zero input, as in the engines (the attention's output, which the R-Part would send, is a uniform
+// random stand-in): a GEMM on zeros draws less power and runs faster (kernels/cuda/ceilings.h). The S-Part time is
+// device time of the stages (norms, GEMMs, bias/RoPE, activation, residuals,
 // the q/k/v split into the fp16 tensors FastDecode sends), without the host transfers of the engine (fd-bench profile --backend cuda measures
 // those). Writes JSON rows: B, spart_ms, gemm_ms, ratio, the GEMMs' TFLOP/s and weight-read GB/s, and
 // each elementwise kernel of the layer timed alone (elementwise_ms, elementwise_sum_ms, and the DRAM rate each
@@ -256,6 +257,11 @@ int main(int argc, char** argv) {
         }
       }
       const double spart = fd::median(spart_r), gemm = fd::median(gemm_r), graph = graph_r.empty() ? 0 : fd::median(graph_r);
+      // The ratios: medians of each round's ratio (the S-Part and its GEMMs of the same round, seconds apart), not
+      // a ratio of medians taken from different rounds.
+      std::vector<double> ratio_r;
+      for (size_t r = 0; r < spart_r.size(); ++r) ratio_r.push_back(spart_r[r] / gemm_r[r]);
+      const double ratio = fd::median(ratio_r), graph_ratio = gratio_r.empty() ? 0 : fd::median(gratio_r);
       // Each elementwise kernel of the layer alone (same shapes; weights stand-ins: the values do not
       // change the time), to see where the S-Part's time beyond the GEMMs goes.
       const int64_t Hn = c.hidden_size, In = c.intermediate_size;
@@ -309,14 +315,14 @@ int main(int argc, char** argv) {
           {"activation", double(B) * act_cols * 2 / (stages["activation"].get<double>() * 1e-3) / 1e9}};
       const double tflops = 2.0 * layer_params * double(B) / (gemm * 1e-3) / 1e12;
       const double wgbs = layer_params * 2 / (gemm * 1e-3) / 1e9;
-      std::printf("%6lld %10.4f %10.4f %7.3f %9.1f %9.0f %12.4f %10.4f\n", (long long)B, spart, gemm, spart / gemm,
+      std::printf("%6lld %10.4f %10.4f %7.3f %9.1f %9.0f %12.4f %10.4f\n", (long long)B, spart, gemm, ratio,
                   tflops, wgbs, stage_sum, graph);
       fd::json ar = nullptr;
       if (!nccl.empty()) ar = 2 * allreduce_ms(B);  // two per layer (after o and after down)
-      rows.push_back({{"B", B}, {"spart_ms", spart}, {"gemm_ms", gemm}, {"ratio", spart / gemm},
+      rows.push_back({{"B", B}, {"spart_ms", spart}, {"gemm_ms", gemm}, {"ratio", ratio},
                       {"allreduce_ms", ar},
                       {"spart_graph_ms", graph > 0 ? fd::json(graph) : fd::json(nullptr)},
-                      {"graph_ratio", graph > 0 ? fd::json(graph / gemm) : fd::json(nullptr)},
+                      {"graph_ratio", graph > 0 ? fd::json(graph_ratio) : fd::json(nullptr)},
                       {"graph_ratio_rounds", gratio_r},  // each round's graph / GEMMs (same round)
                       {"gemm_ms_rounds", gemm_r},
                       {"gemm_tflops", tflops}, {"gemm_weight_gbs", wgbs}, {"elementwise_ms", stages},
@@ -339,8 +345,9 @@ int main(int argc, char** argv) {
                              {"dtype", dtype},
                              {"gemm_table", m.gemm_table_info()},
                              {"method", "CUDA events over reps back-to-back, in rounds (S-Part eager, GEMMs, "
-                                        "S-Part graph in turn), medians over rounds; S-Part = one layer's device "
-                                        "stages (no host transfers); ceiling = the same layer's 4 cuBLAS GemmEx calls "
+                                        "S-Part graph in turn): times are medians over rounds, ratios the medians of "
+                                        "each round's ratio; S-Part = one layer's device stages (no host transfers); "
+                                        "ceiling = the same layer's 4 cuBLAS GemmEx calls "
                                         "(16-bit in and out, fp32 accumulation) alone, each on the input the layer "
                                         "gives it; the attention's output (the R-Part's) a uniform random stand-in"},
                              {"rows", rows},
