@@ -3,7 +3,7 @@
 // embedding (the 16-byte path and the scalar one, learned positions, a tensor rank's vocabulary slice) and a
 // graph step's inputs (cuda::step_inputs: fed tokens and widened positions); the benchmarks' operand fill
 // (cuda::fill_uniform16: the same bits as its host twin); bias + RoPE + split (cuda::qkv_post) at head sizes of
-// both its access widths. Skips when no CUDA device answers
+// both its access widths; the MLP activations (cuda::silu_mul on both its paths, cuda::relu_bias). Skips when no CUDA device answers
 // (label gpu); without CUDA in the build it is empty.
 #include <gtest/gtest.h>
 
@@ -18,6 +18,7 @@
 
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/error.h"
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/ceilings.h"
 #include "kernels/cuda/embed.h"
 #include "kernels/cuda/norm.h"
@@ -256,6 +257,48 @@ TEST_F(CudaElementwise, QkvPostMatchesTheHostTwin) {
       EXPECT_EQ(bad, 0u) << what << ": first " << first;
       EXPECT_EQ(bad16, 0u) << what;
     }
+}
+
+// silu(gate) * up and relu(up + bias) against a host twin in double, within two units of the 16-bit type's last
+// place: the 8-wide path at Llama-2's n = 11008 (items that fill no whole number of blocks) and at a tiny n = 40,
+// the scalar path at n = 36 (n % 8 != 0).
+TEST_F(CudaElementwise, ActivationsMatchTheHostTwin) {
+  std::mt19937 rng(9);
+  for (const DType dt : {DType::F16, DType::BF16}) {
+    const double ulp2 = dt == DType::F16 ? 0x1p-10 : 0x1p-7;
+    for (const auto& [T, n] : {std::pair<int64_t, int64_t>{37, 11008}, {3, 40}, {5, 36}}) {
+      std::vector<uint16_t> gu(static_cast<size_t>(T * 2 * n));
+      for (auto& x : gu) x = to_16(std::uniform_real_distribution<float>(-6, 6)(rng), dt);
+      Dev<uint16_t> dgu(gu), out(static_cast<size_t>(T * n));
+      out.fill_bytes(0xFF);
+      fd::cuda::silu_mul(dgu.get(), dt, T, n, out.get(), nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> got = out.download();
+      size_t bad = 0;
+      std::string first;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < n; ++i) {
+          const double g = to_f32(gu[size_t(t * 2 * n + i)], dt), u = to_f32(gu[size_t(t * 2 * n + n + i)], dt);
+          const double ref = g / (1.0 + std::exp(-g)) * u, v = to_f32(got[size_t(t * n + i)], dt);
+          if (std::fabs(v - ref) > ulp2 * std::fabs(ref) + 1e-6 && !bad++)
+            first = "t " + std::to_string(t) + " i " + std::to_string(i) + ": " + std::to_string(v) + " vs " + std::to_string(ref);
+        }
+      EXPECT_EQ(bad, 0u) << "silu_mul " << fd::dtype_name(dt) << " T " << T << " n " << n << ": first " << first;
+    }
+    const int64_t T = 7, n = 100;
+    std::vector<uint16_t> up(static_cast<size_t>(T * n));
+    for (auto& x : up) x = to_16(std::uniform_real_distribution<float>(-3, 3)(rng), dt);
+    const std::vector<float> bias = uniform(static_cast<size_t>(n), -1.0f, 1.0f, rng);
+    Dev<uint16_t> dup(up), out(static_cast<size_t>(T * n));
+    Dev<float> dbias(bias);
+    fd::cuda::relu_bias(dup.get(), dt, dbias.get(), T, n, out.get(), nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = out.download();
+    size_t bad = 0;
+    for (int64_t k = 0; k < T * n; ++k)
+      bad += got[size_t(k)] != to_16(std::max(to_f32(up[size_t(k)], dt) + bias[size_t(k % n)], 0.0f), dt);
+    EXPECT_EQ(bad, 0u) << "relu_bias " << fd::dtype_name(dt);
+  }
 }
 
 // The benchmarks' GEMM operands (fill_uniform16): bit for bit the host twin's hash, in range, both 16-bit types,
