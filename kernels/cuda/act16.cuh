@@ -28,7 +28,8 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
-// 16-bit activation types: loads and stores of one, two (a 4-byte pair) and four (8 bytes) elements.
+// 16-bit activation types: loads and stores of one, two (a 4-byte pair), four (8 bytes) and eight (16 bytes, loads)
+// elements.
 template <typename T>
 struct Act;
 template <>
@@ -68,6 +69,17 @@ __device__ __forceinline__ void store4(T* p, float4 f) {
   u.x = *reinterpret_cast<const uint32_t*>(&a);
   u.y = *reinterpret_cast<const uint32_t*>(&b);
   *reinterpret_cast<uint2*>(p) = u;
+}
+// Eight consecutive 16-bit elements (one 16-byte load, 16-byte aligned) to fp32.
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&f)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 e = Act<T>::to2(*reinterpret_cast<const typename Act<T>::T2*>(&w[i]));
+    f[2 * i] = e.x, f[2 * i + 1] = e.y;
+  }
 }
 __device__ __forceinline__ float4 operator+(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
 

@@ -14,18 +14,6 @@ namespace {
 
 using namespace detail;
 
-// Eight consecutive 16-bit elements (one 16-byte load) to fp32.
-template <typename T>
-__device__ __forceinline__ void load8(const T* p, float (&f)[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 e = Act<T>::to2(*reinterpret_cast<const typename Act<T>::T2*>(&w[i]));
-    f[2 * i] = e.x, f[2 * i + 1] = e.y;
-  }
-}
-
 // One block per row. Vec: H % 8 == 0, eight elements a thread at a time (16-byte loads, all of a thread's
 // loads issued before its stores, so that a row costs one memory round trip); else one at a time.
 template <typename T, bool Vec>

@@ -22,13 +22,7 @@ __device__ __forceinline__ void load_p(const T* p, float (&f)[P]) {
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
   } else {
     static_assert(P == 8);
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 g = Act<T>::to2(*reinterpret_cast<const typename Act<T>::T2*>(&w[i]));
-      f[2 * i] = g.x, f[2 * i + 1] = g.y;
-    }
+    load8(p, f);
   }
 }
 template <typename T, int P>
