@@ -30,13 +30,13 @@ DEFAULTS = {
     "prefill": os.path.join(ART, "stages", "prefill-5285944", "prefill_ttft.json"),
     "pipeline": os.path.join(ART, "stages", "pipeline", "pipeline_bound.json"),
     "transport": os.path.join(ART, "stages", "transport-inplace-236fbe0", "transport.json"),
-    "spart": [os.path.join(ART, "stages", "small-kernels-c749edd", "call2-4ce8b58", f)
-              for f in ("spart_llama-2-7b.json", "spart_llama-2-7b_bf16.json")],
-    # gpu-only from the small-kernels call (two rounds); paged-swap's whole step from the 38a09de runs, re-analysed by
-    # step period
+    "spart": [os.path.join(ART, "stages", "gemm-inputs", "call3-b2b5bf8", f)
+              for f in ("spart-new-fp16.json", "spart-new-bf16.json")],
+    # gpu-only from the small-kernels call (two rounds, 2 and 4 layers); paged-swap's whole step and its kernels from
+    # the a64f637 call (stages-bench baselines,kernels)
     "roofline": [os.path.join(ART, "stages", "small-kernels-c749edd", "call3-c749edd", "roofline-async", "gpu_roofline.json"),
-                 os.path.join(ART, "stages", "async-steps-9cf9bec", "roofline-38a09de-period", "gpu_roofline.json")],
-    "kernels": os.path.join(ART, "stages", "kernels-ae65a3a", "kernel_profile.json"),
+                 os.path.join(ART, "stages", "gemm-inputs", "call1-a64f637", "baselines", "gpu_roofline.json")],
+    "kernels": os.path.join(ART, "stages", "gemm-inputs", "call1-a64f637", "kernels", "kernel_profile.json"),
     "trace": os.path.join(ART, "stages", "pipeline", "trace_tracks.json"),
 }
 
@@ -153,12 +153,17 @@ def trace_row(path):
 
 def spart_row(paths):
     """The S-Part as the engines run it: replayed from CUDA graphs (engine.cuda_graphs, on by default, at B <= 1024:
-    graph_ratio), else launched kernel by kernel (ratio); the eager ratios are stated beside."""
+    graph_ratio), else launched kernel by kernel (ratio); the eager ratios are stated beside. Where a row has its
+    rounds (fd-spart-bench --rounds), the graph ratio is the median of the rounds' ratios, as fd-spart-bench reports
+    it since 51a085a (files written before computed a ratio of medians from different rounds)."""
     graphs, eager = [], []
     for p in paths:
         for r in load(p)["rows"]:
             if r["B"] >= 64:
-                graphs.append(r["graph_ratio"] if r.get("graph_ratio") is not None else r["ratio"])
+                if r.get("graph_ratio_rounds"):
+                    graphs.append(statistics.median(r["graph_ratio_rounds"]))
+                else:
+                    graphs.append(r["graph_ratio"] if r.get("graph_ratio") is not None else r["ratio"])
                 eager.append(r["ratio"])
     rng, met = verdict(graphs, lambda v: v <= 1.10)
     return ("S-Part vs its GEMMs alone, B >= 64, fp16 and bf16 (from CUDA graphs, as the engines run it)", "<= 1.10x",

@@ -16,31 +16,22 @@ using namespace detail;
 
 __device__ __forceinline__ float silu_mul1(float g, float u) { return u * (g / (1.0f + __expf(-g))); }
 
-// Items of eight elements over the whole [T, n] output (n % 8 == 0), numbered row by row, so that every thread of
-// every block has work (a grid of row-wide blocks left 5 of 8 warps idle in each row's last block at n = 11008); a
-// thread takes two items a grid apart and issues their eight 16-byte loads before any arithmetic. The output is one
-// contiguous run; an item's gate and up are 16 bytes of row t's two halves.
+// Eight elements per thread (n % 8 == 0): 16-byte loads of gate and up, a 16-byte store. Columns on
+// grid x, rows on grid y (striding by gridDim.y past 65535 rows): no integer division per element.
+// Tried, not kept (29b0340): items numbered over the whole output, two a thread a grid apart, so that no warp of a
+// row's last block idles: 2.4-2.8 TB/s at B = 512-1024 on the H200 (artifacts/stages/gemm-inputs/call4-ec2f4d1/),
+// against 2.7-3.2 for this kernel in the call before (call3-b2b5bf8/, two builds).
 template <typename T>
-__global__ void silu_mul8_kernel(const T* gu, uint32_t n8, uint32_t items, T* out) {
-  const uint32_t stride = gridDim.x * blockDim.x, k0 = blockIdx.x * blockDim.x + threadIdx.x;
-  float4 g[2][2], u[2][2];
-  uint32_t k[2] = {k0, k0 + stride};
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-    if (k[r] < items) {
-      const uint32_t t = k[r] / n8, j = k[r] - t * n8;
-      const T* p = gu + (size_t(t) * 2 * n8 + j) * 8;
-      g[r][0] = load4(p), g[r][1] = load4(p + 4), u[r][0] = load4(p + size_t(n8) * 8), u[r][1] = load4(p + size_t(n8) * 8 + 4);
-    }
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-    if (k[r] < items) {
-      T* o = out + size_t(k[r]) * 8;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        store4(o + 4 * h, make_float4(silu_mul1(g[r][h].x, u[r][h].x), silu_mul1(g[r][h].y, u[r][h].y),
-                                      silu_mul1(g[r][h].z, u[r][h].z), silu_mul1(g[r][h].w, u[r][h].w)));
-    }
+__global__ void silu_mul8_kernel(const T* gu, int64_t T_rows, int64_t n, T* out) {
+  const int64_t j = 8 * (blockIdx.x * int64_t(blockDim.x) + threadIdx.x);
+  if (j >= n) return;
+  for (int64_t t = blockIdx.y; t < T_rows; t += gridDim.y) {
+    const T* g = gu + t * 2 * n + j;
+    const float4 g0 = load4(g), g1 = load4(g + 4), u0 = load4(g + n), u1 = load4(g + n + 4);
+    T* o = out + t * n + j;
+    store4(o, make_float4(silu_mul1(g0.x, u0.x), silu_mul1(g0.y, u0.y), silu_mul1(g0.z, u0.z), silu_mul1(g0.w, u0.w)));
+    store4(o + 4, make_float4(silu_mul1(g1.x, u1.x), silu_mul1(g1.y, u1.y), silu_mul1(g1.z, u1.z), silu_mul1(g1.w, u1.w)));
+  }
 }
 
 template <typename T>
@@ -64,10 +55,8 @@ void silu_mul(const void* gu, DType t, int64_t T, int64_t n, void* out, cudaStre
   FD_ACT_DISPATCH(t, "silu_mul", {
     const A16* in = static_cast<const A16*>(gu);
     A16* o = static_cast<A16*>(out);
-    if (T * n > 0 && n % 8 == 0 && T * n / 8 < (int64_t(1) << 31)) {
-      const int64_t items = T * n / 8, grid = (items + 2 * kThreads - 1) / (2 * kThreads);
-      silu_mul8_kernel<A16><<<unsigned(grid), kThreads, 0, s>>>(in, uint32_t(n / 8), uint32_t(items), o);
-    }
+    if (T * n > 0 && n % 8 == 0)
+      silu_mul8_kernel<A16><<<dim3(blocks(n / 8), unsigned(std::min<int64_t>(T, 65535))), kThreads, 0, s>>>(in, T, n, o);
     else if (T * n > 0) silu_mul_kernel<A16><<<blocks(T * n), kThreads, 0, s>>>(in, T * n, n, o);
   });
   check_launch("silu_mul");

@@ -260,7 +260,7 @@ TEST_F(CudaElementwise, QkvPostMatchesTheHostTwin) {
 }
 
 // silu(gate) * up and relu(up + bias) against a host twin in double, within two units of the 16-bit type's last
-// place: the 8-wide path at Llama-2's n = 11008 (items that fill no whole number of blocks) and at a tiny n = 40,
+// place: the 8-wide path at Llama-2's n = 11008 (a row's last block partly used) and at a tiny n = 40,
 // the scalar path at n = 36 (n % 8 != 0).
 TEST_F(CudaElementwise, ActivationsMatchTheHostTwin) {
   std::mt19937 rng(9);
