@@ -239,13 +239,16 @@ int main(int argc, char** argv) {
       // once, the last of them ran on a warmer GPU: at B = 1024 a GEMM-bound layer runs at its power limit, and the
       // graph's ratio swung 1.11-1.21 between two such runs (artifacts/stages/gemm-inputs/).
       fd::GraphCache g(s);
-      std::vector<double> spart_r, gemm_r, graph_r, gratio_r;
+      // The ratios are the medians of each round's ratio (the S-Part and its GEMMs of the same round, seconds apart),
+      // not a ratio of medians taken from different rounds.
+      std::vector<double> spart_r, gemm_r, ratio_r, graph_r, gratio_r;
       for (int64_t round = 0; round < rounds; ++round) {
         spart_r.push_back(time([&] {
           m.attention_input(a, 0, fd::CudaModel::kF16);  // as FastDecode runs it (fp16 q/k/v for the wire)
           m.attention_output_and_mlp(a, 0);
         }));
         gemm_r.push_back(time([&] { m.layer_gemms_only(a, 0); }));
+        ratio_r.push_back(spart_r.back() / gemm_r.back());
         if (B <= fd::GraphCache::kMaxRows) {
           graph_r.push_back(time([&] {
             g.run(0, [&] {
@@ -257,10 +260,6 @@ int main(int argc, char** argv) {
         }
       }
       const double spart = fd::median(spart_r), gemm = fd::median(gemm_r), graph = graph_r.empty() ? 0 : fd::median(graph_r);
-      // The ratios: medians of each round's ratio (the S-Part and its GEMMs of the same round, seconds apart), not
-      // a ratio of medians taken from different rounds.
-      std::vector<double> ratio_r;
-      for (size_t r = 0; r < spart_r.size(); ++r) ratio_r.push_back(spart_r[r] / gemm_r[r]);
       const double ratio = fd::median(ratio_r), graph_ratio = gratio_r.empty() ? 0 : fd::median(gratio_r);
       // Each elementwise kernel of the layer alone (same shapes; weights stand-ins: the values do not
       // change the time), to see where the S-Part's time beyond the GEMMs goes.

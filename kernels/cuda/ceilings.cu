@@ -64,7 +64,6 @@ int64_t fma_ceiling(int64_t flops, float* sink, cudaStream_t s) {
   return iters * per_iter;
 }
 
-
 namespace {
 
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
