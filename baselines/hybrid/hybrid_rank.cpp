@@ -211,6 +211,9 @@ void HybridRank::prefill_hybrid(const HyBatch& b, HyStep& out) {
   DeviceBuffer<int32_t>& x = aux(idx);
   upload_rows(*model_, x, r);
   std::vector<std::pair<size_t, uint64_t>> pending[2];
+  std::vector<std::vector<AppendChunk>> chunks;  // per part: its APPEND_KV messages, the same at every layer
+  for (const HyBatch::Part& part : b.parts)
+    chunks.push_back(chunk_appends(part.ids, part.counts, part.begin, client_->append_bytes(part.worker, SIZE_MAX) / (kvd * 2 * 2)));
   model_->prefill_forward(a, n_seq, r.max_len, [&](int l) {
     if (ng > 0)
       cuda::append_kv({.k = a.k.get(), .v = a.v.get(), .slots = x.get(), .pos = x.get() + T, .T = ng, .max_ctx = o_.max_ctx,
@@ -227,14 +230,18 @@ void HybridRank::prefill_hybrid(const HyBatch& b, HyStep& out) {
     CUDA_CHECK(cudaMemcpyAsync(pk_[p].data(), a.k16.get() + size_t(ng) * kvd, n * kvd * 2, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaMemcpyAsync(pv_[p].data(), a.v16.get() + size_t(ng) * kvd, n * kvd * 2, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (const HyBatch::Part& part : b.parts) {
-      const size_t r0 = part.begin - size_t(ng), nt = part.end - part.begin;
-      Header h = header(MsgType::AppendKV, l, part.ids.size());
-      h.n_tokens = uint32_t(nt);
-      pending[p].push_back({part.worker, client_->send(part.worker, h, {{part.ids.data(), part.ids.size() * 8},
-                                                                        {part.counts.data(), part.counts.size() * 4},
-                                                                        {pk_[p].data() + r0 * kvd * 2, nt * kvd * 2},
-                                                                        {pv_[p].data() + r0 * kvd * 2, nt * kvd * 2}})});
+    for (size_t pi = 0; pi < b.parts.size(); ++pi) {
+      const HyBatch::Part& part = b.parts[pi];
+      // Within the worker's largest message (a longer share goes in pieces, appended in order).
+      for (const AppendChunk& a : chunks[pi]) {
+        const size_t r0 = a.begin - size_t(ng), nt = a.end - a.begin;
+        Header h = header(MsgType::AppendKV, l, a.ids.size());
+        h.n_tokens = uint32_t(nt);
+        pending[p].push_back({part.worker, client_->send(part.worker, h, {{a.ids.data(), a.ids.size() * 8},
+                                                                          {a.counts.data(), a.counts.size() * 4},
+                                                                          {pk_[p].data() + r0 * kvd * 2, nt * kvd * 2},
+                                                                          {pv_[p].data() + r0 * kvd * 2, nt * kvd * 2}})});
+      }
     }
   });
   out.prefill_tokens.resize(size_t(n_seq));
@@ -380,8 +387,18 @@ HybridRates HybridRank::calibrate(int64_t max_batch) {
     h.n_tokens = uint32_t(S * N);
     const std::vector<uint32_t> counts(static_cast<size_t>(S), static_cast<uint32_t>(N));
     const int64_t ta = now_ns();
-    client_->call(w, h, {{longs.data(), longs.size() * 8}, {counts.data(), counts.size() * 4}, {kv.data(), kv.size() * 2},
-                         {kv.data(), kv.size() * 2}});
+    // Within the worker's largest message: in pieces when over it (kept until answered: the sends are zero-copy).
+    const std::vector<AppendChunk> pieces = chunk_appends(longs, counts, 0, client_->append_bytes(w, SIZE_MAX) / (kvd * 2 * 2));
+    std::vector<std::pair<size_t, uint64_t>> sent;
+    for (const AppendChunk& a : pieces) {
+      Header hc = h;
+      hc.n_seq = uint32_t(a.ids.size());
+      hc.n_tokens = uint32_t(a.end - a.begin);
+      sent.push_back({w, client_->send(w, hc, {{a.ids.data(), a.ids.size() * 8}, {a.counts.data(), a.counts.size() * 4},
+                                               {kv.data() + a.begin * kvd, (a.end - a.begin) * kvd * 2},
+                                               {kv.data() + a.begin * kvd, (a.end - a.begin) * kvd * 2}})});
+    }
+    client_->wait(sent);
     ship = std::max(ship, double(now_ns() - ta) / 1e9 / double(S * N));
     for (uint64_t id : longs) ctx[id] = N;
     struct Sample {

@@ -19,6 +19,12 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// Bytes a peer sent (an error text, a name, an endpoint), made fit for a log line or an error message: at most
+// `max` bytes kept, then " ... (N bytes in all)"; bytes outside printable ASCII written as \xNN. Whatever a peer
+// sends is cut by this before it is logged or put in an error (docs/SECURITY.md, "Log volume").
+std::string peer_text(const void* data, size_t n, size_t max = 256);
+inline std::string peer_text(const std::string& s, size_t max = 256) { return peer_text(s.data(), s.size(), max); }
+
 namespace detail {
 [[noreturn]] void throw_check_failed(const char* expr, const char* file, int line, const std::string& msg);
 }  // namespace detail

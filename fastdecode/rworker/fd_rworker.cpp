@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
   CLI::App app{"fd-rworker: R-worker process (KV-cache holder and CPU decode attention)", "fd-rworker"};
   std::string listen = "tcp://127.0.0.1:5555", kv_dtype = "fp16", isa, cpus, name = "rworker", query = "auto";
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  double memory_gb = 4.0, max_message_mb = 1024;
+  double memory_gb = 4.0, max_message_mb = 0, intake_mb = 0;
+  int max_connections = 256;
   bool verbose = false, print_endpoint = false;
   long parent_pid = 0;
   app.add_option("--listen", listen, "ZeroMQ endpoint to bind: tcp://HOST:PORT (PORT * = any), ipc://PATH")->capture_default_str();
@@ -79,7 +80,17 @@ int main(int argc, char** argv) {
                  "AVX512-VNNI, else fp32)")
       ->check(CLI::IsMember({"auto", "fp32", "int8"}))
       ->capture_default_str();
-  app.add_option("--max-message-mb", max_message_mb, "Largest accepted request")->check(CLI::Range(1.0, 65536.0))->capture_default_str();
+  app.add_option("--max-message-mb", max_message_mb,
+                 "Largest accepted request (MB = 1e6 bytes; default: --memory-gb / 32, within 16-1024 MB). A frame over "
+                 "it makes libzmq drop the sender's connection; clients learn it from HELLO and split their appends")
+      ->check(CLI::Range(1.0, 65536.0));
+  app.add_option("--intake-mb", intake_mb,
+                 "Most request bytes the worker holds at once for all its peers, received by ZeroMQ or being handled "
+                 "(default: twice --max-message-mb); past it the connection holding the most is cut (docs/SECURITY.md)")
+      ->check(CLI::Range(1.0, 1e6));
+  app.add_option("--max-connections", max_connections, "Most connections at once; the newest past it are cut")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   app.add_option("--name", name, "Name in logs and STATS")->capture_default_str();
   app.add_flag("--print-endpoint", print_endpoint, "Print the bound endpoint on stdout once listening");
   int log_errors_per_s = 10;
@@ -135,6 +146,7 @@ int main(int argc, char** argv) {
     if (!fd::isa_supported(cfg.isa)) throw fd::ConfigError("--isa " + isa + ": not supported by this CPU");
     cfg.query = fd::query_quant_from_name(query);
     cfg.limits.max_message_bytes = size_t(max_message_mb * 1e6);
+    if (max_message_mb <= 0) cfg.limits.max_message_bytes = fd::default_max_message_bytes(cfg.memory_limit_bytes);
     cfg.name = name;
     cfg.session_quota_bytes = size_t(session_quota_gb * 1e9);
     cfg.max_sessions = size_t(max_sessions);
@@ -155,6 +167,11 @@ int main(int argc, char** argv) {
     }
     opt.serve_once = serve_once;
     opt.shm_max_bytes = size_t(shm_max_mb * 1e6);
+    opt.intake_bytes = size_t(intake_mb * 1e6);
+    if (opt.intake_bytes > 0 && opt.intake_bytes < cfg.limits.max_message_bytes)
+      throw fd::ConfigError("--intake-mb " + std::to_string(intake_mb) + ": under --max-message-mb (" +
+                            std::to_string(double(cfg.limits.max_message_bytes) / 1e6) + "): the largest request could never be taken");
+    opt.max_connections = size_t(max_connections);
     fd::pin_openmp_threads(opt.cpus, threads);
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
@@ -163,8 +180,12 @@ int main(int argc, char** argv) {
     opt.parent_pid = parent_pid;  // the server stops once the parent is gone (even by SIGKILL)
     fd::RWorkerService service(cfg);
     fd::run_rworker_server(service, opt, &g_stop, [&](const std::string& ep) {
-      std::fprintf(stderr, "fd-rworker %s: listening on %s (kv %s, %d threads, %s, query %s, %.2f GB%s)\n", name.c_str(),
-                   ep.c_str(), kv_dtype.c_str(), threads, std::string(fd::isa_name(cfg.isa)).c_str(), query.c_str(), memory_gb,
+      std::fprintf(stderr,
+                   "fd-rworker %s: listening on %s (kv %s, %d threads, %s, query %s, %.2f GB, messages up to %.0f MB, intake "
+                   "%.0f MB%s)\n",
+                   name.c_str(), ep.c_str(), kv_dtype.c_str(), threads, std::string(fd::isa_name(cfg.isa)).c_str(), query.c_str(),
+                   memory_gb, double(cfg.limits.max_message_bytes) / 1e6,
+                   double(opt.intake_bytes > 0 ? opt.intake_bytes : 2 * cfg.limits.max_message_bytes) / 1e6,
                    opt.curve.secret_z85.empty() ? "" : ", CURVE");
       if (opt.curve.secret_z85.empty() && !loopback_only(ep))
         std::fprintf(stderr,

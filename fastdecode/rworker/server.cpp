@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -215,36 +216,24 @@ void run_router_loop(const RouterLoop& loop) {
       if (t.joinable()) t.join();
     }
   } zap_join{zap_stop, zap_thread};
-  // Disconnects: the socket's DISCONNECTED events (with the connection's file descriptor) on an inproc PAIR.
-  static std::atomic<int> monitors{0};
-  char mon_ep[64];  // (snprintf: GCC 12 warns falsely on a chained string +)
-  std::snprintf(mon_ep, sizeof mon_ep, "inproc://fd-router-monitor-%d", monitors++);
-  if (zmq_socket_monitor(sock.handle(), mon_ep, ZMQ_EVENT_DISCONNECTED) != 0)
-    FD_THROW("zmq_socket_monitor: " << zmq_strerror(zmq_errno()));
-  zmq::socket_t mon(ctx, zmq::socket_type::pair);
-  mon.set(zmq::sockopt::linger, 0);
-  mon.connect(mon_ep);
-  std::map<int, std::set<std::string>> peers_on_fd;
+  RouterCounters own_counters;
+  RouterCounters& counters = loop.counters ? *loop.counters : own_counters;
+  const auto log = [&](const std::string& line) {
+    if (loop.log) loop.log(line);
+  };
+  // The connections (from the socket's ACCEPTED / DISCONNECTED events) and the intake guard, before the socket listens.
+  IntakeOptions intake = loop.intake;
+  intake.curve = !loop.curve.secret_z85.empty();
+  Connections conns(ctx, sock, intake, &counters, loop.log);
+  counters.budget_bytes = intake.budget_bytes, counters.rss_bound_bytes = conns.rss_bound(), counters.base_rss_bytes = conns.base_rss();
   std::map<std::string, std::shared_ptr<shm::Region>> regions;  // per peer: the shared-memory region it attached
-  const auto drain_monitor = [&] {
-    for (;;) {
-      zmq::message_t ev, addr;
-      if (!mon.recv(ev, zmq::recv_flags::dontwait)) return;
-      if (ev.more()) (void)mon.recv(addr, zmq::recv_flags::none);
-      if (ev.size() < 6) continue;
-      uint16_t event = 0;
-      int32_t fd = -1;
-      std::memcpy(&event, ev.data(), 2);
-      std::memcpy(&fd, static_cast<const uint8_t*>(ev.data()) + 2, 4);
-      if (event != ZMQ_EVENT_DISCONNECTED) continue;
-      auto it = peers_on_fd.find(fd);
-      if (it == peers_on_fd.end()) continue;
-      const std::set<std::string> gone = std::move(it->second);
-      peers_on_fd.erase(it);
-      for (const auto& p : gone) {
-        regions.erase(p);
-        if (loop.on_disconnect) loop.on_disconnect(p);
-      }
+  std::vector<std::string> gone;
+  const auto drain_connections = [&] {
+    gone.clear();
+    conns.drain(&gone);
+    for (const auto& p : gone) {
+      regions.erase(p);
+      if (loop.on_disconnect) loop.on_disconnect(p);
     }
   };
   try {
@@ -266,105 +255,123 @@ void run_router_loop(const RouterLoop& loop) {
       }
     }
   };
-  while (!loop.done()) {
-    zmq::pollitem_t items[2] = {{sock.handle(), 0, ZMQ_POLLIN, 0}, {mon.handle(), 0, ZMQ_POLLIN, 0}};
+  // Reply: routing id, then the frames. A peer that vanished (or whose pipe is full) just loses its reply.
+  const auto send_reply = [&](std::vector<zmq::message_t>& reply) {
     try {
-      zmq::poll(items, 2, std::chrono::milliseconds(100));
+      if (!sock.send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
+      for (size_t i = 0; i < reply.size(); ++i)
+        if (!sock.send(reply[i], (i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none) | zmq::send_flags::dontwait))
+          return false;
+      return true;
+    } catch (const zmq::error_t&) {
+      return false;
+    }
+  };
+  while (!loop.done()) {
+    zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
+    try {
+      zmq::poll(&item, 1, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
-      throw;
+      throw;  // the loop's own fault (its context terminated): the worker stops
     }
-    drain_monitor();  // a connection's end before any later message: a new connection may reuse its descriptor
-    if (!(items[0].revents & ZMQ_POLLIN)) continue;
+    drain_connections();  // a connection's end before any later message: a new connection may reuse its descriptor
+    if (!(item.revents & ZMQ_POLLIN)) continue;
     parts.clear();
-    // Frame by frame: the running total is checked as each frame comes; past the limit the frames are dropped
-    // as they are received (only the header is kept, to address the reply).
-    zmq::message_t m;
-    if (!recv_one(m)) continue;
-    bool more = m.more();
-    parts.push_back(std::move(m));  // the routing id
-    size_t held = 0, seen = 0, n_frames = 0;
-    bool over = false;
-    while (more) {
-      zmq::message_t f;
-      if (!recv_one(f)) break;
-      more = f.more();
-      ++n_frames;
-      seen += f.size();
-      if (over) continue;  // dropped here: never held beside the others
-      if (held + f.size() > loop.max_message_bytes || n_frames > kMaxRequestFrames) {
-        over = true;
-        parts.resize(std::min<size_t>(parts.size(), 2));  // routing id and header only
+    proto::Header req{};
+    bool ours = false;
+    try {
+      // Frame by frame: the running total is checked as each frame comes; past the limit the frames are dropped
+      // as they are received (only the header is kept, to address the reply).
+      zmq::message_t m;
+      if (!recv_one(m)) continue;
+      bool more = m.more();
+      parts.push_back(std::move(m));  // the routing id
+      size_t held = 0, seen = 0, n_frames = 0;
+      uint64_t wire = 0;
+      bool over = false;
+      int fd = -1;
+      while (more) {
+        zmq::message_t f;
+        if (!recv_one(f)) break;
+        more = f.more();
+        ++n_frames;
+        seen += f.size();
+        wire += wire_bytes_of_frame(f.size(), intake.curve);
+        // The connection it came by (libzmq's metadata; none from a ZMTP 1.0 / 2.0 peer: zmq_msg_get fails).
+        if (fd < 0) fd = zmq_msg_get(f.handle(), ZMQ_SRCFD);
+        if (over) continue;  // dropped here: never held beside the others
+        if (held + f.size() > loop.max_message_bytes || n_frames > kMaxRequestFrames) {
+          over = true;
+          parts.resize(std::min<size_t>(parts.size(), 2));  // routing id and header only
+          continue;
+        }
+        held += f.size();
+        parts.push_back(std::move(f));
+        counters.max_bytes_held = std::max(counters.max_bytes_held, held);
+      }
+      if (n_frames == 0) continue;  // a routing id alone: nothing to answer
+      const std::string peer = parts[0].to_string();
+      if (fd < 0) {
+        // Not a connection the loop can track (its end, its bytes): its message is dropped, unanswered.
+        ++counters.untracked_dropped;
+        log("dropped a message of " + std::to_string(n_frames) + " frame(s), " + std::to_string(seen) +
+            " bytes, from a peer that did not speak ZMTP 3 (a ZMTP 1.0 / 2.0 client, or bytes that are not ZeroMQ)");
         continue;
       }
-      held += f.size();
-      parts.push_back(std::move(f));
-      if (loop.counters) loop.counters->max_bytes_held = std::max(loop.counters->max_bytes_held, held);
-    }
-    if (parts.size() < 2 && !over) continue;  // a routing id alone: nothing to answer
-    const std::string peer = parts[0].to_string();
-    if (parts.size() >= 2) {
-      const int fd = parts[1].get(ZMQ_SRCFD);
-      if (fd >= 0) peers_on_fd[fd].insert(peer);
-    }
-    std::vector<zmq::message_t> reply;
-    if (over) {
-      if (loop.counters) ++loop.counters->refused_too_large;
-      proto::Header req{};
-      if (parts.size() >= 2 && parts[1].size() == proto::kHeaderBytes) std::memcpy(&req, parts[1].data(), proto::kHeaderBytes);
-      const bool too_many = n_frames > kMaxRequestFrames;
-      const std::string text =
-          too_many ? "message of " + std::to_string(n_frames) + " frames: at most " + std::to_string(kMaxRequestFrames)
-                   : "message of at least " + std::to_string(seen) + " bytes over the " + std::to_string(loop.max_message_bytes) +
-                         "-byte limit (refused as its frames arrived)";
-      const auto head = proto::encode_header(proto::reply_header(
-          req, proto::MsgType::Error, 1, int32_t(too_many ? proto::ErrorCode::Malformed : proto::ErrorCode::TooLarge)));
-      reply.emplace_back(head.data(), head.size());
-      reply.emplace_back(text.data(), text.size());
-      if (loop.on_refused) loop.on_refused(reply);
-    } else {
-      frames.clear();
-      for (size_t i = 1; i < parts.size(); ++i)
-        frames.push_back({static_cast<const uint8_t*>(parts[i].data()), parts[i].size()});
-      proto::Header req{};
-      const bool ours = parts[1].size() == proto::kHeaderBytes && (std::memcpy(&req, parts[1].data(), proto::kHeaderBytes), req.magic == proto::kMagic);
-      const auto region = ours ? regions.find(peer) : regions.end();
-      if (ours && req.msg_type() == proto::MsgType::ShmAttach) {
-        reply = shm_attach(loop, regions, peer, frames.data(), frames.size(), req);
-      } else if (ours && (req.flags & proto::kFlagShm) && req.version >= 3 && region != regions.end()) {
-        const std::shared_ptr<shm::Region> keep = region->second;  // mapped until this request is answered
-        reply = shm_request(loop, *keep, peer, frames.data(), frames.size(), req);
-      } else {  // a flagged message without a region: decode() refuses it (malformed), as it does any bad header
-        reply = loop.handle(peer, frames.data(), frames.size());
+      conns.delivered(fd, peer, wire);
+      ours = parts.size() >= 2 && parts[1].size() == proto::kHeaderBytes &&
+             (std::memcpy(&req, parts[1].data(), proto::kHeaderBytes), req.magic == proto::kMagic);
+      std::vector<zmq::message_t> reply;
+      if (over) {
+        ++counters.refused_too_large;
+        const bool too_many = n_frames > kMaxRequestFrames;
+        const std::string text =
+            too_many ? "message of " + std::to_string(n_frames) + " frames: at most " + std::to_string(kMaxRequestFrames)
+                     : "message of at least " + std::to_string(seen) + " bytes over the " + std::to_string(loop.max_message_bytes) +
+                           "-byte limit (refused as its frames arrived)";
+        const auto head = proto::encode_header(proto::reply_header(
+            req, proto::MsgType::Error, 1, int32_t(too_many ? proto::ErrorCode::Malformed : proto::ErrorCode::TooLarge)));
+        reply.emplace_back(head.data(), head.size());
+        reply.emplace_back(text.data(), text.size());
+        if (loop.on_refused) loop.on_refused(reply);
+      } else {
+        frames.clear();
+        for (size_t i = 1; i < parts.size(); ++i)
+          frames.push_back({static_cast<const uint8_t*>(parts[i].data()), parts[i].size()});
+        const auto region = ours ? regions.find(peer) : regions.end();
+        conns.handling(held);
+        struct Handled {  // the request is no longer held, however its handling ends
+          Connections& c;
+          ~Handled() { c.handling(0); }
+        } handled{conns};
+        if (ours && req.msg_type() == proto::MsgType::ShmAttach && req.version >= 3) {  // version 2 has no SHM_ATTACH
+          reply = shm_attach(loop, regions, peer, frames.data(), frames.size(), req);
+        } else if (ours && (req.flags & proto::kFlagShm) && req.version >= 3 && region != regions.end()) {
+          const std::shared_ptr<shm::Region> keep = region->second;  // mapped until this request is answered
+          reply = shm_request(loop, *keep, peer, frames.data(), frames.size(), req);
+        } else {  // a flagged message without a region: decode() refuses it (malformed), as it does any bad header
+          reply = loop.handle(peer, frames.data(), frames.size());
+        }
+        if (ours && req.msg_type() == proto::MsgType::Close) regions.erase(peer);  // the session ends, and its region
       }
-      if (ours && req.msg_type() == proto::MsgType::Close) regions.erase(peer);  // the session ends, and its region
+      if (!send_reply(reply)) {
+        ++counters.replies_lost;
+        log("a reply could not be sent (its peer is gone or takes no more)");
+      }
+    } catch (const std::exception& e) {
+      // A peer's message made a ZeroMQ call or the handler fail: that message is dropped and the loop goes on. A
+      // request with our header is answered ERROR internal, so that a client waiting for it is not left waiting.
+      ++counters.peer_faults;
+      log("dropped a message whose handling failed: " + peer_text(std::string(e.what()), 400));
+      if (ours && !parts.empty()) {
+        std::vector<zmq::message_t> reply =
+            loop_error(req, proto::ErrorCode::Internal, "the worker could not handle this request: " + peer_text(std::string(e.what()), 400));
+        if (!send_reply(reply)) ++counters.replies_lost;
+      }
     }
-    // Reply: routing id, then the frames. A peer that vanished just loses its reply.
-    sock.send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-    for (size_t i = 0; i < reply.size(); ++i)
-      sock.send(reply[i], i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
   }
   zmq_socket_monitor(sock.handle(), nullptr, 0);
-}
-
-bool LogLimiter::allow(int64_t now_ns, std::string* summary) {
-  if (summary) summary->clear();
-  if (per_second_ <= 0) return true;
-  if (now_ns - window_start_ >= 1'000'000'000 || now_ns < window_start_) {
-    window_start_ = now_ns;
-    in_window_ = 0;
-  }
-  if (in_window_ >= per_second_) {
-    ++suppressed_;
-    ++suppressed_total_;
-    return false;
-  }
-  ++in_window_;
-  if (suppressed_ > 0 && summary)
-    *summary = "suppressed " + std::to_string(suppressed_) + " error lines (at most " + std::to_string(per_second_) +
-               " per second)";
-  suppressed_ = 0;
-  return true;
 }
 
 void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt, const std::atomic<bool>* stop,
@@ -379,19 +386,37 @@ void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt
     return service.shutdown_requested() || (stop && stop->load()) || (opt.parent_pid > 0 && long(getppid()) != opt.parent_pid) ||
            (opt.serve_once && service.sessions_ended() > 0);
   };
-  // Error lines are rate-limited (a client chooses how many bad requests it sends); --verbose logs every one.
+  // Error lines are rate-limited (a client chooses how many bad requests it sends); --verbose logs every one. The
+  // guard's thread logs through the same limiter.
+  std::mutex log_mu;
   LogLimiter limiter(opt.verbose ? 0 : opt.log_errors_per_s);
+  const auto log_line = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lk(log_mu);
+    std::string summary;
+    if (!limiter.allow(now_ns(), &summary)) return;
+    if (!summary.empty()) std::fprintf(stderr, "%s: %s\n", service.config().name.c_str(), summary.c_str());
+    std::fprintf(stderr, "%s: %s\n", service.config().name.c_str(), line.c_str());
+  };
   const auto log_error = [&](const std::vector<zmq::message_t>& reply) {
     proto::Header h;
     std::memcpy(&h, reply[0].data(), proto::kHeaderBytes);
     if (h.msg_type() != proto::MsgType::Error || reply.size() < 2) return;
-    std::string summary;
-    if (!limiter.allow(now_ns(), &summary)) return;
-    if (!summary.empty()) std::fprintf(stderr, "%s: %s\n", service.config().name.c_str(), summary.c_str());
-    std::fprintf(stderr, "%s: ERROR (%s) to request %llu: %.*s\n", service.config().name.c_str(),
-                 proto::error_code_name(proto::ErrorCode(h.status)), (unsigned long long)h.request_id,
-                 int(std::min<size_t>(reply[1].size(), 400)), static_cast<const char*>(reply[1].data()));
+    log_line(std::string("ERROR (") + proto::error_code_name(proto::ErrorCode(h.status)) + ") to request " +
+             std::to_string(h.request_id) + ": " + peer_text(reply[1].data(), reply[1].size(), 400));
   };
+  RouterCounters counters;
+  service.set_router_counters(&counters);
+  struct Detach {  // the counters end with this call
+    RWorkerService& s;
+    ~Detach() { s.set_router_counters(nullptr); }
+  } detach{service};
+  loop.counters = &counters;
+  loop.log = log_line;
+  const size_t max_message = service.config().limits.max_message_bytes;
+  loop.intake.budget_bytes = opt.intake_bytes > 0 ? opt.intake_bytes : 2 * max_message;
+  loop.intake.memory_limit_bytes = service.config().memory_limit_bytes;
+  loop.intake.max_message_bytes = max_message;
+  loop.intake.max_connections = opt.max_connections;
   loop.handle = [&](const std::string& peer, const proto::Frame* frames, size_t n) {
     std::vector<zmq::message_t> reply = service.handle(peer, frames, n);
     log_error(reply);
@@ -405,6 +430,15 @@ void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt
   loop.on_refused = log_error;
   loop.shm_max_bytes = opt.shm_max_bytes;
   run_router_loop(loop);
+  const uint64_t cuts = counters.cut_intake + counters.cut_rss + counters.cut_connections;
+  if (counters.untracked_dropped + counters.peer_faults + counters.replies_lost + cuts > 0)
+    std::fprintf(stderr,
+                 "%s: from its peers: %llu messages dropped (not ZMTP 3), %llu dropped (their handling failed), %llu replies "
+                 "lost, %llu connections cut (intake %llu, resident memory %llu, connections %llu)\n",
+                 service.config().name.c_str(), (unsigned long long)counters.untracked_dropped,
+                 (unsigned long long)counters.peer_faults, (unsigned long long)counters.replies_lost, (unsigned long long)cuts,
+                 (unsigned long long)counters.cut_intake.load(), (unsigned long long)counters.cut_rss.load(),
+                 (unsigned long long)counters.cut_connections.load());
 }
 
 }  // namespace fd

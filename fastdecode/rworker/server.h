@@ -6,6 +6,7 @@
 #include <vector>
 #include <string>
 
+#include "fastdecode/rworker/intake.h"
 #include "fastdecode/rworker/service.h"
 #include "fastdecode/wire/curve.h"
 
@@ -25,35 +26,10 @@ struct RWorkerServerOptions {
   std::vector<std::string> curve_clients;  // the client public keys admitted (ZAP); required with curve
   bool serve_once = false;                 // stop once the first client's session has ended
   size_t shm_max_bytes = size_t(4) << 30;  // largest shared-memory region a client may offer (0: refuse every offer)
-};
-
-// What the loop counts about the messages it received (for tests and logs).
-struct RouterCounters {
-  size_t max_bytes_held = 0;      // the most bytes of one message's frames the loop held at once
-  uint64_t refused_too_large = 0; // messages refused for their total size (or frame count) as they arrived
-  uint64_t shm_attached = 0;      // SHM_ATTACH offers accepted
-  uint64_t shm_refused = 0;       // SHM_ATTACH offers refused
-  uint64_t shm_requests = 0;      // requests resolved out of a region and handed on
-  uint64_t shm_replies = 0;       // replies written into a region
-  uint64_t shm_bad = 0;           // requests flagged as in a region that the loop refused (bad descriptor, ...)
-};
-
-// Rate-limited logging: at most `per_second` lines in each one-second window; the lines over that are counted,
-// and the first line allowed after such a window is preceded by one "suppressed K" summary. A peer that sends
-// bad requests by the million thus writes a bounded log. per_second <= 0: no limit.
-class LogLimiter {
- public:
-  explicit LogLimiter(int per_second) : per_second_(per_second) {}
-  // Whether a line may be printed at `now_ns`; when it may and lines were suppressed before, `*summary` is set
-  // to the line to print first (else cleared).
-  bool allow(int64_t now_ns, std::string* summary);
-  uint64_t suppressed_total() const { return suppressed_total_; }
-
- private:
-  int per_second_;
-  int64_t window_start_ = 0;
-  int in_window_ = 0;
-  uint64_t suppressed_ = 0, suppressed_total_ = 0;
+  // The intake guard (fastdecode/rworker/intake.h): the most request bytes held at once (0: twice the largest
+  // message) and the most connections (0: unbounded). Resident memory is watched against the service's memory limit.
+  size_t intake_bytes = 0;
+  size_t max_connections = 256;
 };
 
 // The ROUTER loop every R-worker process runs (fd-rworker; the benchmark's echo R-worker): bind, then
@@ -77,6 +53,12 @@ class LogLimiter {
 // header's flag is cleared, so `handle` gets the message as ZeroMQ would have brought it. Its reply goes into the
 // space the client set aside when it fits (then [header with the flag][descriptor] goes back), else over ZeroMQ. A
 // bad descriptor is an ERROR malformed reply. A peer's region is unmapped when it disconnects or sends CLOSE.
+// Peers: nothing a peer sends stops the loop. A message whose connection cannot be tracked (no ZMTP 3 metadata: a
+// ZMTP 1.0 / 2.0 peer, an HTTP request, random bytes that libzmq took for ZMTP 1.0) is dropped unanswered; a ZeroMQ
+// call or a handler that fails on a peer's message drops that message (an ERROR internal reply when it had our
+// header); a reply that cannot be sent is lost. Each is counted (RouterCounters) and logged through `log`. The loop
+// ends only on `done()`, on a failure to bind, or on a fault of its own (a failed poll).
+// Memory: `intake` sets the guard (fastdecode/rworker/intake.h) that bounds what libzmq holds for the peers.
 struct RouterLoop {
   std::string listen;
   int io_threads = 1;
@@ -95,6 +77,10 @@ struct RouterLoop {
   // Optional: sees the ERROR reply of each message refused as it arrived (fd-rworker logs it, rate-limited).
   std::function<void(const std::vector<zmq::message_t>& reply)> on_refused;
   size_t shm_max_bytes = size_t(4) << 30;  // largest region a peer may offer (0: refuse every offer)
+  IntakeOptions intake;                    // the guard's limits (all 0: no guard)
+  // Optional: one line about a peer the loop dropped, cut or could not answer (may be called from the guard's thread;
+  // fd-rworker's rate-limits them).
+  std::function<void(const std::string&)> log;
 };
 
 // The most frames one message may have (a valid request has at most 5); more is refused as it arrives.

@@ -10,6 +10,7 @@
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/fault.h"
+#include "fastdecode/rworker/intake.h"
 
 namespace fd {
 
@@ -173,6 +174,7 @@ std::vector<zmq::message_t> RWorkerService::on_hello(const std::string& peer, co
                {"query_int8", query_is_q8(cfg_.query, cfg_.kv_dtype, cfg_.isa)},
                {"threads", cfg_.threads},
                {"memory_limit_bytes", cfg_.memory_limit_bytes},
+               {"max_message_bytes", cfg_.limits.max_message_bytes},
                {"session_quota_bytes", quota()},
                {"memory_free_bytes", s.store->free_bytes()},
                {"block_tokens", kKVBlockTokens},
@@ -357,6 +359,19 @@ json RWorkerService::stats(const std::string& peer) const {
   s["memory_used_bytes"] = memory_.used + memory_.reserved;  // KV blocks, the sequences' bookkeeping, the sessions
   s["memory_pooled_bytes"] = memory_.pooled;                 // freed blocks kept for reuse (within the limit too)
   s["kv_bytes"] = kv;
+  if (router_)
+    s["intake"] = {{"untracked_dropped", router_->untracked_dropped},
+                   {"peer_faults", router_->peer_faults},
+                   {"replies_lost", router_->replies_lost},
+                   {"refused_too_large", router_->refused_too_large},
+                   {"cut_intake", router_->cut_intake.load()},
+                   {"cut_rss", router_->cut_rss.load()},
+                   {"cut_connections", router_->cut_connections.load()},
+                   {"max_held_bytes", router_->max_held_bytes.load()},
+                   {"max_rss_bytes", router_->max_rss_bytes.load()},
+                   {"budget_bytes", router_->budget_bytes},
+                   {"rss_bound_bytes", router_->rss_bound_bytes},
+                   {"base_rss_bytes", router_->base_rss_bytes}};
   auto it = sessions_.find(peer);
   s["configured"] = it != sessions_.end() && it->second.store != nullptr;
   if (s["configured"].get<bool>())

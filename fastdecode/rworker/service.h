@@ -24,6 +24,8 @@
 
 namespace fd {
 
+struct RouterCounters;  // fastdecode/rworker/intake.h
+
 struct RWorkerConfig {
   KVDType kv_dtype = KVDType::F16;
   size_t memory_limit_bytes = size_t(4) << 30;
@@ -38,6 +40,15 @@ struct RWorkerConfig {
   std::string shutdown_token;
   QueryQuant query = QueryQuant::Auto;  // how int8/int4 blocks take the query (decode_attention.h; --query)
 };
+
+// The largest request a worker of this memory limit takes by default (fd-rworker --max-message-mb): 1/32 of it,
+// within 16 MB - 1 GB (MB = 1e6 bytes). An ATTEND is a small fraction of the KV it reads, and clients split their
+// appends to fit (HELLO's max_message_bytes), so the limit costs them nothing; it bounds what a peer can make the
+// worker hold beside its KV (docs/SECURITY.md, "Memory").
+inline size_t default_max_message_bytes(size_t memory_limit_bytes) {
+  const size_t lo = 16'000'000, hi = 1'000'000'000, m = memory_limit_bytes / 32;
+  return m < lo ? lo : m > hi ? hi : m;
+}
 
 // What one session costs of --memory-gb besides its sequences: the session's record and its store's object.
 constexpr size_t kSessionBytes = 4096;
@@ -62,6 +73,9 @@ class RWorkerService {
   size_t sessions() const { return sessions_.size(); }
   uint64_t sessions_ended() const { return sessions_ended_; }
   const RWorkerConfig& config() const { return cfg_; }
+  // The socket loop's counters (what it dropped, cut or could not answer), reported by STATS under "intake"; null:
+  // none. Set by the loop that serves this handler, for as long as it runs.
+  void set_router_counters(const RouterCounters* c) { router_ = c; }
 
  private:
   struct Session {
@@ -89,6 +103,7 @@ class RWorkerService {
   std::vector<zmq::message_t> error_reply(const proto::Header& req, proto::ErrorCode code, const std::string& msg);
 
   RWorkerConfig cfg_;
+  const RouterCounters* router_ = nullptr;
   KVMemory memory_;                      // --memory-gb, shared by every session's store
   std::map<std::string, Session> sessions_;  // by peer (the client's connection)
   bool shutdown_ = false;

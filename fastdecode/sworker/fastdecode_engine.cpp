@@ -1,6 +1,8 @@
 #include "fastdecode/sworker/fastdecode_engine.h"
 #include "fastdecode/sworker/leader.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cmath>
@@ -45,6 +47,40 @@ FastDecodeConfig resolve(FastDecodeConfig c, const HardwareBalance& hw) {
 }
 
 // Each R-worker group's settings: rworkers, overridden by rworkers.groups[g].
+RWorkersConfig group_config(const RWorkersConfig& r, size_t g);
+
+// The cores the spawned, pinned workers will take (as the constructor assigns them: worker i of group g after those
+// of the pinned groups before it, or from the group's first_cpu), checked against the CPUs this process may run on:
+// a config error naming the key, before any worker is spawned.
+void check_pinned_cpus(const FastDecodeConfig& ec, int64_t G, bool from_hardware) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  int n_allowed = 0, last_allowed = -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) ++n_allowed, last_allowed = c;
+  int64_t next_cpu = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const RWorkersConfig r = group_config(ec.rworkers, size_t(g));
+    if (!r.endpoints.empty() || !ec.rworkers.register_endpoint.empty() || !r.pin) continue;
+    const int64_t own_first = ec.rworkers.groups.empty() ? -1 : ec.rworkers.groups[size_t(g)].first_cpu;
+    const int64_t first_cpu = own_first >= 0 ? own_first : next_cpu;
+    const int64_t last = first_cpu + r.spawn * r.threads - 1;
+    for (int64_t c = first_cpu; c <= last; ++c) {
+      if (c < CPU_SETSIZE && CPU_ISSET(int(c), &allowed)) continue;
+      const std::string key = from_hardware ? "hardware.rworkers (its workers are pinned: engine.rworkers.pin)"
+                              : ec.rworkers.groups.empty() ? "engine.rworkers.pin"
+                                                           : "engine.rworkers.groups[" + std::to_string(g) + "] (pin)";
+      throw ConfigError(key + ": " + std::to_string(r.spawn) + " R-worker(s) x " + std::to_string(r.threads) +
+                        " threads pinned to CPUs " + std::to_string(first_cpu) + "-" + std::to_string(last) +
+                        (G > 1 ? " (group " + std::to_string(g) + ")" : "") + ", but CPU " + std::to_string(c) +
+                        " is not one this process may run on (" + std::to_string(n_allowed) + " CPUs, the last " +
+                        std::to_string(last_allowed) + "): fewer workers or threads, or pin: false");
+    }
+    next_cpu = std::max(next_cpu, first_cpu + r.spawn * r.threads);
+  }
+}
+
 RWorkersConfig group_config(const RWorkersConfig& r, size_t g) {
   RWorkersConfig c = r;
   c.groups.clear();
@@ -121,6 +157,13 @@ FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineC
   const std::vector<int> devices =
       ec.backend == "cuda" && G > 1 ? rank_devices(ec.parallel, int64_t(cuda_devices().size()), "fastdecode engine")
                                     : std::vector<int>(size_t(G), 0);
+  // The weights before any worker is spawned: a checkpoint refused (a NaN or Inf weight, a missing tensor) is a config
+  // error with nothing started.
+  std::vector<ModelWeights> weights;
+  if (G == 1) weights.push_back(load_model_weights(ctx.model, ctx.weights));
+  else weights = load_model_shards(ctx.model, ctx.weights, T, stages);
+  // Pinned workers' cores, checked before any is spawned: each must be one this process may run on.
+  check_pinned_cpus(ec, G, ctx.hardware.rworkers > 0);
   // Every group's workers first, before any thread or communicator: group g belongs to rank g; a pinned worker
   // i of group g takes the cores after those of the pinned groups before it (or from the group's first_cpu).
   std::vector<std::vector<std::string>> endpoints(static_cast<size_t>(G));
@@ -184,9 +227,6 @@ FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineC
     }
     if (r.pin) next_cpu = std::max(next_cpu, first_cpu + r.spawn * r.threads);
   }
-  std::vector<ModelWeights> weights;
-  if (G == 1) weights.push_back(load_model_weights(ctx.model, ctx.weights));
-  else weights = load_model_shards(ctx.model, ctx.weights, T, stages);
   comms_ = RankComms(ec.parallel, ec.backend == "cuda" ? devices : std::vector<int>{});
   devices_ = devices;
   if (ec.backend == "cuda" && G > 1) {

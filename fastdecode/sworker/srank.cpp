@@ -369,25 +369,21 @@ void SRank::prefill(const PlanBatch& pb, RankStep& out) {
     out.spans.push_back({"comm" + o_.track_suffix, "prefill residual in", tr, now_ns() - tr});
   }
   // APPEND_KV per (layer, worker) from two alternating K/V buffers: before a buffer is refilled, the sends of
-  // two layers earlier (its readers, zero-copy) are answered. A worker's share goes in chunks of whole sequences of
-  // at most o_.append_chunk_bytes of K and V (a longer prompt alone): the worker stores one while the next is on its
-  // way (one message of hundreds of MB was first carried whole, then stored), and each fits its shared-memory lane.
-  struct Append {
+  // two layers earlier (its readers, zero-copy) are answered. A worker's share goes in chunks of at most
+  // o_.append_chunk_bytes of K and V, and at most half its largest message (HELLO's max_message_bytes): the worker
+  // stores one while the next is on its way (one message of hundreds of MB was first carried whole, then stored), and
+  // each fits its shared-memory lane. Whole sequences go together; a longer prompt alone is cut into chunk-sized
+  // pieces, appended in order (the worker takes a sequence's tokens across messages as it does across steps).
+  std::vector<std::pair<size_t, AppendChunk>> per_worker;  // in row order (rows are ordered by worker)
+  for (size_t si = 0; si + 1 < pb.starts.size();) {
+    const size_t w = pb.workers[si];
     std::vector<uint64_t> ids;
     std::vector<uint32_t> counts;
-    size_t begin = 0, end = 0;  // rows
-  };
-  std::vector<std::pair<size_t, Append>> per_worker;  // in row order (rows are ordered by worker)
-  for (size_t si = 0; si + 1 < pb.starts.size(); ++si) {
-    const size_t w = pb.workers[si];
-    const size_t rows = size_t(pb.starts[si + 1] - pb.starts[si]);
-    if (per_worker.empty() || per_worker.back().first != w ||
-        (per_worker.back().second.end - per_worker.back().second.begin + rows) * 2 * kvb > o_.append_chunk_bytes)
-      per_worker.push_back({w, {}}), per_worker.back().second.begin = size_t(pb.starts[si]);
-    Append& a = per_worker.back().second;
-    a.end = size_t(pb.starts[si + 1]);
-    a.ids.push_back(pb.ids[si]);
-    a.counts.push_back(uint32_t(pb.starts[si + 1] - pb.starts[si]));
+    const size_t first = size_t(pb.starts[si]);
+    for (; si + 1 < pb.starts.size() && pb.workers[si] == w; ++si)
+      ids.push_back(pb.ids[si]), counts.push_back(uint32_t(pb.starts[si + 1] - pb.starts[si]));
+    for (AppendChunk& a : chunk_appends(ids, counts, first, client_->append_bytes(w, o_.append_chunk_bytes) / (2 * kvb)))
+      per_worker.push_back({w, std::move(a)});
   }
   std::vector<std::pair<size_t, uint64_t>> pending[2];
   // Host spans of each layer's stages (a CUDA S-Part's launches return early: a stage's device time shows in the
@@ -413,7 +409,7 @@ void SRank::prefill(const PlanBatch& pb, RankStep& out) {
     timed(l, "s-part", "prefill attention", [&] { spart_->prefill_attention(slot, pb.starts); });
     timed(l, "s-part", "prefill output+MLP", [&] { spart_->attention_output_and_mlp(slot, l); });
     const int64_t ts = now_ns();
-    for (auto& [w, a] : per_worker) {
+    for (const auto& [w, a] : per_worker) {
       Header h = header(MsgType::AppendKV, l, a.ids.size());
       h.n_tokens = uint32_t(a.end - a.begin);
       const size_t n = a.end - a.begin;

@@ -47,7 +47,7 @@ void register_with(const std::string& register_ep, const std::string& endpoint, 
     zmq::message_t reply;
     if (!req.recv(reply)) continue;
     if (reply.to_string() == "ok") return;
-    FD_THROW("the S-worker at " << register_ep << " refused the registration of " << endpoint << ": " << reply.to_string());
+    FD_THROW("the S-worker at " << register_ep << " refused the registration of " << endpoint << ": " << peer_text(reply.data(), reply.size(), 400));
   }
   FD_THROW("no S-worker answered at " << register_ep << " within " << timeout_ms << " ms (" << last
                                        << "): is engine.rworkers.register set to it and the run started?");
@@ -98,10 +98,13 @@ std::vector<Registration> Registrar::wait(size_t n, int timeout_ms, const std::f
         throw std::runtime_error("not a registration");
       r.endpoint = j["endpoint"].get<std::string>();
       r.name = j.value("name", std::string());
+      // What a registering peer sends is logged and used: an endpoint or a name longer than any real one is refused.
+      if (r.endpoint.size() > 256 || r.name.size() > 128)
+        throw std::runtime_error("an endpoint over 256 bytes or a name over 128 bytes");
       if (r.endpoint.rfind("tcp://", 0) != 0 && r.endpoint.rfind("ipc://", 0) != 0)
-        throw std::runtime_error("endpoint " + r.endpoint + " is not tcp:// or ipc://");
+        throw std::runtime_error("endpoint " + peer_text(r.endpoint) + " is not tcp:// or ipc://");
     } catch (const std::exception& e) {
-      answer = std::string("bad registration: ") + e.what();
+      answer = "bad registration: " + peer_text(std::string(e.what()), 300);
     }
     std::vector<zmq::message_t> reply;
     reply.push_back(std::move(parts[0]));

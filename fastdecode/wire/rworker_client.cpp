@@ -72,12 +72,34 @@ RWorkerClient::RWorkerClient(std::vector<std::string> endpoints, const RWorkerCl
   }
   lost_.assign(socks_.size(), "");
   dead_.assign(socks_.size(), false);
+  max_message_.assign(socks_.size(), 0);
   shm_.resize(socks_.size());
 }
 
 RWorkerClient::~RWorkerClient() {
   for (size_t w = 0; w < socks_.size(); ++w)
     if (!dead_[w]) zmq_socket_monitor(socks_[w].handle(), nullptr, 0);
+}
+
+std::vector<AppendChunk> chunk_appends(const std::vector<uint64_t>& ids, const std::vector<uint32_t>& counts, size_t first,
+                                       size_t max_rows) {
+  FD_CHECK(ids.size() == counts.size(), "chunk_appends: " << ids.size() << " ids, " << counts.size() << " counts");
+  max_rows = std::max<size_t>(1, max_rows);
+  std::vector<AppendChunk> out;
+  size_t row = first;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    for (size_t left = counts[i]; left > 0;) {
+      const size_t rows = std::min(left, max_rows);
+      if (out.empty() || out.back().end - out.back().begin + rows > max_rows) out.push_back({{}, {}, row, row});
+      AppendChunk& a = out.back();
+      a.ids.push_back(ids[i]);
+      a.counts.push_back(uint32_t(rows));
+      a.end = row + rows;
+      row += rows;
+      left -= rows;
+    }
+  }
+  return out;
 }
 
 std::string RWorkerClient::who(size_t w) const { return "R-worker " + std::to_string(w) + " (" + endpoints_[w] + ")"; }
@@ -137,6 +159,14 @@ uint64_t RWorkerClient::send(size_t w, Header h, const std::vector<ConstBuffer>&
   poll_monitors();
   if (!lost_[w].empty()) throw_lost({w});
   offer_shm(w);
+  if (max_message_[w] > 0) {  // over the worker's limit it would be refused, or its connection dropped by libzmq
+    size_t total = proto::kHeaderBytes;
+    for (const auto& f : frames) total += f.size;
+    if (total > max_message_[w])
+      FD_THROW("a " << proto::msg_type_name(h.msg_type()) << " request of " << total << " bytes to " << who(w)
+                    << " is over the largest message it takes, " << max_message_[w]
+                    << " bytes (its HELLO's max_message_bytes; fd-rworker --max-message-mb)");
+  }
   h.request_id = next_id_++;
   outstanding_.insert({w, h.request_id});
   h.n_frames = uint8_t(frames.size());
@@ -251,7 +281,7 @@ std::vector<RWorkerReply> RWorkerClient::wait(const std::vector<std::pair<size_t
     stash_.erase(it);
     outstanding_.erase(req);
     if (r.h.msg_type() == MsgType::Error && first_error.empty()) {
-      const std::string text = r.frames.empty() ? "" : std::string(static_cast<const char*>(r.frames[0].data()), r.frames[0].size());
+      const std::string text = r.frames.empty() ? "" : peer_text(r.frames[0].data(), r.frames[0].size(), 400);
       first_error = who(req.first) + " answered ERROR (" + proto::error_code_name(proto::ErrorCode(r.h.status)) + "): " + text;
     }
     out.push_back(std::move(r));
@@ -281,7 +311,11 @@ json RWorkerClient::hello(size_t w, int n_layers, int n_heads, int n_kv_heads, i
   h.layer = uint32_t(n_layers);
   RWorkerReply r = call(w, h);
   if (r.h.msg_type() != MsgType::HelloReply || r.frames.size() != 1) FD_THROW(who(w) << ": unexpected reply to HELLO");
-  return json::parse(std::string(static_cast<const char*>(r.frames[0].data()), r.frames[0].size()));
+  json info = json::parse(std::string(static_cast<const char*>(r.frames[0].data()), r.frames[0].size()));
+  // The largest request it takes (older workers do not say: unchecked here, as before).
+  if (info.is_object() && info.contains("max_message_bytes") && info["max_message_bytes"].is_number_unsigned())
+    max_message_[w] = info["max_message_bytes"].get<size_t>();
+  return info;
 }
 
 static Header ids_header(MsgType t, size_t n) {
@@ -392,7 +426,7 @@ bool RWorkerClient::take_attach_reply(size_t w, const std::vector<zmq::message_t
   }
   l.stats.state = "refused";
   l.stats.reason = h.msg_type() == MsgType::Error && parts.size() == 2
-                       ? std::string(proto::error_code_name(proto::ErrorCode(h.status))) + ": " + parts[1].to_string()
+                       ? std::string(proto::error_code_name(proto::ErrorCode(h.status))) + ": " + peer_text(parts[1].data(), parts[1].size(), 400)
                        : std::string("an unexpected ") + proto::msg_type_name(h.msg_type()) + " reply to SHM_ATTACH";
   l.space.reset();
   return true;

@@ -113,6 +113,19 @@ class ShmBlock {
   size_t size_ = 0;
 };
 
+// One APPEND_KV of a batch: rows [begin, end) of the caller's K and V, the sequences they belong to and each one's
+// tokens among them.
+struct AppendChunk {
+  std::vector<uint64_t> ids;
+  std::vector<uint32_t> counts;
+  size_t begin = 0, end = 0;
+};
+// Cuts one worker's consecutive sequences (ids[i] with counts[i] rows, from row `first` on) into APPEND_KV messages of
+// at most max_rows rows (at least 1): whole sequences go together; a longer one is cut into pieces, appended in order
+// (a worker takes a sequence's tokens across messages as it does across steps).
+std::vector<AppendChunk> chunk_appends(const std::vector<uint64_t>& ids, const std::vector<uint32_t>& counts, size_t first,
+                                       size_t max_rows);
+
 class RWorkerClient {
  public:
   RWorkerClient(std::vector<std::string> endpoints, int timeout_ms, int io_threads = 2);
@@ -138,12 +151,19 @@ class RWorkerClient {
   // timeout_ms: after a failed step, so that no stale reply is left. Lost workers are skipped.
   void drain(int timeout_ms);
 
-  // Sends a request (h.request_id and h.n_frames are filled in). Returns the request id.
+  // Sends a request (h.request_id and h.n_frames are filled in). Returns the request id. A request over the worker's
+  // largest message (its HELLO's max_message_bytes) throws fd::Error naming the worker, and nothing is sent.
   uint64_t send(size_t w, proto::Header h, const std::vector<ConstBuffer>& frames);
   // Waits for the replies to (worker, request id) pairs, in that order. Throws on ERROR replies (after
   // collecting every reply, so no reply is left behind) or when the deadline passes.
   std::vector<RWorkerReply> wait(const std::vector<std::pair<size_t, uint64_t>>& requests, int timeout_ms = -1);
   RWorkerReply call(size_t w, const proto::Header& h, const std::vector<ConstBuffer>& frames = {});
+
+  // Bytes of K and V one APPEND_KV to worker w may carry: `chunk`, and at most half the worker's largest message
+  // (HELLO's max_message_bytes, once known), which leaves room for the ids and counts.
+  size_t append_bytes(size_t w, size_t chunk) const {
+    return max_message_.at(w) > 0 && max_message_[w] / 2 < chunk ? max_message_[w] / 2 : chunk;
+  }
 
   // Convenience requests (synchronous).
   json hello(size_t w, int n_layers, int n_heads, int n_kv_heads, int head_dim, proto::WireDType dtype);
@@ -197,6 +217,7 @@ class RWorkerClient {
   std::vector<zmq::socket_t> monitors_;  // per worker: its DEALER's connection events
   std::vector<std::string> lost_;        // per worker: why it is gone ("" while it is not)
   std::vector<bool> dead_;               // per worker: marked dead (socket closed)
+  std::vector<size_t> max_message_;      // per worker: the largest request it takes (from its HELLO; 0: unknown)
   int timeout_ms_;
   uint64_t next_id_ = 1;
   std::map<std::pair<size_t, uint64_t>, RWorkerReply> stash_;  // replies received while waiting for others

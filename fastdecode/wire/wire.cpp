@@ -142,6 +142,8 @@ Message decode(const Frame* parts, size_t n_parts, const Limits& lim) {
   for (uint8_t b : h.reserved)
     if (b != 0) malformed("reserved header bytes are not zero");
   if (h.version < 3 && h.flags != 0) malformed("reserved header bytes are not zero");
+  if (h.version < 3 && h.msg_type() == MsgType::ShmAttach)  // docs/RWORKER.md: version 2 has no SHM_ATTACH
+    malformed("SHM_ATTACH is a protocol version 3 message; this one says version " + std::to_string(h.version));
   if (h.flags & ~kFlagShm) malformed("unknown header flags " + std::to_string(h.flags));
   if (h.flags & kFlagShm)
     malformed(std::string(msg_type_name(h.msg_type())) + " flagged as in shared memory, but no shared-memory region is attached "

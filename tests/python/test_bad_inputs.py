@@ -7,6 +7,7 @@ docs/RELIABILITY.md are checked against this table, so the doc says what the tes
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import struct
@@ -59,6 +60,14 @@ def nan_in(name):
     return edit
 
 
+def inf_in(name):
+    def edit(h, data):
+        b, e = h[name]["data_offsets"]
+        data[b:e] = b"\x80\x7f" * ((e - b) // 2)  # bf16 +Inf
+        return data
+    return edit
+
+
 def drop(name):
     def edit(h, data):
         del h[name]
@@ -83,6 +92,7 @@ def reshape(name):
 
 WEIGHT_CASES = [  # (id, edit of model.safetensors, what the message names)
     ("nan", nan_in("model.norm.weight"), "model.norm.weight"),
+    ("inf", inf_in("model.layers.0.mlp.down_proj.weight"), "model.layers.0.mlp.down_proj.weight"),
     ("missing-tensor", drop("model.layers.1.mlp.up_proj.weight"), "model.layers.1.mlp.up_proj.weight"),
     ("unknown-tensor", extra("model.layers.0.mlp.extra.weight"), "model.layers.0.mlp.extra.weight"),
     ("wrong-shape", reshape("model.layers.0.self_attn.q_proj.weight"), "model.layers.0.self_attn.q_proj.weight"),
@@ -136,13 +146,19 @@ RESOURCE_CASES = [  # (id, change to the config, what the message names)
                                     c["workload"].update(prompt_len=400, gen_len=100)), "too small for one request"),
     ("no-registration", lambda c: c["engine"].update(rworkers={"register": "tcp://127.0.0.1:{free}", "expect": 1,
                                                                 "register_timeout_ms": 200}), "registered at"),
+    ("pin-past-cpus", lambda c: c["engine"]["rworkers"].update(spawn=2, pin=True, threads=len(os.sched_getaffinity(0))),
+     "engine.rworkers.pin"),
 ]
+# Cases refused before any R-worker is spawned (a spawned worker says "listening on"): the checkpoint is read, and the
+# pinned cores are checked, first.
+BEFORE_SPAWN = {"nan", "inf", "missing-tensor", "unknown-tensor", "wrong-shape", "truncated", "no-checkpoint",
+                "pin-past-cpus"}
 
 CLASSES = {"configs": CONFIG_CASES, "weights": WEIGHT_CASES, "prompts": PROMPT_CASES, "endpoints": ENDPOINT_CASES,
            "binaries and resources": RESOURCE_CASES}
 
 
-def refused(fd_bin, tmp_path: Path, cfg: dict, what: str) -> None:
+def refused(fd_bin, tmp_path: Path, cfg: dict, what: str, before_spawn: bool = False) -> None:
     text = json.dumps(cfg).replace("{free}", str(free_port()))
     (tmp_path / "c.json").write_text(text)
     out = tmp_path / "run"
@@ -151,6 +167,8 @@ def refused(fd_bin, tmp_path: Path, cfg: dict, what: str) -> None:
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert what in p.stderr, p.stderr
     assert not out.exists(), "a run folder was left by an error found before any work"
+    if before_spawn:
+        assert "listening on" not in p.stderr, "an R-worker was spawned before the error was found:\n" + p.stderr
 
 
 @pytest.mark.parametrize("case", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
@@ -169,7 +187,7 @@ def test_bad_weights(fd_bin, tmp_path, case):
         rewrite(st, case[1])
     cfg = base_config()
     cfg["model"]["weights"] = {"dir": str(tmp_path / "ckpt")}
-    refused(fd_bin, tmp_path, cfg, case[2])
+    refused(fd_bin, tmp_path, cfg, case[2], before_spawn=case[0] in BEFORE_SPAWN)
 
 
 @pytest.mark.parametrize("case", PROMPT_CASES, ids=[c[0] for c in PROMPT_CASES])
@@ -192,7 +210,7 @@ def test_bad_endpoints(fd_bin, tmp_path, case):
 def test_bad_binaries_and_resources(fd_bin, tmp_path, case):
     cfg = base_config()
     case[1](cfg)
-    refused(fd_bin, tmp_path, cfg, case[2])
+    refused(fd_bin, tmp_path, cfg, case[2], before_spawn=case[0] in BEFORE_SPAWN)
 
 
 def test_the_reliability_doc_counts_these_cases():

@@ -1,4 +1,5 @@
 #include "fastdecode/wire/wire.h"
+#include "fastdecode/wire/rworker_client.h"
 
 #include "rworker_test_util.h"
 #include "test_helpers.h"
@@ -114,4 +115,49 @@ TEST(Protocol, EveryMalformationIsCaught) {
   Limits small;
   small.max_message_bytes = 200;
   EXPECT_EQ(code_of(attend(4), small), ErrorCode::TooLarge);
+  // SHM_ATTACH came with version 3 (docs/RWORKER.md): one that says version 2 is malformed, whatever it carries.
+  Header sa = make_header(MsgType::ShmAttach, 4, 2, 32, WireDType::F16);
+  sa.version = 2;
+  EXPECT_EQ(code_of(make_message(sa, {std::vector<uint8_t>(40, 1)})), ErrorCode::Malformed);
+  sa.version = 3;
+  EXPECT_EQ(code_of(make_message(sa, {std::vector<uint8_t>(40, 1)})), ErrorCode::None);  // its layout is checked where answered
+}
+
+// What a peer sends is cut before it is logged or put in an error: at most `max` bytes, the rest counted, and bytes
+// outside printable ASCII escaped (a peer cannot write control sequences into a terminal or split a log line).
+TEST(Protocol, PeerTextIsCutAndEscaped) {
+  EXPECT_EQ(peer_text(std::string("out of memory")), "out of memory");
+  EXPECT_EQ(peer_text(std::string("a\nb\x1b[2J\\"), 64), "a\\x0ab\\x1b[2J\\x5c");
+  const std::string big(5'000'000, 'x');
+  const std::string cut = peer_text(big, 400);
+  EXPECT_EQ(cut, std::string(400, 'x') + " ... (5000000 bytes in all)");
+  EXPECT_EQ(peer_text(std::string(400, 'y'), 400), std::string(400, 'y'));  // exactly the limit: nothing to say
+}
+
+// APPEND_KV chunks (RWorkerClient): whole sequences together up to the rows a message may carry, a longer sequence
+// cut into pieces in order; every row once, each chunk within the limit, no id twice in one chunk.
+TEST(Protocol, AppendsAreCutToTheLargestMessage) {
+  const std::vector<uint64_t> ids = {5, 6, 7, 8};
+  const std::vector<uint32_t> counts = {3, 10, 2, 4};
+  const auto chunks = chunk_appends(ids, counts, 100, 4);
+  std::vector<std::pair<uint64_t, uint32_t>> got;
+  size_t row = 100;
+  for (const AppendChunk& c : chunks) {
+    EXPECT_EQ(c.begin, row);
+    EXPECT_LE(c.end - c.begin, 4u);
+    uint32_t sum = 0;
+    for (size_t i = 0; i < c.ids.size(); ++i) {
+      sum += c.counts[i];
+      got.push_back({c.ids[i], c.counts[i]});
+      for (size_t j = 0; j < i; ++j) EXPECT_NE(c.ids[i], c.ids[j]);
+    }
+    EXPECT_EQ(sum, c.end - c.begin);
+    row = c.end;
+  }
+  EXPECT_EQ(row, 119u);
+  const std::vector<std::pair<uint64_t, uint32_t>> want = {{5, 3}, {6, 4}, {6, 4}, {6, 2}, {7, 2}, {8, 4}};
+  EXPECT_EQ(got, want);
+  ASSERT_EQ(chunks.size(), 5u);  // [5:3] [6:4] [6:4] [6:2 7:2] [8:4]
+  EXPECT_EQ(chunk_appends(ids, counts, 0, 1000).size(), 1u);  // all of it fits one message
+  EXPECT_EQ(chunk_appends(ids, counts, 0, 0).size(), 19u);    // at least a row a message
 }
