@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 PUBLISHED = Path(__file__).resolve().parents[2] / "experiments" / "paper" / "published.json"
-FIELDS = ("figure", "system", "model", "metric", "value", "unit", "batch", "seq_len", "hardware", "kind", "derivation",
+FIELDS = ("id", "figure", "system", "model", "metric", "value", "unit", "batch", "seq_len", "hardware", "kind", "derivation",
           "bound", "quote", "note")
 SYSTEMS = {"FastDecode", "vLLM", "TensorRT-LLM", "FastLLM", "Vanilla"}
 HARDWARE = "1x A10 + up to 4 nodes of 2x AMD Epyc"
