@@ -120,6 +120,7 @@ RWorkingSet r_working_set(int64_t llc_bytes, int r_threads, int64_t mem_availabl
 
 json measure_profile(const ModelConfig& model, const ProfileOptions& o) {
   check_options(o);
+  if (o.service) check_service_options(o.svc);  // before anything is measured
   // T(B) on one layer of the model (random weights: the time does not depend on the values), as the
   // FastDecode engine drives it: q/k/v out and the attention output in through the backend's host
   // buffers in the wire dtype (fp16 on the GPU, fp32 on the CPU backend).
@@ -214,6 +215,7 @@ json measure_profile(const ModelConfig& model, const ProfileOptions& o) {
             {"method", method},
             {"provenance", collect_provenance(o.command_line)}};
   if (o.backend == "cuda") j["sm_count"] = o.sm_count;  // 0: the whole GPU
+  if (o.service) j["r_service"] = measure_service_profile(model, o.svc);
   return j;
 }
 

@@ -6,6 +6,7 @@
 
 #include "fastdecode/core/json_util.h"
 #include "fastdecode/model/model_config.h"
+#include "harness/profile_service.h"
 
 namespace fd {
 
@@ -17,6 +18,8 @@ struct ProfileOptions {
   std::string backend = "cpu";  // S-Part backend for T(B): cpu | cuda
   int r_threads = 1;
   int sm_count = 0;  // > 0: T(B) with the CUDA S-Part on that many SMs (green context); cuda only
+  bool service = false;          // also R of R-workers in service (profile_service.h): profile.json's r_service
+  ServiceProfileOptions svc;
   std::string command_line;
 };
 

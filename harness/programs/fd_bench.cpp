@@ -110,6 +110,21 @@ int main(int argc, char** argv) {
   profile->add_option("--context", po.context, "Context per sequence for R (>= 32, one KV block)")->capture_default_str()->check(CLI::PositiveNumber);
   profile->add_option("--reps", po.reps, "Repetitions (median)")->capture_default_str()->check(CLI::PositiveNumber);
   profile->add_option("--out", prof_out, "profile.json to write")->required();
+  profile->add_flag("--service", po.service,
+                    "Also measure R as R-workers serve it (r_service: spawned fd-rworker processes, real ATTEND rounds "
+                    "through the client, a grid of --service-batches x --contexts; docs/SCHEDULING.md)");
+  profile->add_option("--rworkers", po.svc.workers, "--service: R-workers spawned")->capture_default_str()->check(CLI::Range(1, 4096));
+  profile->add_option("--rworker-threads", po.svc.threads, "--service: compute threads each")->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  profile->add_flag("!--no-pin", po.svc.pin, "--service: do not pin the workers to disjoint cores (pinned by default, as "
+                    "the engine pins hardware.rworkers)");
+  profile->add_option("--first-cpu", po.svc.first_cpu, "--service: the first core pinned")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  profile->add_option("--service-batches", po.svc.batches, "--service: sequences over all workers")->capture_default_str();
+  profile->add_option("--contexts", po.svc.contexts, "--service: prompt tokens a sequence")->capture_default_str();
+  profile->add_option("--service-layers", po.svc.layers, "--service: layers each sequence holds (the runs' depth)")
+      ->capture_default_str()->check(CLI::Range(1, 1024));
+  profile->add_flag("!--no-shm", po.svc.shm, "--service: ZeroMQ only (no shared-memory lane)");
   // workload: the requests `run` would make, as JSONL, for drivers outside the harness (baselines/hf).
   std::string wl_config, wl_out;
   std::vector<std::string> wl_sets;
@@ -149,6 +164,8 @@ int main(int argc, char** argv) {
     }
     if (*profile) {
       po.command_line = fd::join_args(argc, argv);
+      po.svc.kv_dtypes = po.kv_dtypes;
+      po.svc.reps = po.reps;
       const fd::json prof = fd::measure_profile(fd::load_model_config(prof_model), po);
       fd::write_json_file(prof_out, prof);
       std::printf("%s\nwrote %s\n", prof.dump(1).c_str(), prof_out.c_str());

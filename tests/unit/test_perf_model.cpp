@@ -235,3 +235,24 @@ TEST(PerfModel, ProfileOptionsRefused) {
                                   "p.json");  // what fd-bench profile --sm-count writes
   EXPECT_DOUBLE_EQ(p.t.at(1), 0.001);
 }
+
+// fd-bench profile --service's fit (harness/profile_service.h): round = a + c·(B/P) + b·(B·S/P), least squares. Points
+// made exactly from known coefficients give them back, with R² 1; noise of a known size gives a max relative error of
+// about that size; too few distinct points are refused.
+TEST(PerfModel, ServiceFitRecoversTheRoundsCoefficients) {
+  const double a = 4e-4, c = 3e-6, b = 2e-9;
+  std::vector<double> x1, x2, y;
+  for (double per_worker : {4.0, 16.0, 64.0, 256.0})
+    for (double ctx : {128.0, 512.0, 1024.0}) x1.push_back(per_worker), x2.push_back(per_worker * ctx), y.push_back(a + c * per_worker + b * per_worker * ctx);
+  ServiceFit f = fit_service(x1, x2, y);
+  EXPECT_NEAR(f.a, a, 1e-12);
+  EXPECT_NEAR(f.c, c, 1e-14);
+  EXPECT_NEAR(f.b, b, 1e-17);
+  EXPECT_NEAR(f.r2, 1.0, 1e-12);
+  EXPECT_LT(f.max_rel_err, 1e-9);
+  for (size_t i = 0; i < y.size(); ++i) y[i] *= (i % 2 ? 1.02 : 0.98);  // ±2 %
+  f = fit_service(x1, x2, y);
+  EXPECT_GT(f.max_rel_err, 0.005);
+  EXPECT_LT(f.max_rel_err, 0.05);
+  EXPECT_THAT(error_message([] { fit_service({1, 1, 1}, {2, 2, 2}, {1, 2, 3}); }), HasSubstr("do not determine the fit"));
+}

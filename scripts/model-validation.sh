@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# On the GPU machine: what the performance model needs from profiles alone, and fresh FastDecode runs to judge it by
+# (issue 41; analysis/perf_model_validation.py). Stages (default: profile runs):
+#   build    cmake --preset cuda + build
+#   profile  fd-bench profile --backend cuda --service: T(B) of the CUDA S-Part (whole GPU and SM_COUNTS), R of the
+#            kernel on RW_THREADS CPUs, and R of R-workers in service for each of SERVICE_CONFIGS (WORKERSxTHREADS,
+#            pinned as hardware.rworkers pins them) over SERVICE_BATCHES x SERVICE_CONTEXTS, 2 layers
+#   runs     the runs to predict, on this commit: the baselines grid's FastDecode steady runs (full GPU, B in
+#            STEADY_BATCHES), the balance-map FastDecode grid, and the fig8-intercept sweep (the fixed per-step term)
+#   pack     everything under OUT into PACK (a .tar.gz; for a machine that returns few files)
+# Results: OUT/profile_*.json, OUT/runs/ (the run folders, traces dropped), OUT/*.log. A tree copied without git history
+# records its commit from FD_GIT_COMMIT.
+#   usage: [PACK=FILE] scripts/model-validation.sh OUT [stage...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-results/model-validation}"
+shift || true
+stages="${*:-profile runs}"
+mkdir -p "$out"
+[ -f scripts/device-env.sh ] && [ -d .deps ] && source scripts/device-env.sh
+export CUDACXX="${CUDACXX:-/usr/local/cuda/bin/nvcc}" OMP_WAIT_POLICY=PASSIVE
+bin=build/cuda/bin
+model=experiments/models/llama-2-7b.json
+service_configs="${SERVICE_CONFIGS:-4x3 5x3 4x1}"
+service_batches="${SERVICE_BATCHES:-16 64 256 1024}"
+service_contexts="${SERVICE_CONTEXTS:-128 512 1024}"
+sm_counts="${SM_COUNTS:-8 32}"
+steady_batches="${STEADY_BATCHES:-16 64 256 1024}"
+rc=0
+has() { [[ " $stages " == *" $1 "* ]]; }
+if has build; then
+  { cmake --preset cuda && cmake --build --preset cuda -j "$(nproc)"; } >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+  echo "build ok ($SECONDS s)"
+fi
+if has profile; then
+  first=1
+  for cfg in $service_configs; do
+    w=${cfg%x*} t=${cfg#*x}
+    # The whole GPU's T(B) once (with the first service config); the kernel R on the config's CPUs.
+    $bin/fd-bench profile --backend cuda --model "$model" --kv-dtypes fp16 --r-threads $((w * t)) \
+      --batches 1 8 16 32 64 128 256 512 --service --rworkers "$w" --rworker-threads "$t" --first-cpu 0 \
+      --service-batches $service_batches --contexts $service_contexts --reps 5 \
+      --out "$out/profile_llama-2-7b_cuda_svc${cfg}.json" >"$out/profile_svc${cfg}.log" 2>&1 || { rc=1; tail -5 "$out/profile_svc${cfg}.log"; }
+    grep -E "service: |wrote" "$out/profile_svc${cfg}.log" | tail -14
+    first=0
+  done
+  for sm in $sm_counts; do
+    $bin/fd-bench profile --backend cuda --sm-count "$sm" --model "$model" --kv-dtypes fp16 --r-threads 12 \
+      --batches 1 8 16 32 64 128 256 512 --reps 5 --out "$out/profile_llama-2-7b_cuda_sm${sm}.json" \
+      >"$out/profile_sm${sm}.log" 2>&1 || { rc=1; tail -5 "$out/profile_sm${sm}.log"; }
+  done
+  echo "profile done ($SECONDS s)"
+fi
+if has runs; then
+  runs="$out/runs"
+  mkdir -p "$runs"
+  for B in $steady_batches; do
+    d="$runs/steady/fastdecode-b$B"
+    timeout 150 $bin/fd-bench run experiments/baselines/llama-2-7b-fastdecode.json --set workload.requests=$B --out "$d" --quiet \
+      >"$d.log" 2>&1 || { rc=1; echo "steady B=$B FAILED: $(tail -2 "$d.log" | tr '\n' ' ')"; }
+    rm -f "$d/trace.json"
+    echo "steady B=$B: $(grep -m1 -E 'tokens/s' "$d.log" | cut -c1-120)"
+  done
+  for s in balance-map-fastdecode fig8-intercept-llama-2-7b; do
+    $bin/fd-bench sweep "experiments/paper/$s.sweep.json" --out "$runs/$s" --quiet >"$out/sweep_$s.log" 2>&1 || rc=1
+    find "$runs/$s" -name trace.json -delete
+    echo "$s: $(ls -d "$runs/$s"/*/rep* 2>/dev/null | wc -l) runs ($SECONDS s)"
+  done
+fi
+if has pack; then
+  tar czf "${PACK:?pack needs PACK=FILE}" -C "$(dirname "$out")" "$(basename "$out")" && echo "packed $(du -h "$PACK" | cut -f1) into $PACK"
+fi
+exit $rc
