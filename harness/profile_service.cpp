@@ -60,13 +60,16 @@ std::vector<uint16_t> random_f16(size_t n, uint32_t seed) {
 ServiceFit fit_service(const std::vector<double>& x1, const std::vector<double>& x2, const std::vector<double>& y) {
   const size_t n = y.size();
   FD_CHECK(n == x1.size() && n == x2.size() && n >= 3, "fit_service: need 3 or more points of (x1, x2, y)");
-  // Normal equations of [1 x1 x2] · (a c b) = y, solved by Gaussian elimination with partial pivoting.
+  // Relative least squares: minimises the sum of ((fit - y) / y)², so a 1 ms point counts as much as a 100 ms one
+  // (the runs it predicts span that range). Normal equations of the weighted rows [1 x1 x2] / y · (a c b) = 1, solved
+  // by Gaussian elimination with partial pivoting.
   double m[3][4] = {};
   for (size_t i = 0; i < n; ++i) {
-    const double r[3] = {1.0, x1[i], x2[i]};
+    FD_CHECK(y[i] > 0, "fit_service: a round of " << y[i] << " s");
+    const double r[3] = {1.0 / y[i], x1[i] / y[i], x2[i] / y[i]};
     for (int j = 0; j < 3; ++j) {
       for (int k = 0; k < 3; ++k) m[j][k] += r[j] * r[k];
-      m[j][3] += r[j] * y[i];
+      m[j][3] += r[j];
     }
   }
   for (int col = 0; col < 3; ++col) {
@@ -241,7 +244,7 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
                          std::to_string(o.layers) + " layer(s); per decode step, per layer and mini-batch, one ATTEND to every "
                          "worker (its share's q, k, v: the append included) and the wait for all replies; round_s_per_layer: "
                          "the two rounds of a layer, wall, median of " + std::to_string(o.reps) + " steps after one warm-up; fit: "
-                         "round = a + per_seq * B/P + per_token * B*S/P (least squares); r_s_per_token_layer_cpu = per_token x "
+                         "round = a + per_seq * B/P + per_token * B*S/P (relative least squares); r_s_per_token_layer_cpu = per_token x "
                          "threads"}};
 }
 

@@ -8,7 +8,7 @@
 // B) it records the wall time of a layer's two rounds (what a step waits for when the R-Part binds) and the busiest
 // worker's compute (the replies' compute_ns), medians over `reps` steps after one warm-up step.
 //
-// A fit per KV dtype over the grid, least squares of the round per layer:
+// A fit per KV dtype over the grid, relative least squares of the round per layer:
 //   t(B, S) = a + c · (B / P) + b · (B · S / P)
 // a: the fixed cost of a layer's two rounds (message, wake-up, reply); c: per sequence on the busiest worker (its
 // bookkeeping, the append, the query); b: per context token on a worker of `threads` threads. R per CPU is b · threads,
@@ -42,7 +42,8 @@ struct ServiceProfileOptions {
 json measure_service_profile(const ModelConfig& model, const ServiceProfileOptions& o);
 void check_service_options(const ServiceProfileOptions& o);  // ConfigError naming the flag
 
-// Least squares of y = a + c·x1 + b·x2 over the points (x1, x2, y): {a, c, b, R², the largest |fit/y - 1|}.
+// Relative least squares of y = a + c·x1 + b·x2 over the points (x1, x2, y) (minimises the sum of ((fit - y) / y)²):
+// {a, c, b, R², the largest |fit/y - 1|}.
 struct ServiceFit {
   double a = 0, c = 0, b = 0, r2 = 0, max_rel_err = 0;
 };

@@ -190,6 +190,11 @@ void run_router_loop(const RouterLoop& loop) {
   sock.set(zmq::sockopt::linger, 0);
   sock.set(zmq::sockopt::maxmsgsize, int64_t(loop.max_message_bytes));
   sock.set(zmq::sockopt::router_mandatory, 0);
+  // At most kRouterRcvHwm complete messages queued per connection: past them libzmq stops reading that connection's
+  // socket, and a client that sends faster (a prefill's appends) waits in TCP and its own send queue, not in this
+  // worker's memory. A client keeps every message within a quarter of the largest (RWorkerClient::append_bytes), so
+  // one connection holds at most (2 queued + 1 arriving) / 4 of --max-message-mb: within the intake budget (intake.h).
+  sock.set(zmq::sockopt::rcvhwm, kRouterRcvHwm);
   if (loop.heartbeat_ms > 0) {
     set_int(sock, ZMQ_HEARTBEAT_IVL, loop.heartbeat_ms);
     set_int(sock, ZMQ_HEARTBEAT_TIMEOUT, std::max(loop.heartbeat_timeout_ms, loop.heartbeat_ms));

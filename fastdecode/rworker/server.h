@@ -85,6 +85,9 @@ struct RouterLoop {
 
 // The most frames one message may have (a valid request has at most 5); more is refused as it arrives.
 constexpr size_t kMaxRequestFrames = 64;
+// Complete messages libzmq queues per connection before it stops reading it (ZMQ_RCVHWM): the S-worker's two
+// mini-batches' ATTENDs fit; a longer stream (a prefill's appends) waits on the client's side.
+constexpr int kRouterRcvHwm = 2;
 void run_router_loop(const RouterLoop& loop);
 
 // Runs until SHUTDOWN or *stop becomes true (checked every 100 ms). `on_bound` receives the endpoint

@@ -159,10 +159,11 @@ class RWorkerClient {
   std::vector<RWorkerReply> wait(const std::vector<std::pair<size_t, uint64_t>>& requests, int timeout_ms = -1);
   RWorkerReply call(size_t w, const proto::Header& h, const std::vector<ConstBuffer>& frames = {});
 
-  // Bytes of K and V one APPEND_KV to worker w may carry: `chunk`, and at most half the worker's largest message
-  // (HELLO's max_message_bytes, once known), which leaves room for the ids and counts.
+  // Bytes of K and V one APPEND_KV to worker w may carry: `chunk`, and at most a quarter of the worker's largest
+  // message (HELLO's max_message_bytes, once known): room for the ids and counts, and the worker's intake budget
+  // (twice the largest message) holds the few appends it queues per connection (server.h, kRouterRcvHwm).
   size_t append_bytes(size_t w, size_t chunk) const {
-    return max_message_.at(w) > 0 && max_message_[w] / 2 < chunk ? max_message_[w] / 2 : chunk;
+    return max_message_.at(w) > 0 && max_message_[w] / 4 < chunk ? max_message_[w] / 4 : chunk;
   }
 
   // Convenience requests (synchronous).
