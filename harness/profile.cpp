@@ -132,7 +132,7 @@ json measure_profile(const ModelConfig& model, const ProfileOptions& o) {
                                                   : make_cpu_spart(load_model_weights(one, *src));
   const DType wire = o.backend == "cuda" ? DType::F16 : DType::F32;
   const size_t es = dtype_size(wire);
-  json t_b = json::array();
+  json t_b = json::array(), head_b = json::array();
   for (int64_t B : o.batches) {
     HostBuffer q = sp->alloc_host(size_t(B * one.q_dim()) * es), k = sp->alloc_host(size_t(B * one.kv_dim()) * es),
                v = sp->alloc_host(size_t(B * one.kv_dim()) * es), att = sp->alloc_host(size_t(B * one.q_dim()) * es);
@@ -149,6 +149,18 @@ json measure_profile(const ModelConfig& model, const ProfileOptions& o) {
       if (r > 0) ts.push_back(double(now_ns() - t0) / 1e9);
     }
     t_b.push_back({B, median(ts)});
+    // The step's own GPU work besides its layers: the final norm, the LM head and greedy sampling of B rows, the
+    // tokens copied down (SPart::sample), as every decode step runs it once.
+    std::vector<int32_t> rows(static_cast<size_t>(B)), picked(static_cast<size_t>(B));
+    std::vector<uint64_t> rids(static_cast<size_t>(B)), steps(static_cast<size_t>(B), 0);
+    for (int64_t i = 0; i < B; ++i) rows[size_t(i)] = int32_t(i), rids[size_t(i)] = uint64_t(i);
+    std::vector<double> hs;
+    for (int r = 0; r < o.reps + 1; ++r) {
+      const int64_t t0 = now_ns();
+      sp->sample(0, rows, SamplingParams{}, rids, steps, picked.data());
+      if (r > 0) hs.push_back(double(now_ns() - t0) / 1e9);
+    }
+    head_b.push_back({B, median(hs)});
   }
   // R: r_threads threads over n_seq sequences of `context` tokens, enough KV to stream from DRAM
   // (r_working_set: >= 4 x the last-level cache and >= 1 GiB, capped by free memory).
@@ -194,7 +206,8 @@ json measure_profile(const ModelConfig& model, const ProfileOptions& o) {
                                                  : "last-level cache unreadable, " + mib(ws_size.llc_bytes) + " assumed";
   json method = {
       {"t_b", sp->describe() + "; one layer (attention input with q/k/v to the host, attention output from the host, "
-                               "output projection and MLP) for B decode tokens, median" +
+                               "output projection and MLP) for B decode tokens, median; head_b: the final norm, LM head and "
+                               "greedy sampling of B rows with the token ids copied down (once a step), median" +
                   (o.sm_count > 0 ? "; --sm-count " + std::to_string(o.sm_count) + " (green context)" : std::string())},
       {"r", "decode attention on " + std::to_string(o.r_threads) + " thread(s) together (" +
                 std::string(isa_name(best_isa())) + "), R = time x threads / tokens, contexts of " +
@@ -208,6 +221,7 @@ json measure_profile(const ModelConfig& model, const ProfileOptions& o) {
       {"llc_bytes", ws_size.llc_known ? json(ws_size.llc_bytes) : json(nullptr)},
       {"r_working_set_capped", ws_size.capped()}};
   json j = {{"t_b", t_b},
+            {"head_b", head_b},
             {"r_s_per_token_layer", r_map},
             {"layers", model.full_num_layers},
             {"backend", o.backend},

@@ -173,31 +173,45 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
           client.wait(sent);
         }
         const double append_s = double(now_ns() - t_append) / 1e9;
-        // Decode steps: per layer, per mini-batch, an ATTEND to every worker with its share, then the wait for all.
-        std::vector<double> round_s, busiest_s, mean_s;
+        // Decode steps as the engine pipelines them: two requests in flight a worker (a layer's two mini-batches), and
+        // the replies of (visit v, mini-batch m) let (v + 1, m) go, as that mini-batch's S-Part would once it had
+        // them. The visits cycle the layers, 2 L a step; a layer's time is the steady rate after the first visit
+        // (whose own latency, the pipeline's fill, is kept apart).
+        const int V = 2 * o.layers;
+        const auto send_visit = [&](int visit, int mb) {
+          std::vector<std::pair<size_t, uint64_t>> sent;
+          for (int w = 0; w < o.workers; ++w) {
+            const std::vector<uint64_t>& s = mb_ids[mb][size_t(w)];
+            if (s.empty()) continue;
+            Header h = proto::make_header(MsgType::Attend, H, K, D, proto::WireDType::F16, uint32_t(s.size()));
+            h.layer = uint32_t(visit % o.layers);
+            sent.push_back({size_t(w), client.send(size_t(w), h, {{s.data(), s.size() * 8},
+                                                                  {q.data(), s.size() * size_t(H) * size_t(D) * 2},
+                                                                  {k.data(), s.size() * kvb}, {v.data(), s.size() * kvb}})});
+          }
+          return sent;
+        };
+        std::vector<double> round_s, busiest_s, mean_s, first_s;
         for (int step = 0; step < o.reps + 1; ++step) {
-          double r_layer = 0, busy = 0, mean = 0;
-          for (int l = 0; l < o.layers; ++l)
+          double busy = 0, mean = 0;
+          const int64_t t0 = now_ns();
+          std::vector<std::pair<size_t, uint64_t>> inflight[2] = {send_visit(0, 0), send_visit(0, 1)};
+          int64_t t_first = 0;
+          for (int visit = 0; visit < V; ++visit) {
             for (int mb = 0; mb < 2; ++mb) {
-              std::vector<std::pair<size_t, uint64_t>> sent;
-              const int64_t t0 = now_ns();
-              for (int w = 0; w < o.workers; ++w) {
-                const std::vector<uint64_t>& s = mb_ids[mb][size_t(w)];
-                if (s.empty()) continue;
-                Header h = proto::make_header(MsgType::Attend, H, K, D, proto::WireDType::F16, uint32_t(s.size()));
-                h.layer = uint32_t(l);
-                sent.push_back({size_t(w), client.send(size_t(w), h, {{s.data(), s.size() * 8},
-                                                                      {q.data(), s.size() * size_t(H) * size_t(D) * 2},
-                                                                      {k.data(), s.size() * kvb}, {v.data(), s.size() * kvb}})});
-              }
-              const std::vector<RWorkerReply> replies = client.wait(sent);
-              r_layer += double(now_ns() - t0) / 1e9;
+              const std::vector<RWorkerReply> replies = client.wait(inflight[mb]);
               double mx = 0, sum = 0;
               for (const RWorkerReply& r : replies) mx = std::max(mx, double(r.h.compute_ns) / 1e9), sum += double(r.h.compute_ns) / 1e9;
               busy += mx, mean += replies.empty() ? 0 : sum / double(replies.size());
+              inflight[mb] = visit + 1 < V ? send_visit(visit + 1, mb) : std::vector<std::pair<size_t, uint64_t>>{};
             }
+            if (visit == 0) t_first = now_ns();
+          }
+          const int64_t t_end = now_ns();
           if (step == 0) continue;  // warm-up
-          round_s.push_back(r_layer / o.layers), busiest_s.push_back(busy / o.layers), mean_s.push_back(mean / o.layers);
+          round_s.push_back(double(t_end - t_first) / 1e9 / double(V - 1));
+          first_s.push_back(double(t_first - t0) / 1e9);
+          busiest_s.push_back(busy / V), mean_s.push_back(mean / V);
         }
         for (int w = 0; w < o.workers; ++w) client.free_seqs(size_t(w), ids[size_t(w)]);
         const double per_worker = double(B) / double(o.workers);
@@ -207,6 +221,7 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
                     {"round_s_per_layer", median(round_s)},
                     {"busiest_compute_s_per_layer", median(busiest_s)},
                     {"mean_compute_s_per_layer", median(mean_s)},
+                    {"first_layer_s", median(first_s)},
                     {"append_s", append_s}};
         rows.push_back(row);
         fx1.push_back(per_worker), fx2.push_back(per_worker * double(S)), fy.push_back(median(round_s));
@@ -241,9 +256,11 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
           {"method", "spawned fd-rworker processes (" + std::to_string(o.workers) + " x " + std::to_string(o.threads) + " threads" +
                          (o.pin ? ", pinned" : "") + (o.shm ? ", shared-memory lane" : ", ZeroMQ only") +
                          "), sequence i on worker i mod P in mini-batch (i / P) mod 2, each holding `context` prompt tokens at " +
-                         std::to_string(o.layers) + " layer(s); per decode step, per layer and mini-batch, one ATTEND to every "
-                         "worker (its share's q, k, v: the append included) and the wait for all replies; round_s_per_layer: "
-                         "the two rounds of a layer, wall, median of " + std::to_string(o.reps) + " steps after one warm-up; fit: "
+                         std::to_string(o.layers) + " layer(s); per decode step 2 x layers visits of the layers, each one ATTEND "
+                         "to every worker per mini-batch (its share's q, k, v: the append included), pipelined as the engine "
+                         "issues them (two in flight a worker; a mini-batch's replies let its next visit go); round_s_per_layer: "
+                         "the steady time a layer after the first visit, first_layer_s: the first visit's latency (the fill), "
+                         "medians of " + std::to_string(o.reps) + " steps after one warm-up; fit: "
                          "round = a + per_seq * B/P + per_token * B*S/P (relative least squares); r_s_per_token_layer_cpu = per_token x "
                          "threads"}};
 }

@@ -3,10 +3,12 @@
 // P fd-rworker processes are spawned as the FastDecode engine spawns them (the same program, threads, pinning,
 // shared-memory lane), a client (RWorkerClient, as an S-rank uses it) places B sequences of `context` tokens on them
 // evenly (sequence i on worker i mod P, in mini-batch (i / P) mod 2), appends their prompt KV at every layer, then runs
-// decode steps the way a step sees the R-Part: per layer, per mini-batch, one ATTEND to every worker with its share
-// (q, k, v of one new token a sequence: the append included) and a wait for all the replies. Per (KV dtype, context,
-// B) it records the wall time of a layer's two rounds (what a step waits for when the R-Part binds) and the busiest
-// worker's compute (the replies' compute_ns), medians over `reps` steps after one warm-up step.
+// decode steps the way the engine issues them: per layer and mini-batch one ATTEND to every worker with its share (q,
+// k, v of one new token a sequence: the append included), two in flight a worker (a layer's two mini-batches), a
+// mini-batch's next visit sent as soon as its replies are in (as its S-Part would), the layers visited 2 L times a
+// step. Per (KV dtype, context, B) it records a layer's steady time after the first visit (what a step spends per
+// layer when the R-Part binds), the first visit's latency (the pipeline's fill) and the busiest worker's compute (the
+// replies' compute_ns), medians over `reps` steps after one warm-up step.
 //
 // A fit per KV dtype over the grid, relative least squares of the round per layer:
 //   t(B, S) = a + c · (B / P) + b · (B · S / P)

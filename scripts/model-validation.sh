@@ -38,7 +38,7 @@ if has profile; then
     w=${cfg%x*} t=${cfg#*x}
     # The whole GPU's T(B) once (with the first service config); the kernel R on the config's CPUs.
     $bin/fd-bench profile --backend cuda --model "$model" --kv-dtypes fp16 --r-threads $((w * t)) \
-      --batches 1 8 16 32 64 128 256 512 --service --rworkers "$w" --rworker-threads "$t" --first-cpu 0 \
+      --batches 1 8 16 32 64 128 256 512 1024 --service --rworkers "$w" --rworker-threads "$t" --first-cpu 0 \
       --service-batches $service_batches --contexts $service_contexts --reps 5 \
       --out "$out/profile_llama-2-7b_cuda_svc${cfg}.json" >"$out/profile_svc${cfg}.log" 2>&1 || { rc=1; tail -5 "$out/profile_svc${cfg}.log"; }
     grep -E "service: |wrote" "$out/profile_svc${cfg}.log" | tail -14
@@ -46,14 +46,14 @@ if has profile; then
   done
   for sm in $sm_counts; do
     $bin/fd-bench profile --backend cuda --sm-count "$sm" --model "$model" --kv-dtypes fp16 --r-threads 12 \
-      --batches 1 8 16 32 64 128 256 512 --reps 5 --out "$out/profile_llama-2-7b_cuda_sm${sm}.json" \
+      --batches 1 8 16 32 64 128 256 512 1024 --reps 5 --out "$out/profile_llama-2-7b_cuda_sm${sm}.json" \
       >"$out/profile_sm${sm}.log" 2>&1 || { rc=1; tail -5 "$out/profile_sm${sm}.log"; }
   done
   echo "profile done ($SECONDS s)"
 fi
 if has runs; then
   runs="$out/runs"
-  mkdir -p "$runs"
+  mkdir -p "$runs/steady"
   for B in $steady_batches; do
     d="$runs/steady/fastdecode-b$B"
     timeout 150 $bin/fd-bench run experiments/baselines/llama-2-7b-fastdecode.json --set workload.requests=$B --out "$d" --quiet \

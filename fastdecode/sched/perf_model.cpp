@@ -56,7 +56,7 @@ Profile parse_profile(const json& j, const std::string& file) {
     p.r_s_per_token_layer[k] = v.get<double>();
   }
   p.layers = o.get_int("layers", 1, 1 << 20, 0);
-  o.accept({"provenance", "method", "backend", "r_threads", "sm_count", "r_service"});  // written by fd-bench profile
+  o.accept({"provenance", "method", "backend", "r_threads", "sm_count", "r_service", "head_b"});  // written by fd-bench profile
   o.finish();
   return p;
 }
