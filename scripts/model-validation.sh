@@ -6,7 +6,7 @@
 #            kernel on RW_THREADS CPUs, and R of R-workers in service for each of SERVICE_CONFIGS (WORKERSxTHREADS,
 #            pinned as hardware.rworkers pins them) over SERVICE_BATCHES x SERVICE_CONTEXTS, 2 layers
 #   runs     the runs to predict, on this commit: the baselines grid's FastDecode steady runs (full GPU, B in
-#            STEADY_BATCHES), the balance-map FastDecode grid, and the fig8-intercept sweep (the fixed per-step term)
+#            STEADY_BATCHES), and the SWEEPS (default: the balance-map FastDecode grid and the fig8-intercept sweep)
 #   pack     everything under OUT into PACK (a .tar.gz; for a machine that returns few files)
 # Results: OUT/profile_*.json, OUT/runs/ (the run folders, traces dropped), OUT/*.log. A tree copied without git history
 # records its commit from FD_GIT_COMMIT.
@@ -61,7 +61,7 @@ if has runs; then
     rm -f "$d/trace.json"
     echo "steady B=$B: $(grep -m1 -E 'tokens/s' "$d.log" | cut -c1-120)"
   done
-  for s in balance-map-fastdecode fig8-intercept-llama-2-7b; do
+  for s in ${SWEEPS-balance-map-fastdecode fig8-intercept-llama-2-7b}; do
     $bin/fd-bench sweep "experiments/paper/$s.sweep.json" --out "$runs/$s" --quiet >"$out/sweep_$s.log" 2>&1 || rc=1
     find "$runs/$s" -name trace.json -delete
     echo "$s: $(ls -d "$runs/$s"/*/rep* 2>/dev/null | wc -l) runs ($SECONDS s)"
