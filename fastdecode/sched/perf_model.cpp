@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 #include "fastdecode/core/error.h"
 
@@ -31,6 +32,116 @@ double TTable::at(double b) const {
   return std::max(t0 + (t1 - t0) * (b - b0) / (b1 - b0), 1e-300);
 }
 
+namespace {
+
+// A [[x, y], ...] table of a profile (head_b), as T(B)'s.
+TTable parse_pairs(StrictObject& o, const std::string& key, const json& a) {
+  if (!a.is_array() || a.empty()) o.fail(key, "must be a non-empty array of [B, seconds] pairs");
+  std::vector<std::pair<double, double>> pts;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].is_array() || a[i].size() != 2 || !a[i][0].is_number() || !a[i][1].is_number())
+      o.fail(key, "entry " + std::to_string(i) + " must be [B, seconds]");
+    pts.emplace_back(a[i][0].get<double>(), a[i][1].get<double>());
+  }
+  try {
+    return TTable(std::move(pts));
+  } catch (const ConfigError& e) {
+    o.fail(key, e.what());
+  }
+  return {};
+}
+
+// r_service (harness/profile_service.cpp): the options and a row per (KV dtype, B, context); every dtype's grid whole.
+ServiceTable parse_service(StrictObject& o, const json& r) {
+  ServiceTable t;
+  const auto num = [&](const char* k) -> int64_t {
+    if (!r.contains(k) || !r[k].is_number_integer() || r[k].get<int64_t>() < 1) o.fail(std::string("r_service.") + k, "must be an integer >= 1");
+    return r[k].get<int64_t>();
+  };
+  t.workers = num("workers"), t.threads = num("threads"), t.layers = num("layers");
+  if (!r.contains("rows") || !r["rows"].is_array() || r["rows"].empty()) o.fail("r_service.rows", "must be a non-empty array");
+  std::map<std::string, std::map<std::pair<double, double>, std::pair<double, double>>> cells;
+  std::set<double> bs, cs;
+  for (const json& row : r["rows"]) {
+    const bool ok = row.is_object() && row.contains("kv_dtype") && row["kv_dtype"].is_string() && row.contains("batch") &&
+                    row["batch"].is_number() && row.contains("context") && row["context"].is_number() &&
+                    row.contains("round_s_per_layer") && row["round_s_per_layer"].is_number() && row.contains("first_layer_s") &&
+                    row["first_layer_s"].is_number() && row["round_s_per_layer"].get<double>() > 0;
+    if (!ok) o.fail("r_service.rows", "each row needs kv_dtype, batch, context, round_s_per_layer > 0 and first_layer_s");
+    const double b = row["batch"].get<double>(), c = row["context"].get<double>();
+    bs.insert(b), cs.insert(c);
+    cells[row["kv_dtype"].get<std::string>()][{b, c}] = {row["round_s_per_layer"].get<double>(), row["first_layer_s"].get<double>()};
+  }
+  t.batches.assign(bs.begin(), bs.end()), t.contexts.assign(cs.begin(), cs.end());
+  for (const auto& [dtype, grid] : cells) {
+    auto& rs = t.round_s[dtype];
+    auto& fs = t.first_s[dtype];
+    for (double b : t.batches)
+      for (double c : t.contexts) {
+        auto it = grid.find({b, c});
+        if (it == grid.end())
+          o.fail("r_service.rows", dtype + " has no row at B " + format_count(b) + ", context " + format_count(c) + ": the grid must be whole");
+        rs.push_back(it->second.first), fs.push_back(it->second.second);
+      }
+  }
+  return t;
+}
+
+// Where x falls on an increasing grid in log space: the two points around it and the fraction between them (held at
+// the ends, with *outside set).
+void log_cell(const std::vector<double>& xs, double x, size_t* i0, size_t* i1, double* f, bool* outside) {
+  if (xs.size() == 1) {
+    *i0 = *i1 = 0, *f = 0;
+    if (x != xs[0]) *outside = true;
+    return;
+  }
+  if (x < xs.front() || x > xs.back()) *outside = true;
+  x = std::min(std::max(x, xs.front()), xs.back());
+  size_t i = 1;
+  while (i + 1 < xs.size() && x > xs[i]) ++i;
+  *i0 = i - 1, *i1 = i;
+  *f = (std::log(x) - std::log(xs[i - 1])) / (std::log(xs[i]) - std::log(xs[i - 1]));
+}
+
+}  // namespace
+
+double ServiceTable::round_at(const std::string& dtype, double b, double ctx, bool* outside) const {
+  auto it = round_s.find(dtype);
+  if (it == round_s.end()) FD_THROW("the service profile has no " << dtype << " rows");
+  FD_CHECK(b > 0 && ctx > 0, "round_at: B and context must be > 0");
+  bool out = false;
+  size_t b0, b1, c0, c1;
+  double fb, fc;
+  log_cell(batches, b, &b0, &b1, &fb, &out);
+  log_cell(contexts, ctx, &c0, &c1, &fc, &out);
+  const size_t nc = contexts.size();
+  const auto lg = [&](size_t i, size_t j) { return std::log(it->second[i * nc + j]); };
+  if (outside) *outside = out;
+  return std::exp((1 - fb) * (1 - fc) * lg(b0, c0) + fb * (1 - fc) * lg(b1, c0) + (1 - fb) * fc * lg(b0, c1) + fb * fc * lg(b1, c1));
+}
+
+StepPrediction predict_step(const Profile& tb, const Profile& svc, const std::string& kv_dtype, double batch, double context,
+                            int64_t layers) {
+  FD_CHECK(!tb.t.empty(), "predict_step: the GPU profile has no T(B)");
+  if (svc.service.empty()) FD_THROW("predict_step: the profile has no r_service (fd-bench profile --service)");
+  FD_CHECK(batch >= 1 && context > 0 && layers >= 1, "predict_step: B >= 1, context > 0 and layers >= 1");
+  StepPrediction p;
+  const double half = tb.t.at(batch / 2);
+  p.s_layer_s = 2 * half;
+  p.r_layer_s = svc.service.round_at(kv_dtype, batch, context, &p.outside_grid);
+  p.fill_s = half;
+  p.head_s = tb.head.empty() ? 0 : tb.head.at(batch);
+  p.step_s = double(layers) * std::max(p.s_layer_s, p.r_layer_s) + p.fill_s + p.head_s;
+  p.tokens_per_s = batch / p.step_s;
+  p.binds = p.r_layer_s > p.s_layer_s ? "R" : "S";
+  return p;
+}
+
+json to_json(const StepPrediction& p) {
+  return {{"s_layer_s", p.s_layer_s}, {"r_layer_s", p.r_layer_s}, {"fill_s", p.fill_s}, {"head_s", p.head_s},
+          {"step_s", p.step_s},       {"tokens_per_s", p.tokens_per_s}, {"binds", p.binds}, {"outside_grid", p.outside_grid}};
+}
+
 Profile parse_profile(const json& j, const std::string& file) {
   StrictObject o(j, file, "");
   Profile p;
@@ -56,6 +167,9 @@ Profile parse_profile(const json& j, const std::string& file) {
     p.r_s_per_token_layer[k] = v.get<double>();
   }
   p.layers = o.get_int("layers", 1, 1 << 20, 0);
+  if (j.contains("head_b")) p.head = parse_pairs(o, "head_b", j["head_b"]);
+  if (j.contains("sm_count") && j["sm_count"].is_number_integer()) p.sm_count = j["sm_count"].get<int64_t>();
+  if (j.contains("r_service")) p.service = parse_service(o, j["r_service"]);
   o.accept({"provenance", "method", "backend", "r_threads", "sm_count", "r_service", "head_b"});  // written by fd-bench profile
   o.finish();
   return p;

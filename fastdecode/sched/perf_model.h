@@ -53,13 +53,46 @@ class TTable {
   std::vector<std::pair<double, double>> pts_;
 };
 
+// R of R-workers in service (fd-bench profile --service, harness/profile_service.h): per KV dtype, a layer's steady time
+// (both mini-batches, pipelined as the engine issues them) and the first visit's latency at each (B, context) of a grid
+// measured with `workers` R-workers of `threads` threads each.
+struct ServiceTable {
+  int64_t workers = 0, threads = 0, layers = 0;
+  std::vector<double> batches, contexts;                       // the grid, increasing
+  std::map<std::string, std::vector<double>> round_s, first_s;  // per KV dtype: [i_batch * contexts.size() + i_context]
+  bool empty() const { return round_s.empty(); }
+  // A layer's steady time for B sequences of mean context ctx: linear in (log B, log ctx) of the log of the time
+  // between the grid's points; at the grid's edges held there, with *outside set (never extrapolated).
+  double round_at(const std::string& dtype, double b, double ctx, bool* outside = nullptr) const;
+};
+
 // profile.json: {"t_b": [[B, seconds_per_layer], ...], "r_s_per_token_layer": {"fp16": x, ...},
-//                "layers": n}   (layers optional; strict: unknown keys are errors)
+//                "layers": n, "head_b": [[B, seconds], ...], "r_service": {...}}   (layers, head_b and r_service optional;
+//                strict: unknown keys are errors)
 struct Profile {
   TTable t;
   std::map<std::string, double> r_s_per_token_layer;
   int64_t layers = 0;  // 0 = not given
+  TTable head;         // head_b: the step's norm + LM head + sampling of B rows, once a step (empty: not measured)
+  ServiceTable service;
+  int64_t sm_count = 0;  // the SMs T(B) was measured on (0: the whole GPU, or not a CUDA profile)
 };
+
+// One decode step of FastDecode, MODELLED from profiles alone (issue 41):
+//   step = N · max(S, R) + fill + head
+//   S    = 2·T(B/2): a layer's two mini-batches on the GPU (T from the profile's t_b)
+//   R    = the service table's steady time of a layer at (B, context): the busiest R-worker's work, pipelined
+//   fill = T(B/2): the first mini-batch's S-Part before any R-worker has work
+//   head = head_b(B): the final norm, LM head and sampling, once a step (0 when the profile has none)
+struct StepPrediction {
+  double s_layer_s = 0, r_layer_s = 0, fill_s = 0, head_s = 0, step_s = 0, tokens_per_s = 0;
+  std::string binds;          // "S" or "R"
+  bool outside_grid = false;  // (B, context) outside the service grid: R held at its edge
+};
+// `tb`: the profile of the GPU side (T(B), head_b); `svc`: a profile with r_service (may be the same).
+StepPrediction predict_step(const Profile& tb, const Profile& svc, const std::string& kv_dtype, double batch, double context,
+                            int64_t layers);
+json to_json(const StepPrediction& p);
 Profile parse_profile(const json& j, const std::string& file);
 Profile load_profile(const std::string& path);
 

@@ -94,6 +94,19 @@ int main(int argc, char** argv) {
   plan->add_option("--cpu-mem-gb", hy_cpu_mem_gb, "Hybrid line: R-worker KV memory in all (default: no cap)")
       ->check(CLI::PositiveNumber);
   plan->add_option("--context", hy_context, "Hybrid line: mean context per sequence (default S/2)")->check(CLI::PositiveNumber);
+  // predict: one decode step of FastDecode from profiles alone (fastdecode/sched/perf_model.h, predict_step).
+  std::string pr_profile, pr_service, pr_kv = "fp16", pr_json;
+  double pr_batch = 0, pr_context = 0;
+  int64_t pr_layers = 0;
+  CLI::App* predict = app.add_subcommand(
+      "predict", "MODELLED decode step of FastDecode from profiles alone: N·max(2·T(B/2), R-workers' layer time) + T(B/2) + head");
+  predict->add_option("--profile", pr_profile, "profile.json of the GPU side (T(B), head_b)")->required();
+  predict->add_option("--service", pr_service, "profile.json with r_service (fd-bench profile --service; default: --profile)");
+  predict->add_option("--batch", pr_batch, "B: sequences decoding in the step")->required()->check(CLI::Range(1.0, 1e9));
+  predict->add_option("--context", pr_context, "Mean context of a sequence, tokens")->required()->check(CLI::Range(1.0, 1e9));
+  predict->add_option("--layers", pr_layers, "N: layers run")->required()->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  predict->add_option("--kv-dtype", pr_kv, "KV dtype of the R-workers")->capture_default_str();
+  predict->add_option("--json", pr_json, "Also write the prediction as JSON here (- : stdout only the JSON)");
   // profile: T(B) of the S-Part backend and R of the R-worker kernel on this machine.
   std::string prof_model, prof_out;
   fd::ProfileOptions po;
@@ -161,6 +174,25 @@ int main(int argc, char** argv) {
     if (*sweep) {
       sw.command_line = fd::join_args(argc, argv);
       return fd::run_sweep(fd::load_sweep_spec(sw_spec), sw);
+    }
+    if (*predict) {
+      const fd::Profile gpu = fd::load_profile(pr_profile);
+      const fd::Profile svc = pr_service.empty() ? gpu : fd::load_profile(pr_service);
+      const fd::StepPrediction p = fd::predict_step(gpu, svc, pr_kv, pr_batch, pr_context, pr_layers);
+      fd::json j = fd::to_json(p);
+      j["modelled"] = true;
+      j["inputs"] = {{"profile", pr_profile}, {"service", pr_service.empty() ? pr_profile : pr_service}, {"batch", pr_batch},
+                     {"context", pr_context}, {"layers", pr_layers}, {"kv_dtype", pr_kv},
+                     {"workers", svc.service.workers}, {"threads", svc.service.threads}};
+      if (pr_json == "-") {
+        std::printf("%s\n", j.dump().c_str());
+        return 0;
+      }
+      std::printf("MODELLED: step %.3f ms = %lld x max(S %.3f, R %.3f ms) + fill %.3f + head %.3f ms; %.0f tokens/s; %s binds%s\n",
+                  1e3 * p.step_s, (long long)pr_layers, 1e3 * p.s_layer_s, 1e3 * p.r_layer_s, 1e3 * p.fill_s, 1e3 * p.head_s,
+                  p.tokens_per_s, p.binds.c_str(), p.outside_grid ? " (B or context outside the service grid: R held at its edge)" : "");
+      if (!pr_json.empty()) fd::write_json_file(pr_json, j);
+      return 0;
     }
     if (*profile) {
       po.command_line = fd::join_args(argc, argv);

@@ -256,3 +256,40 @@ TEST(PerfModel, ServiceFitRecoversTheRoundsCoefficients) {
   EXPECT_LT(f.max_rel_err, 0.05);
   EXPECT_THAT(error_message([] { fit_service({1, 1, 1}, {2, 2, 2}, {1, 2, 3}); }), HasSubstr("do not determine the fit"));
 }
+
+// predict_step (fd-bench predict): step = N·max(2·T(B/2), R) + T(B/2) + head(B), R from the service grid, log-bilinear
+// between its points and held at its edges. Hand-computed on a 2 x 2 grid.
+TEST(PerfModel, StepFromProfilesAlone) {
+  const json svc = {
+      {"t_b", {{1, 1e-3}, {64, 1e-3}, {128, 1.6e-3}}},
+      {"r_s_per_token_layer", {{"fp16", 1e-6}}},
+      {"head_b", {{1, 2e-4}, {128, 6e-4}}},
+      {"r_service",
+       {{"workers", 4}, {"threads", 3}, {"layers", 2}, {"shm", true}, {"pinned", true}, {"fit", json::object()}, {"method", "m"},
+        {"rows",
+         {{{"kv_dtype", "fp16"}, {"batch", 16}, {"context", 100}, {"round_s_per_layer", 1e-3}, {"first_layer_s", 2e-3}},
+          {{"kv_dtype", "fp16"}, {"batch", 16}, {"context", 400}, {"round_s_per_layer", 4e-3}, {"first_layer_s", 5e-3}},
+          {{"kv_dtype", "fp16"}, {"batch", 64}, {"context", 100}, {"round_s_per_layer", 4e-3}, {"first_layer_s", 5e-3}},
+          {{"kv_dtype", "fp16"}, {"batch", 64}, {"context", 400}, {"round_s_per_layer", 16e-3}, {"first_layer_s", 17e-3}}}}}}};
+  const Profile p = parse_profile(svc, "svc.json");
+  // At a grid point: R = 4 ms; S = 2·T(16) = 2 ms; fill = T(16) = 1 ms; head(32) = 2e-4 + 4e-4·31/127.
+  StepPrediction s = predict_step(p, p, "fp16", 32, 200, 2);
+  // Halfway in log B (16 -> 64) and in log context (100 -> 400): R = exp(the mean of the four logs) = (1·4·4·16)^(1/4) = 4 ms.
+  EXPECT_NEAR(s.r_layer_s, 4e-3, 1e-12);
+  EXPECT_NEAR(s.s_layer_s, 2e-3, 1e-12);
+  EXPECT_NEAR(s.fill_s, 1e-3, 1e-12);
+  EXPECT_NEAR(s.head_s, 2e-4 + 4e-4 * 31.0 / 127.0, 1e-12);
+  EXPECT_NEAR(s.step_s, 2 * 4e-3 + 1e-3 + s.head_s, 1e-12);
+  EXPECT_NEAR(s.tokens_per_s, 32 / s.step_s, 1e-9);
+  EXPECT_EQ(s.binds, "R");
+  EXPECT_FALSE(s.outside_grid);
+  s = predict_step(p, p, "fp16", 64, 400, 1);
+  EXPECT_NEAR(s.r_layer_s, 16e-3, 1e-12);
+  s = predict_step(p, p, "fp16", 1024, 400, 1);  // past the grid: held at its edge, said
+  EXPECT_NEAR(s.r_layer_s, 16e-3, 1e-12);
+  EXPECT_TRUE(s.outside_grid);
+  EXPECT_THAT(error_message([&] { predict_step(p, p, "int4", 32, 200, 2); }), HasSubstr("no int4 rows"));
+  json holed = svc;
+  holed["r_service"]["rows"].erase(holed["r_service"]["rows"].begin() + 1);
+  EXPECT_THAT(error_message([&] { parse_profile(holed, "svc.json"); }), HasSubstr("the grid must be whole"));
+}

@@ -1,0 +1,105 @@
+"""analysis/model_validation.py (issue 41): FastDecode runs predicted from profiles alone through `fd-bench predict`.
+
+Checked: the committed validation (artifacts/paper/validation-service/) is what the script makes of the committed
+profiles and runs (a changed number changes it); each prediction in it equals the model's formula recomputed here from
+the profile's own numbers; a run no profile describes is listed with why, not dropped; and the band's verdict is
+computed, not written (today it reads NOT met: the summary must say what its numbers say).
+"""
+
+from __future__ import annotations
+
+import bisect
+import importlib.util
+import json
+import math
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ART = REPO / "artifacts" / "paper" / "validation-service"
+
+
+def module():
+    sys.path.insert(0, str(REPO / "analysis"))
+    spec = importlib.util.spec_from_file_location("model_validation", REPO / "analysis" / "model_validation.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def groups(root: Path):
+    return [x for name in ("h100-a", "h100-b") for x in ("--group", name, str(root / name / "profiles"), str(root / name / "runs"))]
+
+
+def test_committed_validation_is_current(fd_bin, tmp_path):
+    mv = module()
+    assert mv.main(["--fd-bench", fd_bin("fd-bench"), *groups(ART), "--out", str(tmp_path)]) == 0
+    for f in ("VALIDATION.md", "validation.json"):
+        assert (tmp_path / f).read_text() == (ART / f).read_text(), \
+            f"{f} is stale: rerun the command in artifacts/paper/validation-service/README.md"
+
+
+def t_at(tb, b):
+    xs, ys = [p[0] for p in tb], [p[1] for p in tb]
+    if b <= xs[0]:
+        return ys[0]
+    i = min(max(bisect.bisect_left(xs, b), 1), len(xs) - 1)
+    return ys[i - 1] + (ys[i] - ys[i - 1]) * (b - xs[i - 1]) / (xs[i] - xs[i - 1])
+
+
+def test_each_prediction_is_the_formula():
+    """step = N·max(2·T(B/2), R) + T(B/2) + head(B), R log-bilinear in the service grid: recomputed from the profiles."""
+    v = json.loads((ART / "validation.json").read_text())
+    assert v["rows"]
+    for r in v["rows"]:
+        gpu = json.loads((ART / r["group"] / "profiles" / r["gpu_profile"]).read_text())
+        svc = json.loads((ART / r["group"] / "profiles" / r["service_profile"]).read_text())["r_service"]
+        B, ctx, N = r["B"], r["context"], r["layers"]
+        grid = {(x["batch"], x["context"]): x["round_s_per_layer"] for x in svc["rows"] if x["kv_dtype"] == "fp16"}
+        bs, cs = sorted({k[0] for k in grid}), sorted({k[1] for k in grid})
+
+        def cell(xs, x):
+            x = min(max(x, xs[0]), xs[-1])
+            i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+            return i - 1, i, (math.log(x) - math.log(xs[i - 1])) / (math.log(xs[i]) - math.log(xs[i - 1]))
+        b0, b1, fb = cell(bs, B)
+        c0, c1, fc = cell(cs, ctx)
+        lg = lambda i, j: math.log(grid[(bs[i], cs[j])])
+        R = math.exp((1 - fb) * (1 - fc) * lg(b0, c0) + fb * (1 - fc) * lg(b1, c0) + (1 - fb) * fc * lg(b0, c1) + fb * fc * lg(b1, c1))
+        half = t_at(gpu["t_b"], B / 2)
+        step = N * max(2 * half, R) + half + t_at(gpu["head_b"], B)
+        assert r["predicted_step_s"] == pytest.approx(step, rel=1e-9), r["run"]
+        assert r["measured_over_predicted"] == pytest.approx(r["measured_step_s"] / step, rel=1e-9)
+
+
+def test_summary_says_what_its_numbers_say():
+    v = json.loads((ART / "validation.json").read_text())
+    errs = [abs(r["measured_over_predicted"] - 1) for r in v["rows"]]
+    s = v["summary"]
+    assert s["runs"] == len(errs) and s["max_abs_err"] == pytest.approx(max(errs))
+    assert s["median_abs_err"] == pytest.approx(statistics.median(errs))
+    assert s["band_met"] == (statistics.median(errs) <= 0.05 and max(errs) <= 0.10)
+    text = (ART / "VALIDATION.md").read_text()
+    assert ("is met." if s["band_met"] else "is NOT met.") in text
+
+
+def test_a_run_no_profile_describes_is_listed(fd_bin, tmp_path):
+    """A run of 2 x 2 R-workers, whose service profile this machine lacks, is listed with why and left out of the band."""
+    root = tmp_path / "art"
+    shutil.copytree(ART / "h100-a", root / "h100-a")
+    shutil.copytree(ART / "h100-b", root / "h100-b")
+    run = root / "h100-a" / "runs" / "steady" / "fastdecode-b16"
+    s = json.loads((run / "summary.json").read_text())
+    s["config"]["engine"]["rworkers"]["spawn"] = 2
+    s["config"]["engine"]["rworkers"]["threads"] = 2
+    (run / "summary.json").write_text(json.dumps(s))
+    mv = module()
+    assert mv.main(["--fd-bench", fd_bin("fd-bench"), *groups(root), "--out", str(tmp_path / "o")]) == 0
+    v = json.loads((tmp_path / "o" / "validation.json").read_text())
+    assert {"group": "h100-a", "run": "steady/fastdecode-b16", "why": "no service profile of 2 x 2 R-workers on this machine"} in v["unmodelled"]
+    assert all(r["run"] != "steady/fastdecode-b16" or r["group"] != "h100-a" for r in v["rows"])
+    assert "Runs the profiles cannot describe:" in (tmp_path / "o" / "VALIDATION.md").read_text()
