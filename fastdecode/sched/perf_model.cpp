@@ -213,7 +213,11 @@ Plan make_plan(const PlanInput& in) {
   Plan p;
   p.socket_cores = in.socket_cores;
   p.socket_name = in.socket_name;
-  if (in.latency_s) {
+  if (in.batch) {
+    FD_CHECK(*in.batch >= 1, "plan: the batch must be >= 1");
+    p.batch_rule = "given";
+    p.batch = *in.batch;
+  } else if (in.latency_s) {
     p.batch_rule = "latency";
     p.batch = latency_batch(in.t, in.layers, in.seq, *in.latency_s);
   } else {
@@ -239,11 +243,27 @@ Plan make_plan(const PlanInput& in) {
     if (p.cpus_used != p.cpus_needed) p.cpus_used_reason = "rounded up to whole CPUs";
   }
   if (p.socket_cores > 0) p.sockets_needed = p.cpus_needed / double(p.socket_cores);
+  if (in.r_socket > 0) p.sockets_by_bandwidth = cpus_needed(B, S, in.r_socket, p.t_b_s);
   p.tokens_per_s_s_bound = tokens_per_s_s_bound(B, in.layers, p.t_b_s);
   p.tokens_per_s_r_bound = tokens_per_s_r_bound(p.cpus_used, in.layers, S, R);
   p.tokens_per_s = std::min(p.tokens_per_s_s_bound, p.tokens_per_s_r_bound);
   p.binds = std::string(1, p.tokens_per_s_s_bound <= p.tokens_per_s_r_bound ? 'S' : 'R');  // (a const char* here: GCC 12's -Wstringop-overflow false positive)
   return p;
+}
+
+TTable datasheet_t_table(const GpuDatasheet& g, double layer_params, double b_max) {
+  FD_CHECK(g.hbm_gbps > 0 && g.dense_tflops > 0 && g.hbm_efficiency > 0 && g.gemm_efficiency > 0 && layer_params > 0,
+           "datasheet T(B): HBM GB/s, TFLOP/s, their efficiencies and the layer's parameters must be > 0");
+  std::vector<std::pair<double, double>> pts;
+  for (double b = 1; b <= std::max(1.0, b_max) * 2; b *= 2)
+    pts.emplace_back(b, std::max(2 * 2 * layer_params / (g.hbm_gbps * 1e9 * g.hbm_efficiency),
+                                 2 * layer_params * b / (g.dense_tflops * 1e12 * g.gemm_efficiency)));
+  return TTable(std::move(pts));
+}
+
+double r_socket_s(double kv_bytes_per_token_layer, double socket_gbps) {
+  FD_CHECK(kv_bytes_per_token_layer > 0 && socket_gbps > 0, "R of a socket: KV bytes and GB/s must be > 0");
+  return kv_bytes_per_token_layer / (socket_gbps * 1e9);
 }
 
 json to_json(const Plan& p) {
@@ -259,6 +279,7 @@ json to_json(const Plan& p) {
           {"sockets_needed", p.socket_cores > 0 ? json(p.sockets_needed) : json(nullptr)},
           {"socket_cores", p.socket_cores > 0 ? json(p.socket_cores) : json(nullptr)},
           {"socket_name", p.socket_cores > 0 ? json(p.socket_name) : json(nullptr)},
+          {"sockets_by_bandwidth", p.sockets_by_bandwidth > 0 ? json(p.sockets_by_bandwidth) : json(nullptr)},
           {"tokens_per_s_s_bound", p.tokens_per_s_s_bound},
           {"tokens_per_s_r_bound", p.tokens_per_s_r_bound},
           {"tokens_per_s", p.tokens_per_s},

@@ -96,8 +96,23 @@ json to_json(const StepPrediction& p);
 Profile parse_profile(const json& j, const std::string& file);
 Profile load_profile(const std::string& path);
 
+// A GPU described by its datasheet (fd-bench plan --gpu-hbm-gbps --gpu-tflops): T(B) of one layer for the whole batch
+// (two mini-batches: the weights read twice) as a roofline,
+//   T(B) = max(2·W / (HBM·hbm_efficiency), 2·p·B / (FLOP/s·gemm_efficiency))
+// W = a layer's fp16 weight bytes (2 p), p its parameters. MODELLED: the datasheet's rates are upper bounds.
+struct GpuDatasheet {
+  double hbm_gbps = 0, dense_tflops = 0, hbm_efficiency = 1.0, gemm_efficiency = 0.7;
+};
+// The table at B = 1, 2, 4, ... up to b_max (enough points for the planner's interpolation to be the roofline's).
+TTable datasheet_t_table(const GpuDatasheet& g, double layer_params, double b_max);
+// Seconds per context token per layer of decode attention for one CPU socket that reads the KV at socket_gbps
+// (kv_bytes_per_token_layer: K and V of one token at one layer in the R-workers' KV dtype).
+double r_socket_s(double kv_bytes_per_token_layer, double socket_gbps);
+
 struct PlanInput {
   TTable t;
+  std::optional<int64_t> batch;    // B given (--batch): no latency or knee rule
+  double r_socket = 0;             // > 0: also P in sockets judged by bandwidth (R of one socket, r_socket_s)
   double r_s_per_token_layer = 0;  // R
   int64_t layers = 1;              // N
   int64_t seq = 1;                 // S
@@ -110,7 +125,7 @@ struct PlanInput {
 
 struct Plan {
   int64_t batch = 0;              // B (0: no B in the table meets the latency bound)
-  std::string batch_rule;         // "latency" or "knee"
+  std::string batch_rule;         // "latency", "knee" or "given"
   double t_b_s = 0;               // T(B), s per layer
   double e_b = 0;                 // E(B) = B/T(B)
   double e_max = 0;               // max E over the table range
@@ -122,6 +137,7 @@ struct Plan {
   int64_t socket_cores = 0;       // as PlanInput (0: no socket report)
   std::string socket_name;
   double sockets_needed = 0;      // cpus_needed / socket_cores (0 without socket_cores)
+  double sockets_by_bandwidth = 0;  // B·S·R_socket/(2·T(B)) with PlanInput::r_socket (0 without it)
   double tokens_per_s_s_bound = 0;
   double tokens_per_s_r_bound = 0;
   double tokens_per_s = 0;        // min of the two

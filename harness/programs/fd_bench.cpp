@@ -10,6 +10,7 @@
 #include "harness/experiment.h"
 #include "harness/provenance.h"
 #include "harness/profile.h"
+#include "kernels/cpu/decode_attention.h"
 #include "harness/runner.h"
 #include "harness/sweep.h"
 
@@ -81,6 +82,22 @@ int main(int argc, char** argv) {
   CLI::Option* socket_name_opt = plan->add_option("--socket-name", socket_name, "What a socket is, for the report "
                                                   "(needs --socket-cores)")->capture_default_str();
   plan->add_option("--json", plan_json, "Also write the plan as JSON here");
+  int64_t plan_batch = 0;
+  fd::GpuDatasheet sheet;
+  double socket_gbps = 0;
+  std::string validation_path = std::string(FD_SOURCE_DIR) + "/artifacts/paper/validation-service/validation.json";
+  plan->add_option("--batch", plan_batch, "B: plan for this batch (instead of the latency bound or the knee of E(B))")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  plan->add_option("--gpu-hbm-gbps", sheet.hbm_gbps, "The GPU by its datasheet: HBM GB/s (with --gpu-tflops: T(B) as a "
+                   "roofline instead of a profile's table)")->check(CLI::PositiveNumber);
+  plan->add_option("--gpu-tflops", sheet.dense_tflops, "The GPU by its datasheet: dense fp16 TFLOP/s")->check(CLI::PositiveNumber);
+  plan->add_option("--hbm-efficiency", sheet.hbm_efficiency, "The share of --gpu-hbm-gbps a layer's weights read at")
+      ->capture_default_str()->check(CLI::Range(0.01, 1.0));
+  plan->add_option("--gemm-efficiency", sheet.gemm_efficiency, "The share of --gpu-tflops the S-Part's GEMMs reach")
+      ->capture_default_str()->check(CLI::Range(0.01, 1.0));
+  plan->add_option("--socket-gbps", socket_gbps, "A CPU socket by its memory bandwidth (GB/s the R-workers read KV at): P "
+                   "also in such sockets; without a profile's R, R is one socket's")->check(CLI::PositiveNumber);
+  plan->add_option("--validation", validation_path, "The validation whose error band the plan quotes")->capture_default_str();
   // The hybrid line (fastdecode/sched/hybrid.h): needs the GPU's decode-attention KV read rate.
   double hy_gpu_gbps = 0, hy_gpu_mem_gb = 0, hy_cpu_mem_gb = 0, hy_context = 0;
   int64_t hy_batch = 0;
@@ -206,9 +223,17 @@ int main(int argc, char** argv) {
     if (*plan) {
       if (socket_name_opt->count() > 0 && socket_cores == 0)
         throw fd::ConfigError("--socket-name '" + socket_name + "' needs --socket-cores (cores per socket)");
-      if (profile_path.empty() && hy_prior.empty())
-        throw fd::ConfigError("plan needs --profile (the paper's plan) or --hybrid-prior (the hybrid line alone)");
-      if (profile_path.empty() && hy_batch == 0)
+      const bool datasheet = sheet.hbm_gbps > 0 || sheet.dense_tflops > 0;
+      if (datasheet && !(sheet.hbm_gbps > 0 && sheet.dense_tflops > 0))
+        throw fd::ConfigError("the GPU by its datasheet needs both --gpu-hbm-gbps and --gpu-tflops");
+      if (datasheet && !hy_prior.empty())
+        throw fd::ConfigError("--hybrid-prior brings its own GPU rates: give it without --gpu-hbm-gbps / --gpu-tflops");
+      if (profile_path.empty() && hy_prior.empty() && !datasheet)
+        throw fd::ConfigError("plan needs --profile (the paper's plan), the GPU by its datasheet (--gpu-hbm-gbps, --gpu-tflops) "
+                              "or --hybrid-prior (the hybrid line alone)");
+      if (profile_path.empty() && datasheet && socket_gbps <= 0)
+        throw fd::ConfigError("with the GPU by its datasheet and no --profile, give the CPU by its memory bandwidth: --socket-gbps");
+      if (profile_path.empty() && !datasheet && hy_batch == 0)
         throw fd::ConfigError("--hybrid-prior without --profile needs --hybrid-batch (no plan B to default to)");
       const fd::ModelConfig m = fd::load_model_config(model_path);
       const int64_t n_layers = layers > 0 ? layers : m.full_num_layers;
@@ -251,20 +276,34 @@ int main(int argc, char** argv) {
                                   {"cpu_s_per_call", hi.cpu_s_per_call}, {"engage_s", hi.engage_s}}}};
         return j;
       };
-      if (profile_path.empty()) {  // the hybrid line alone, every rate from the run's prior
+      if (profile_path.empty() && !datasheet) {  // the hybrid line alone, every rate from the run's prior
         std::printf("MODELLED from %s (model %s, N = %lld layers, S = %lld):\n", hy_prior.c_str(), m.name.c_str(),
                     (long long)n_layers, (long long)seq);
         const fd::json hj = hybrid_line(nullptr, 0, 0);
         if (!plan_json.empty()) fd::write_json_file(plan_json, {{"modelled", true}, {"hybrid", hj}});
         return 0;
       }
-      const fd::Profile prof = fd::load_profile(profile_path);
-      auto r = prof.r_s_per_token_layer.find(kv_dtype);
-      if (r == prof.r_s_per_token_layer.end())
-        throw fd::ConfigError(profile_path + ": r_s_per_token_layer has no entry for kv dtype '" + kv_dtype + "'");
+      fd::Profile prof;
+      if (!profile_path.empty()) prof = fd::load_profile(profile_path);
+      // The KV bytes a context token costs at one layer in the R-workers' dtype (K and V, scales included).
+      const fd::KVDType kvd = fd::kv_dtype_from_name(kv_dtype);
+      const double kv_token_layer =
+          double(fd::kv_block_bytes(kvd, int(m.num_kv_heads), int(m.head_dim))) / double(fd::kKVBlockTokens);
+      const double r_socket = socket_gbps > 0 ? fd::r_socket_s(kv_token_layer, socket_gbps) : 0;
       fd::PlanInput in;
-      in.t = prof.t;
-      in.r_s_per_token_layer = r->second;
+      const bool in_sockets = profile_path.empty();  // no profile's R: the CPU is counted in sockets
+      if (!in_sockets) {
+        auto r = prof.r_s_per_token_layer.find(kv_dtype);
+        if (r == prof.r_s_per_token_layer.end())
+          throw fd::ConfigError(profile_path + ": r_s_per_token_layer has no entry for kv dtype '" + kv_dtype + "'");
+        in.r_s_per_token_layer = r->second;
+        in.r_socket = r_socket;
+      } else {
+        in.r_s_per_token_layer = r_socket;
+      }
+      const double layer_params = double(fd::with_layers(m, 2).num_params() - fd::with_layers(m, 1).num_params());
+      in.t = datasheet ? fd::datasheet_t_table(sheet, layer_params, double(std::max<int64_t>(plan_batch, 4096))) : prof.t;
+      if (plan_batch > 0) in.batch = plan_batch;
       in.layers = n_layers;
       in.seq = seq;
       if (latency_ms > 0) in.latency_s = latency_ms / 1e3;
@@ -273,25 +312,58 @@ int main(int argc, char** argv) {
       in.socket_name = socket_name;
       const fd::Plan p = fd::make_plan(in);
       fd::json hybrid_plan = nullptr;
-      std::printf("MODELLED from %s (model %s, N = %lld layers, S = %lld, R[%s] = %.3g s/token/layer):\n",
-                  profile_path.c_str(), m.name.c_str(), (long long)in.layers, (long long)seq, kv_dtype.c_str(), in.r_s_per_token_layer);
+      const std::string gpu_text =
+          datasheet ? "a GPU of " + fd::format_count(sheet.hbm_gbps) + " GB/s HBM (x " + fd::format_count(sheet.hbm_efficiency) +
+                          ") and " + fd::format_count(sheet.dense_tflops) + " dense TFLOP/s (x " +
+                          fd::format_count(sheet.gemm_efficiency) + "), T(B) = max(2·W/HBM, 2·p·B/FLOP/s) a layer"
+                    : profile_path;
+      const std::string cpu_text = in_sockets ? "sockets reading KV at " + fd::format_count(socket_gbps) + " GB/s"
+                                              : profile_path + (socket_gbps > 0 ? ", and sockets of " + fd::format_count(socket_gbps) + " GB/s" : "");
+      std::printf("MODELLED from %s; CPU: %s (model %s, N = %lld layers, S = %lld, R[%s] = %.3g s/token/layer per %s):\n",
+                  gpu_text.c_str(), cpu_text.c_str(), m.name.c_str(), (long long)in.layers, (long long)seq, kv_dtype.c_str(),
+                  in.r_s_per_token_layer, in_sockets ? "socket" : "CPU");
       if (p.batch == 0) {
         std::printf("  no B in the profile's range [%g, %g] meets 2·N·S·T(B) <= %.1f ms\n", in.t.b_first(), in.t.b_last(), latency_ms);
       } else {
         std::printf("  B = %lld (%s rule); T(B) = %.3f ms per layer; E(B) = %.0f /s (max %.0f)\n", (long long)p.batch,
                     p.batch_rule.c_str(), p.t_b_s * 1e3, p.e_b, p.e_max);
         std::printf("  sequence latency 2·N·S·T(B) = %s s\n", fd::format_count(p.seq_latency_s).c_str());
-        std::printf("  %s\n", fd::format_cpus_line(p).c_str());
-        std::printf("  tokens/s: S-bound %.0f, R-bound %.0f -> %.0f (%s binds)\n", p.tokens_per_s_s_bound,
-                    p.tokens_per_s_r_bound, p.tokens_per_s, p.binds.c_str());
-        hybrid_plan = hybrid_line(&prof, in.r_s_per_token_layer / p.cpus_used, p.batch);
+        if (in_sockets)
+          std::printf("  sockets needed P = B·S·R/(2·T(B)) = %s (each reading KV at %s GB/s); using %s\n",
+                      fd::format_count(p.cpus_needed).c_str(), fd::format_count(socket_gbps).c_str(), fd::format_count(p.cpus_used).c_str());
+        else
+          std::printf("  %s\n", fd::format_cpus_line(p).c_str());
+        if (p.sockets_by_bandwidth > 0)
+          std::printf("  in sockets judged by memory bandwidth (%s GB/s each): %s sockets\n", fd::format_count(socket_gbps).c_str(),
+                      fd::format_count(p.sockets_by_bandwidth).c_str());
+        std::printf("  tokens/s: S-bound %.0f, R-bound %.0f -> %.0f (%s binds); step %.3f ms\n", p.tokens_per_s_s_bound,
+                    p.tokens_per_s_r_bound, p.tokens_per_s, p.binds.c_str(), 1e3 * double(p.batch) / p.tokens_per_s);
+        // The error band: how far the model's predictions of measured runs were off (analysis/model_validation.py).
+        try {
+          const fd::json v = fd::read_json_file(validation_path).at("summary");
+          const std::string repo = std::string(FD_SOURCE_DIR) + "/";
+          const std::string shown = validation_path.rfind(repo, 0) == 0 ? validation_path.substr(repo.size()) : validation_path;
+          std::printf("  error band: FastDecode runs predicted from profiles of their own machine were off by a median %.1f %%, "
+                      "at most %.1f %% (%d runs: %s)%s\n",
+                      100 * v.at("median_abs_err").get<double>(), 100 * v.at("max_abs_err").get<double>(), v.at("runs").get<int>(),
+                      shown.c_str(), datasheet ? "; a datasheet roofline is what a GPU could reach, an upper bound" : "");
+        } catch (const std::exception&) {
+          std::printf("  error band: no validation at %s (analysis/model_validation.py writes it)\n", validation_path.c_str());
+        }
+        hybrid_plan = profile_path.empty() ? fd::json(nullptr) : hybrid_line(&prof, in.r_s_per_token_layer / p.cpus_used, p.batch);
       }
       if (!plan_json.empty()) {
         fd::json j = fd::to_json(p);
         j["modelled"] = true;
         j["inputs"] = {{"profile", profile_path}, {"model", m.name}, {"layers", in.layers}, {"seq", seq},
                        {"kv_dtype", kv_dtype}, {"r_s_per_token_layer", in.r_s_per_token_layer},
-                       {"latency_ms", latency_ms}, {"cpus_available", cpus_available}};
+                       {"latency_ms", latency_ms}, {"cpus_available", cpus_available}, {"batch", plan_batch},
+                       {"cpu_unit", in_sockets ? "sockets" : "cores"}, {"socket_gbps", socket_gbps},
+                       {"gpu_datasheet", datasheet ? fd::json{{"hbm_gbps", sheet.hbm_gbps}, {"dense_tflops", sheet.dense_tflops},
+                                                               {"hbm_efficiency", sheet.hbm_efficiency},
+                                                               {"gemm_efficiency", sheet.gemm_efficiency}}
+                                                   : fd::json(nullptr)}};
+        j["step_s"] = p.batch > 0 ? double(p.batch) / p.tokens_per_s : 0.0;
         j["hybrid"] = hybrid_plan;
         fd::write_json_file(plan_json, j);
       }

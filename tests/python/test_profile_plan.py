@@ -120,3 +120,49 @@ def test_profile_refuses_bad_options(fd_bin, models_dir, tmp_path):
         r = bench(fd_bin, "profile", "--model", models_dir / "tiny-llama.json", *args, "--out", out, check=False)
         assert r.returncode == 2 and text in r.stderr, (args, r.returncode, r.stderr)
         assert not out.exists()
+
+
+def test_plan_answers_with_a_datasheet_gpu_and_sockets_by_bandwidth(fd_bin, models_dir, tmp_path):
+    """Issue 41: `plan --batch B --seq S` with the GPU by its datasheet and a socket by its memory bandwidth prints P in
+    sockets, the tokens/s and the step, and the validation's error band; the numbers are the roofline's, recomputed
+    here from the model's shapes."""
+    out = tmp_path / "plan.json"
+    p = bench(fd_bin, "plan", "--model", models_dir / "llama-2-7b.json", "--batch", 1024, "--seq", 1024, "--gpu-hbm-gbps", 600,
+              "--gpu-tflops", 125, "--socket-gbps", 154, "--json", out)
+    j = json.loads(out.read_text())
+    cfg = json.loads((models_dir / "llama-2-7b.json").read_text())
+    h, inter, kv = cfg["hidden_size"], cfg["intermediate_size"], cfg["hidden_size"] // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+    layer_params = h * h * 2 + 2 * h * kv + 3 * h * inter + 2 * h  # q, o; k, v; gate, up, down; the two norms
+    t = max(2 * 2 * layer_params / 600e9, 2 * layer_params * 1024 / (125e12 * 0.7))
+    r_socket = 2 * kv * 2 / 154e9  # K and V of one token at one layer, fp16, read at 154 GB/s
+    assert j["batch"] == 1024 and j["batch_rule"] == "given" and j["inputs"]["cpu_unit"] == "sockets"
+    assert j["t_b_s"] == pytest.approx(t, rel=1e-6)
+    assert j["cpus_needed"] == pytest.approx(1024 * 1024 * r_socket / (2 * t), rel=1e-6)
+    assert j["tokens_per_s"] == pytest.approx(min(1024 / (32 * t), 2 * j["cpus_used"] / (32 * 1024 * r_socket)), rel=1e-6)
+    assert re.search(r"sockets needed P = B·S·R/\(2·T\(B\)\) = (\S+) \(each reading KV at 154 GB/s\)", p.stdout)
+    assert re.search(r"tokens/s: S-bound \d+, R-bound \d+ -> \d+ \([SR] binds\); step [\d.]+ ms", p.stdout)
+    assert re.search(r"error band: .* off by a median [\d.]+ %, at most [\d.]+ % \(\d+ runs: "
+                     r"artifacts/paper/validation-service/validation.json\)", p.stdout), p.stdout
+    # With a profile's R as well: P in cores, and in sockets judged by bandwidth.
+    prof = Path(__file__).resolve().parents[2] / "artifacts/paper/validation-service/h100-b/profiles/profile_llama-2-7b_cuda_svc4x3.json"
+    p = bench(fd_bin, "plan", "--model", models_dir / "llama-2-7b.json", "--batch", 1024, "--seq", 1024, "--profile", prof,
+              "--socket-gbps", 154, "--json", out)
+    j = json.loads(out.read_text())
+    assert j["sockets_by_bandwidth"] == pytest.approx(1024 * 1024 * r_socket / (2 * j["t_b_s"]), rel=1e-6)
+    assert "in sockets judged by memory bandwidth (154 GB/s each)" in p.stdout
+    # Half a datasheet, or a datasheet GPU without any CPU, is refused before any work.
+    for args, what in ((["--gpu-hbm-gbps", 600], "needs both --gpu-hbm-gbps and --gpu-tflops"),
+                       (["--gpu-hbm-gbps", 600, "--gpu-tflops", 125], "--socket-gbps")):
+        r = bench(fd_bin, "plan", "--model", models_dir / "llama-2-7b.json", "--seq", 1024, *args, check=False)
+        assert r.returncode == 2 and what in r.stderr, r.stderr
+
+
+def test_scheduling_doc_shows_what_the_plan_prints(fd_bin):
+    """docs/SCHEDULING.md quotes `fd-bench plan ... --gpu-hbm-gbps 600 ...` and its output: the command prints it today."""
+    repo = Path(__file__).resolve().parents[2]
+    doc = (repo / "docs" / "SCHEDULING.md").read_text()
+    m = re.search(r"```\n\$ fd-bench (plan [^\n]+)\n(.*?)\n```", doc, re.S)
+    assert m, "docs/SCHEDULING.md has no quoted fd-bench plan command"
+    proc = subprocess.run([fd_bin("fd-bench"), *m.group(1).split()], capture_output=True, text=True, timeout=120, cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip("\n") == m.group(2), "the quoted output is stale: rerun the command and paste it"
