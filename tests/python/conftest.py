@@ -36,6 +36,16 @@ def _bin_dir() -> Path:
     return Path(env) if env else REPO_ROOT / "build" / "default" / "bin"
 
 
+def load_analysis(name: str):
+    """A fresh instance of analysis/<name>.py as a module (analysis/ on sys.path for its own imports)."""
+    import importlib.util
+    sys.path.insert(0, str(REPO_ROOT / "analysis"))
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "analysis" / f"{name}.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT

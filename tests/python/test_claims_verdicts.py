@@ -11,11 +11,11 @@ the repository.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_analysis
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "experiments" / "paper" / "claims.spec.json"
@@ -23,12 +23,7 @@ PUBLISHED = REPO / "experiments" / "paper" / "published.json"
 
 
 def claims_module():
-    import sys
-    sys.path.insert(0, str(REPO / "analysis"))
-    spec = importlib.util.spec_from_file_location("claims", REPO / "analysis" / "claims.py")
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
+    return load_analysis("claims")
 
 
 H, S, N = "holds", "holds in shape", "does not hold"

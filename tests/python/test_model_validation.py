@@ -9,26 +9,21 @@ computed, not written (today it reads NOT met: the summary must say what its num
 from __future__ import annotations
 
 import bisect
-import importlib.util
 import json
 import math
 import shutil
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_analysis
 
 REPO = Path(__file__).resolve().parents[2]
 ART = REPO / "artifacts" / "paper" / "validation-service"
 
 
 def module():
-    sys.path.insert(0, str(REPO / "analysis"))
-    spec = importlib.util.spec_from_file_location("model_validation", REPO / "analysis" / "model_validation.py")
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
+    return load_analysis("model_validation")
 
 
 def groups(root: Path):
