@@ -7,10 +7,14 @@
 //     s_ms = N·T(n)            (or the constant --t-ms-per-step-s-part)      n = running sequences
 //     r_ms = N·W·R/P                                                         W = total context
 //     step_ms = max(s_ms, r_ms)
+// With a profile that has R-workers measured in service (fd-bench profile --service: r_service) the step is the one
+// model of fastdecode/sched/perf_model.h instead, predict_step at (n, W/n): N·max(2·T(n/2), R(n, W/n)) + T(n/2) +
+// head(n), s_ms and r_ms its N·S and N·R parts (fd-bench predict gives the same number).
 // Prefill and transfer are not modelled (the paper's workloads have short prompts). A request's admission
 // step stands for its prefill: steps.jsonl counts its prompt as that step's prefill_tokens and the others
 // as decode_tokens, so results.decode_only / steady follow fd-bench's rules (harness/step_stats.h).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -108,6 +112,17 @@ struct CostModel {
     return double(layers) * t.at(double(n)) * 1e3;  // N·T(n)
   }
   double r_ms(int64_t w) const { return has_r ? double(layers) * double(w) * r_s / rworkers * 1e3 : 0; }  // N·W·R/P
+  // The service model (predict_step), when the profile has r_service: {s_ms, r_ms, step_ms}.
+  const fd::Profile* service = nullptr;
+  std::string kv_dtype = "fp16";
+  std::array<double, 3> step(int64_t n, int64_t w) const {
+    if (service && n > 0) {
+      const fd::StepPrediction p = fd::predict_step(*service, *service, kv_dtype, double(n), double(w) / double(n), layers);
+      return {double(layers) * p.s_layer_s * 1e3, double(layers) * p.r_layer_s * 1e3, p.step_s * 1e3};
+    }
+    const double s = s_ms(n), r = r_ms(w);
+    return {s, r, std::max(s, r)};
+  }
 };
 
 struct SimRequest {
@@ -216,6 +231,17 @@ int main(int argc, char** argv) {
     if (per_layer && cost.layers <= 0) usage("give --layers (T(B) and R are per layer)");
     if (cost.layers <= 0) cost.layers = 1;
     cost.rworkers = rworkers;
+    // A profile with R-workers in service, and nothing overriding its T(B) or R: the one model (predict_step).
+    if (profile && !profile->service.empty() && !t_ms_step && t_b_ms.empty() && !r_ns) {
+      const double svc_cpus = double(profile->service.workers * profile->service.threads);
+      if (rworkers != svc_cpus)
+        usage("--rworkers " + fd::format_count(rworkers) + ": the profile's R-workers in service are " +
+              std::to_string(profile->service.workers) + " x " + std::to_string(profile->service.threads) + " threads = " +
+              fd::format_count(svc_cpus) + " CPUs (its r_service was measured for them)");
+      if (profile->service.round_s.count(kv_dtype) == 0) usage(profile_path + ": r_service has no " + kv_dtype + " rows");
+      cost.service = &*profile;
+      cost.kv_dtype = kv_dtype;
+    }
     const bool timed = cost.has_s || cost.has_r;
 
     // ---------------- workload ----------------
@@ -284,7 +310,7 @@ int main(int argc, char** argv) {
       int64_t w = 0;
       for (size_t i : active) w += reqs[i].prompt_len + (step - reqs[i].admit_step + 1);
       const int64_t n = int64_t(active.size());
-      const double s_ms = cost.s_ms(n), r_ms = cost.r_ms(w), step_ms = std::max(s_ms, r_ms);
+      const auto [s_ms, r_ms, step_ms] = cost.step(n, w);
       (s_ms >= r_ms ? s_bound : r_bound) += 1;
       const double t_end = clock + step_ms / 1e3;
       int64_t finished = 0;
@@ -433,7 +459,8 @@ int main(int argc, char** argv) {
                              {"layers", cost.layers},
                              {"rworkers", cost.rworkers},
                              {"profile", profile_path},
-                             {"kv_dtype", kv_dtype}}}};
+                             {"kv_dtype", kv_dtype},
+                             {"model", cost.service ? "predict_step (r_service)" : "max(N·T(n), N·W·R/P)"}}}};
     json notes = json::array();
     if (!timed) notes.push_back("no cost model given: time-based fields are null");
     if (truncated) notes.push_back("stopped by --steps before every request finished");

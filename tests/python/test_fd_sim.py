@@ -231,3 +231,26 @@ def test_help(fd_bin):
     assert proc.returncode == 0
     for flag in ("--mode", "--w-lim", "--profile", "--trace", "--kv-capacity-tokens"):
         assert flag in proc.stdout
+
+
+def test_a_service_profile_steps_with_the_one_model(fd_bin, tmp_path):
+    """Issue 41: with a profile that has R-workers in service (r_service), fd-sim's step is fastdecode/sched/perf_model.h's
+    predict_step — the number `fd-bench predict` gives for the step's B and mean context — and --rworkers must be the
+    profile's workers x threads."""
+    prof = Path(__file__).resolve().parents[2] / "artifacts/paper/validation-service/h100-b/profiles/profile_llama-2-7b_cuda_svc4x3.json"
+    sim(fd_bin, tmp_path / "o", "--mode", "fixed-interval", "--batch", 64, "--seq", 64, "--interval", 8, "--prompt-len", 448,
+        "--requests", 128, "--profile", prof, "--layers", 2, "--rworkers", 12)
+    steps, summary = load(tmp_path / "o")
+    assert summary["config"]["cost"]["model"] == "predict_step (r_service)"
+    picked = [s for s in steps if s["running"] > 0][::7][:6]
+    assert picked
+    for s in picked:
+        p = subprocess.run([fd_bin("fd-bench"), "predict", "--profile", str(prof), "--batch", str(s["running"]), "--context",
+                            repr(s["total_context"] / s["running"]), "--layers", "2", "--json", "-"],
+                           capture_output=True, text=True, check=True)
+        want = json.loads(p.stdout)
+        assert s["step_ms"] == pytest.approx(1e3 * want["step_s"], rel=1e-9)
+        assert s["r_ms"] == pytest.approx(2e3 * want["r_layer_s"], rel=1e-9)
+    bad = sim(fd_bin, tmp_path / "b", "--mode", "all-at-once", "--batch", 16, "--seq", 16, "--profile", prof, "--layers", 2,
+              "--rworkers", 6, check=False)
+    assert bad.returncode == 2 and "4 x 3 threads = 12 CPUs" in bad.stderr
