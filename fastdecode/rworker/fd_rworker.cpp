@@ -167,8 +167,8 @@ int main(int argc, char** argv) {
     }
     opt.serve_once = serve_once;
     opt.shm_max_bytes = size_t(shm_max_mb * 1e6);
-    opt.intake_bytes = size_t(intake_mb * 1e6);
-    if (opt.intake_bytes > 0 && opt.intake_bytes < cfg.limits.max_message_bytes)
+    opt.intake_bytes = intake_mb > 0 ? size_t(intake_mb * 1e6) : 2 * cfg.limits.max_message_bytes;
+    if (opt.intake_bytes < cfg.limits.max_message_bytes)
       throw fd::ConfigError("--intake-mb " + std::to_string(intake_mb) + ": under --max-message-mb (" +
                             std::to_string(double(cfg.limits.max_message_bytes) / 1e6) + "): the largest request could never be taken");
     opt.max_connections = size_t(max_connections);
@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
                    "%.0f MB%s)\n",
                    name.c_str(), ep.c_str(), kv_dtype.c_str(), threads, std::string(fd::isa_name(cfg.isa)).c_str(), query.c_str(),
                    memory_gb, double(cfg.limits.max_message_bytes) / 1e6,
-                   double(opt.intake_bytes > 0 ? opt.intake_bytes : 2 * cfg.limits.max_message_bytes) / 1e6,
+                   double(opt.intake_bytes) / 1e6,
                    opt.curve.secret_z85.empty() ? "" : ", CURVE");
       if (opt.curve.secret_z85.empty() && !loopback_only(ep))
         std::fprintf(stderr,

@@ -62,14 +62,6 @@ void raise_max(std::atomic<uint64_t>& m, uint64_t v) {
 
 }  // namespace
 
-size_t resident_bytes() {
-  const int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  const size_t r = read_statm_resident(fd);
-  close(fd);
-  return r;
-}
-
 uint64_t wire_bytes_of_frame(size_t size, bool curve) {
   // ZMTP 3: a flags byte and a 1-byte size, or 8 bytes of size past 255. With CURVE a frame travels as a MESSAGE
   // command: its name (8 bytes), a short nonce (8), the box's MAC (16) and the frame's flags byte (1) before the data.

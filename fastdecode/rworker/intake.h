@@ -85,9 +85,6 @@ struct RouterCounters {
   std::atomic<uint64_t> max_held_bytes{0};   // the most request bytes held at once that the guard saw
 };
 
-// The resident memory (bytes) of this process now; 0 when /proc cannot be read.
-size_t resident_bytes();
-
 // The bytes one frame of `size` bytes takes on the wire (ZMTP 3 framing; with `curve`, its CURVE box).
 uint64_t wire_bytes_of_frame(size_t size, bool curve);
 

@@ -34,7 +34,7 @@ double TTable::at(double b) const {
 
 namespace {
 
-// A [[x, y], ...] table of a profile (head_b), as T(B)'s.
+// A [[B, seconds], ...] table of a profile (t_b, head_b).
 TTable parse_pairs(StrictObject& o, const std::string& key, const json& a) {
   if (!a.is_array() || a.empty()) o.fail(key, "must be a non-empty array of [B, seconds] pairs");
   std::vector<std::pair<double, double>> pts;
@@ -145,20 +145,7 @@ json to_json(const StepPrediction& p) {
 Profile parse_profile(const json& j, const std::string& file) {
   StrictObject o(j, file, "");
   Profile p;
-  const json& tb = o.get_raw("t_b");
-  if (!tb.is_array() || tb.empty()) o.fail("t_b", "must be a non-empty array of [B, seconds] pairs");
-  std::vector<std::pair<double, double>> pts;
-  for (size_t i = 0; i < tb.size(); ++i) {
-    const json& e = tb[i];
-    if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_number())
-      o.fail("t_b", "entry " + std::to_string(i) + " must be [B, seconds]");
-    pts.emplace_back(e[0].get<double>(), e[1].get<double>());
-  }
-  try {
-    p.t = TTable(std::move(pts));
-  } catch (const ConfigError& e) {
-    o.fail("t_b", e.what());
-  }
+  p.t = parse_pairs(o, "t_b", o.get_raw("t_b"));
   const json& r = o.get_raw("r_s_per_token_layer");
   if (!r.is_object() || r.empty()) o.fail("r_s_per_token_layer", "must be an object {kv_dtype: seconds}");
   for (const auto& [k, v] : r.items()) {

@@ -311,12 +311,12 @@ struct Attacker {
     d.set(zmq::sockopt::reconnect_ivl, -1);  // a connection the worker cuts stays cut
     d.connect(ep);
   }
-  void send(const Header& h, const std::vector<std::pair<const void*, size_t>>& frames, bool dontwait = false) {
+  void send(const Header& h, const std::vector<std::pair<const void*, size_t>>& frames) {
     Header hh = h;
     hh.n_frames = uint8_t(std::min<size_t>(frames.size(), 255));
     const auto e = encode_header(hh);
     const auto flags = [&](bool more) {
-      return (more ? zmq::send_flags::sndmore : zmq::send_flags::none) | (dontwait ? zmq::send_flags::dontwait : zmq::send_flags::none);
+      return more ? zmq::send_flags::sndmore : zmq::send_flags::none;
     };
     (void)d.send(zmq::buffer(e.data(), e.size()), flags(!frames.empty()));
     for (size_t i = 0; i < frames.size(); ++i)  // zero-copy: the caller's bytes stay alive until the socket is closed
