@@ -52,7 +52,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import fig_baselines  # noqa: E402
 import hybrid_grid  # noqa: E402
 import fig_paper  # noqa: E402
-from fd_runs import decode_steps, read_json, read_jsonl_or_none  # noqa: E402
+from fd_runs import decode_steps, hbm_rates, read_json, read_jsonl_or_none  # noqa: E402
 from shapes import SHAPES, SOCKET_BW, layer_weight_bytes  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,17 +83,6 @@ def modelled_ratio(model, ctx, b_go, x, eta=1.0):
         return float("inf")
     kvb = b_go * ctx * m["kv_tok_layer"]
     return x * (layer_weight_bytes(model) + kvb) / kvb / eta
-
-
-def hbm_rates(path):
-    """{sm_count: bytes/s} from fd-kernel-bench --only balance (0 = the whole device)."""
-    d = json.load(open(path))
-    out = {}
-    for b in d["benchmarks"]:
-        if b["name"].startswith("balance/read/") and "bytes_per_second" in b:
-            key = b["name"].split("/")[2]
-            out[0 if key == "all" else int(key[2:])] = b["bytes_per_second"]
-    return out
 
 
 def run_point(fd, go, hbm, label):

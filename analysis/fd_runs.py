@@ -104,6 +104,17 @@ def decode_tokens_per_s(dec):
     return sum(x["decode_tokens"] for x in dec) / (sum(x["step_ms"] for x in dec) / 1e3) if dec else 0.0
 
 
+def hbm_rates(path):
+    """{sm_count: bytes/s} from fd-kernel-bench --only balance (0 = the whole device)."""
+    d = json.load(open(path))
+    out = {}
+    for b in d["benchmarks"]:
+        if b["name"].startswith("balance/read/") and "bytes_per_second" in b:
+            key = b["name"].split("/")[2]
+            out[0 if key == "all" else int(key[2:])] = b["bytes_per_second"]
+    return out
+
+
 def write_report(out, stem, lines, data):
     """OUT/STEM.md (the lines) and OUT/STEM.json (data), OUT made if missing; the lines printed too (only printed when
     out is None)."""

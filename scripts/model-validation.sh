@@ -4,7 +4,11 @@
 #   build    cmake --preset cuda + build
 #   profile  fd-bench profile --backend cuda --service: T(B) of the CUDA S-Part (whole GPU and SM_COUNTS), R of the
 #            kernel on RW_THREADS CPUs, and R of R-workers in service for each of SERVICE_CONFIGS (WORKERSxTHREADS,
-#            pinned as hardware.rworkers pins them) over SERVICE_BATCHES x SERVICE_CONTEXTS, 2 layers
+#            pinned as hardware.rworkers pins them) over SERVICE_BATCHES x SERVICE_CONTEXTS, 2 layers, KV dtypes SERVICE_KV
+#   balance  fd-kernel-bench --only balance: the HBM read rate per SM count (OUT/balance_bench.json)
+#   crossover-predict  analysis/crossover.py predict from OUT's profiles and balance_bench.json -> OUT/predictions.json,
+#            before any run (the crossover grid: SWEEPS="crossover-fastdecode crossover-gpu-only crossover-paged-swap",
+#            SERVICE_CONFIGS=5x3, SERVICE_KV="fp16 int8 int4", SM_COUNTS=8)
 #   runs     the runs to predict, on this commit: the baselines grid's FastDecode steady runs (full GPU, B in
 #            STEADY_BATCHES), and the SWEEPS (default: the balance-map FastDecode grid and the fig8-intercept sweep)
 #   pack     everything under OUT into PACK (a .tar.gz; for a machine that returns few files)
@@ -24,8 +28,9 @@ model=experiments/models/llama-2-7b.json
 service_configs="${SERVICE_CONFIGS:-4x3 5x3 4x1}"
 service_batches="${SERVICE_BATCHES:-16 64 256 1024}"
 service_contexts="${SERVICE_CONTEXTS:-128 512 1024}"
+service_kv="${SERVICE_KV:-fp16}"
 sm_counts="${SM_COUNTS:-8 32}"
-steady_batches="${STEADY_BATCHES:-16 64 256 1024}"
+steady_batches="${STEADY_BATCHES-16 64 256 1024}"
 rc=0
 has() { [[ " $stages " == *" $1 "* ]]; }
 if has build; then
@@ -37,7 +42,7 @@ if has profile; then
   for cfg in $service_configs; do
     w=${cfg%x*} t=${cfg#*x}
     # The whole GPU's T(B) once (with the first service config); the kernel R on the config's CPUs.
-    $bin/fd-bench profile --backend cuda --model "$model" --kv-dtypes fp16 --r-threads $((w * t)) \
+    $bin/fd-bench profile --backend cuda --model "$model" --kv-dtypes $service_kv --r-threads $((w * t)) \
       --batches 1 8 16 32 64 128 256 512 1024 --service --rworkers "$w" --rworker-threads "$t" --first-cpu 0 \
       --service-batches $service_batches --contexts $service_contexts --reps 5 \
       --out "$out/profile_llama-2-7b_cuda_svc${cfg}.json" >"$out/profile_svc${cfg}.log" 2>&1 || { rc=1; tail -5 "$out/profile_svc${cfg}.log"; }
@@ -50,6 +55,16 @@ if has profile; then
       >"$out/profile_sm${sm}.log" 2>&1 || { rc=1; tail -5 "$out/profile_sm${sm}.log"; }
   done
   echo "profile done ($SECONDS s)"
+fi
+if has balance; then
+  $bin/fd-kernel-bench --only balance --json "$out/balance_bench.json" >"$out/balance_bench.log" 2>&1 || { rc=1; tail -5 "$out/balance_bench.log"; }
+  echo "balance done ($SECONDS s)"
+fi
+if has crossover-predict; then
+  # The predictions exist before the runs they predict (analysis/crossover.py's criteria are in the file).
+  python3 analysis/crossover.py predict --fd-bench $bin/fd-bench --profiles "$out" --balance-bench "$out/balance_bench.json" \
+    --out "$out/predictions.json" || rc=1
+  date -u +"predictions written %Y-%m-%dT%H:%M:%SZ"
 fi
 if has runs; then
   runs="$out/runs"

@@ -137,6 +137,21 @@ StepPrediction predict_step(const Profile& tb, const Profile& svc, const std::st
   return p;
 }
 
+StepPrediction predict_gpu_only_step(const Profile& tb, double attn_s_per_token_layer, double batch, double context,
+                                     int64_t layers) {
+  FD_CHECK(!tb.t.empty(), "predict_gpu_only_step: the GPU profile has no T(B)");
+  FD_CHECK(batch >= 1 && context > 0 && layers >= 1 && attn_s_per_token_layer > 0,
+           "predict_gpu_only_step: B >= 1, context > 0, layers >= 1 and an attention rate > 0");
+  StepPrediction p;
+  p.s_layer_s = tb.t.at(batch);
+  p.r_layer_s = batch * context * attn_s_per_token_layer;
+  p.head_s = tb.head.empty() ? 0 : tb.head.at(batch);
+  p.step_s = double(layers) * (p.s_layer_s + p.r_layer_s) + p.head_s;
+  p.tokens_per_s = batch / p.step_s;
+  p.binds = "GPU";
+  return p;
+}
+
 json to_json(const StepPrediction& p) {
   return {{"s_layer_s", p.s_layer_s}, {"r_layer_s", p.r_layer_s}, {"fill_s", p.fill_s}, {"head_s", p.head_s},
           {"step_s", p.step_s},       {"tokens_per_s", p.tokens_per_s}, {"binds", p.binds}, {"outside_grid", p.outside_grid}};

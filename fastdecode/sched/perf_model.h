@@ -92,6 +92,13 @@ struct StepPrediction {
 // `tb`: the profile of the GPU side (T(B), head_b); `svc`: a profile with r_service (may be the same).
 StepPrediction predict_step(const Profile& tb, const Profile& svc, const std::string& kv_dtype, double batch, double context,
                             int64_t layers);
+// One decode step of GPU-only (attention on the GPU, the same S-Part), MODELLED from the GPU profile and the GPU's
+// decode-attention rate (issue 41's crossover: the GPU side predicted as FastDecode is):
+//   step = N · (T(n) + n · context · a) + head(n),   n = min(B, slots): the sequences GPU memory holds
+//   a    = seconds per context token per layer of decode attention (fp16 K and V read at the GPU's attention rate)
+// fill_s is 0, r_layer_s the attention's share of a layer, binds "GPU".
+StepPrediction predict_gpu_only_step(const Profile& tb, double attn_s_per_token_layer, double batch, double context,
+                                     int64_t layers);
 json to_json(const StepPrediction& p);
 Profile parse_profile(const json& j, const std::string& file);
 Profile load_profile(const std::string& path);

@@ -6,6 +6,7 @@
 
 #include "fastdecode/sched/perf_model.h"
 #include "fastdecode/sched/hybrid.h"
+#include "baselines/gpu_only/gpu_only_engine.h"
 #include "fastdecode/core/cli_main.h"
 #include "harness/experiment.h"
 #include "harness/provenance.h"
@@ -124,6 +125,20 @@ int main(int argc, char** argv) {
   predict->add_option("--layers", pr_layers, "N: layers run")->required()->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   predict->add_option("--kv-dtype", pr_kv, "KV dtype of the R-workers")->capture_default_str();
   predict->add_option("--json", pr_json, "Also write the prediction as JSON here (- : stdout only the JSON)");
+  // The GPU side of a comparison (issue 41's crossover): GPU-only from the same GPU profile.
+  std::string pr_engine = "fastdecode", pr_model;
+  double pr_attn_gbps = 0, pr_mem_gb = 0;
+  int64_t pr_max_context = 0;
+  predict->add_option("--engine", pr_engine, "fastdecode, or gpu-only: N·(T(n) + n·context·a) + head(n), n = min(B, the "
+                      "slots --gpu-mem-gb holds at --max-context), a from --gpu-attn-gbps")
+      ->capture_default_str()->check(CLI::IsMember({"fastdecode", "gpu-only"}));
+  predict->add_option("--gpu-attn-gbps", pr_attn_gbps, "--engine gpu-only: the GPU's decode attention, GB/s of fp16 KV read")
+      ->check(CLI::PositiveNumber);
+  predict->add_option("--model", pr_model, "--engine gpu-only: model config (its KV bytes a token; slots at full depth)");
+  predict->add_option("--gpu-mem-gb", pr_mem_gb, "--engine gpu-only: GPU memory, GB (as hardware.gpu.memory_gb)")
+      ->check(CLI::PositiveNumber);
+  predict->add_option("--max-context", pr_max_context, "--engine gpu-only: tokens a slot reserves (engine.max_context)")
+      ->check(CLI::PositiveNumber);
   // profile: T(B) of the S-Part backend and R of the R-worker kernel on this machine.
   std::string prof_model, prof_out;
   fd::ProfileOptions po;
@@ -194,20 +209,46 @@ int main(int argc, char** argv) {
     }
     if (*predict) {
       const fd::Profile gpu = fd::load_profile(pr_profile);
-      const fd::Profile svc = pr_service.empty() ? gpu : fd::load_profile(pr_service);
-      const fd::StepPrediction p = fd::predict_step(gpu, svc, pr_kv, pr_batch, pr_context, pr_layers);
-      fd::json j = fd::to_json(p);
+      fd::StepPrediction p;
+      fd::json j;
+      if (pr_engine == "gpu-only") {
+        if (pr_attn_gbps <= 0 || pr_model.empty() || pr_mem_gb <= 0 || pr_max_context <= 0)
+          throw fd::ConfigError("--engine gpu-only needs --gpu-attn-gbps, --model, --gpu-mem-gb and --max-context");
+        if (!pr_service.empty() || pr_kv != "fp16")
+          throw fd::ConfigError("--engine gpu-only: --service and --kv-dtype are FastDecode's (GPU-only keeps fp16 KV)");
+        const fd::ModelConfig m = fd::load_model_config(pr_model);
+        const int64_t slots = fd::gpu_only_slots(m, pr_mem_gb * 1e9, pr_max_context);
+        if (slots < 1) throw fd::ConfigError("--engine gpu-only: " + std::to_string(pr_mem_gb) + " GB holds no sequence");
+        const double n = std::min(pr_batch, double(slots));
+        const double kv_layer = double(m.kv_bytes_per_token(2, true)) / double(m.full_num_layers);
+        p = fd::predict_gpu_only_step(gpu, kv_layer / (pr_attn_gbps * 1e9), n, pr_context, pr_layers);
+        j = fd::to_json(p);
+        j["batch"] = n;
+        j["inputs"] = {{"engine", pr_engine}, {"profile", pr_profile}, {"batch", pr_batch}, {"slots", slots},
+                       {"context", pr_context}, {"layers", pr_layers}, {"gpu_attn_gbps", pr_attn_gbps},
+                       {"gpu_mem_gb", pr_mem_gb}, {"max_context", pr_max_context}, {"model", pr_model}};
+      } else {
+        const fd::Profile svc = pr_service.empty() ? gpu : fd::load_profile(pr_service);
+        p = fd::predict_step(gpu, svc, pr_kv, pr_batch, pr_context, pr_layers);
+        j = fd::to_json(p);
+        j["batch"] = pr_batch;
+        j["inputs"] = {{"engine", pr_engine}, {"profile", pr_profile}, {"service", pr_service.empty() ? pr_profile : pr_service},
+                       {"batch", pr_batch}, {"context", pr_context}, {"layers", pr_layers}, {"kv_dtype", pr_kv},
+                       {"workers", svc.service.workers}, {"threads", svc.service.threads}};
+      }
       j["modelled"] = true;
-      j["inputs"] = {{"profile", pr_profile}, {"service", pr_service.empty() ? pr_profile : pr_service}, {"batch", pr_batch},
-                     {"context", pr_context}, {"layers", pr_layers}, {"kv_dtype", pr_kv},
-                     {"workers", svc.service.workers}, {"threads", svc.service.threads}};
       if (pr_json == "-") {
         std::printf("%s\n", j.dump().c_str());
         return 0;
       }
-      std::printf("MODELLED: step %.3f ms = %lld x max(S %.3f, R %.3f ms) + fill %.3f + head %.3f ms; %.0f tokens/s; %s binds%s\n",
-                  1e3 * p.step_s, (long long)pr_layers, 1e3 * p.s_layer_s, 1e3 * p.r_layer_s, 1e3 * p.fill_s, 1e3 * p.head_s,
-                  p.tokens_per_s, p.binds.c_str(), p.outside_grid ? " (B or context outside the service grid: R held at its edge)" : "");
+      if (pr_engine == "gpu-only")
+        std::printf("MODELLED gpu-only: %.0f sequences; step %.3f ms = %lld x (S %.3f + attention %.3f ms) + head %.3f ms; %.0f tokens/s\n",
+                    j["batch"].get<double>(), 1e3 * p.step_s, (long long)pr_layers, 1e3 * p.s_layer_s, 1e3 * p.r_layer_s,
+                    1e3 * p.head_s, p.tokens_per_s);
+      else
+        std::printf("MODELLED: step %.3f ms = %lld x max(S %.3f, R %.3f ms) + fill %.3f + head %.3f ms; %.0f tokens/s; %s binds%s\n",
+                    1e3 * p.step_s, (long long)pr_layers, 1e3 * p.s_layer_s, 1e3 * p.r_layer_s, 1e3 * p.fill_s, 1e3 * p.head_s,
+                    p.tokens_per_s, p.binds.c_str(), p.outside_grid ? " (B or context outside the service grid: R held at its edge)" : "");
       if (!pr_json.empty()) fd::write_json_file(pr_json, j);
       return 0;
     }

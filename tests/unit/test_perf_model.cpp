@@ -292,4 +292,14 @@ TEST(PerfModel, StepFromProfilesAlone) {
   json holed = svc;
   holed["r_service"]["rows"].erase(holed["r_service"]["rows"].begin() + 1);
   EXPECT_THAT(error_message([&] { parse_profile(holed, "svc.json"); }), HasSubstr("the grid must be whole"));
+  // GPU-only from the same profile: N·(T(n) + n·ctx·a) + head(n). T(32) = 1 ms (flat to 64); attention 32·200·1e-7 =
+  // 0.64 ms a layer; head(32) as above.
+  const StepPrediction g = predict_gpu_only_step(p, 1e-7, 32, 200, 2);
+  EXPECT_NEAR(g.s_layer_s, 1e-3, 1e-12);
+  EXPECT_NEAR(g.r_layer_s, 0.64e-3, 1e-12);
+  EXPECT_NEAR(g.step_s, 2 * (1e-3 + 0.64e-3) + 2e-4 + 4e-4 * 31.0 / 127.0, 1e-12);
+  EXPECT_NEAR(g.tokens_per_s, 32 / g.step_s, 1e-9);
+  EXPECT_EQ(g.fill_s, 0);
+  EXPECT_EQ(g.binds, "GPU");
+  EXPECT_THAT(error_message([&] { predict_gpu_only_step(p, 0, 32, 200, 2); }), HasSubstr("attention rate > 0"));
 }
