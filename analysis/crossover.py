@@ -8,8 +8,8 @@ predict  from one machine's profiles (fd-bench profile: T(B) and head_b at 8 SMs
          read rate), asks `fd-bench predict` (the one model, fastdecode/sched/perf_model.h) for every point of the three
          sweeps (experiments/paper/crossover-*.sweep.json) and writes PREDICTIONS (JSON) with the criteria below. Run
          before the sweeps (scripts/model-validation.sh's crossover-predict stage does).
-report   reads the measured runs (ROOT/crossover-fastdecode/..., ROOT/crossover-gpu-only/..., ROOT/crossover-paged-swap/...)
-         and PREDICTIONS, and writes OUT/CROSSOVER.md and OUT/crossover.json.
+report   reads each group's measured runs (RUNS/crossover-fastdecode/..., RUNS/crossover-gpu-only/...,
+         RUNS/crossover-paged-swap/...) and its PREDICTIONS, and writes OUT/CROSSOVER.md and OUT/crossover.json.
 
 Criteria, written before any number was read:
   * metric: decode-only tokens/s (fd_runs.decode_steps: steps with no prompt tokens), the same for both sides;
@@ -20,7 +20,7 @@ Criteria, written before any number was read:
     CPUs against fp16 on the GPU), said in every row.
 
 usage: analysis/crossover.py predict --fd-bench BIN --profiles DIR --balance-bench FILE --out PREDICTIONS
-       analysis/crossover.py report --predictions PREDICTIONS --runs ROOT --out DIR
+       analysis/crossover.py report --group LABEL PREDICTIONS RUNS [--group ...] --out DIR
 """
 import argparse
 import glob
@@ -48,16 +48,21 @@ CRITERIA = {
 }
 
 
-def points():
+def points(only=()):
     """(sweep, point name, {kv, b, maxctx}) of the three sweeps, as fd-bench sweep names them (label or value, axis
-    order)."""
+    order); `only`: "AXIS=LABEL[,LABEL...]" as fd-bench sweep --only takes them (an axis a sweep lacks leaves it whole)."""
+    keep = {}
+    for o in only:
+        axis, _, labels = o.partition("=")
+        keep[axis] = set(labels.split(","))
     out = []
     for sweep, path in SPECS.items():
         spec = json.load(open(path))
         names = [[]]
         for ax in spec["axes"]:
             labels = ax.get("labels") or [str(v) for v in ax["values"]]
-            names = [n + [(ax["name"], lab, val)] for n in names for lab, val in zip(labels, ax["values"])]
+            names = [n + [(ax["name"], lab, val)] for n in names for lab, val in zip(labels, ax["values"])
+                     if ax["name"] not in keep or lab in keep[ax["name"]]]
         for n in names:
             name = "_".join("%s-%s" % (a, lab) for a, lab, _ in n)
             vals = {a: (v[0] if isinstance(v, list) else v) for a, _, v in n}
@@ -94,7 +99,7 @@ def predict(a):
         sys.exit("crossover.py: %s has no HBM read rate at %d SMs" % (a.balance_bench, SM))
     attn_gbps = rates[SM] / 1e9
     rows = []
-    for sweep, name, v in points():
+    for sweep, name, v in points(a.only or ()):
         b = float(v["b"])
         common = ["--profile", gpu, "--batch", "%g" % b, "--context", "%g" % CONTEXT, "--layers", str(LAYERS)]
         if sweep == "crossover-fastdecode":
@@ -103,12 +108,12 @@ def predict(a):
         else:
             maxctx = v.get("maxctx", -(-int(512 + 32) // PAGED_BLOCK) * PAGED_BLOCK)
             p = fd_bench_json(a.fd_bench, common + ["--engine", "gpu-only", "--gpu-attn-gbps", "%.6g" % attn_gbps,
-                                                    "--model", MODEL, "--gpu-mem-gb", str(MEM_GB), "--max-context", str(maxctx)])
+                                                    "--model", MODEL, "--gpu-mem-gb", "%g" % a.memory_gb, "--max-context", str(maxctx)])
             engine, kv = sweep[len("crossover-"):], "fp16"
         rows.append({"sweep": sweep, "point": name, "engine": engine, "kv": kv, "b": int(b), "maxctx": v.get("maxctx"),
                      "predicted": {"tokens_per_s": p["tokens_per_s"], "step_ms": 1e3 * p["step_s"], "batch": p["batch"],
                                    "binds": p["binds"], "outside_grid": p.get("outside_grid", False), "model": p}})
-    out = {"modelled": True, "criteria": CRITERIA, "context": CONTEXT, "layers": LAYERS, "sm_count": SM, "memory_gb": MEM_GB,
+    out = {"modelled": True, "criteria": CRITERIA, "context": CONTEXT, "layers": LAYERS, "sm_count": SM, "memory_gb": a.memory_gb,
            "profiles": {"gpu": os.path.basename(gpu), "service": os.path.basename(svc)},
            "gpu_attn_gbps": attn_gbps, "gpu_attn_source": "%s: balance/read/sm%d" % (os.path.basename(a.balance_bench), SM),
            "paged_swap": "predicted as gpu-only with slots of %d positions (34 blocks of 16); swapping not modelled" % 544,
@@ -139,24 +144,27 @@ def measured(run_dir):
 
 
 def report(a):
-    pred = json.load(open(a.predictions))
-    rows = []
-    for r in pred["points"]:
-        d = os.path.join(a.runs, r["sweep"], r["point"], "rep1")
-        row = dict(r)
-        if os.path.isfile(os.path.join(d, "summary.json")):
-            row["measured"] = measured(d)
-            row["measured"]["dir"] = os.path.relpath(d, REPO) if d.startswith(REPO) else d
-            row["ratio"] = row["measured"]["tokens_per_s"] / r["predicted"]["tokens_per_s"]
-        else:
-            row["missing"] = "no run folder " + d
-        rows.append(row)
-    by_b = {}
+    rows, preds = [], []
+    for label, ppath, root in a.group:
+        pred = json.load(open(ppath))
+        preds.append({"group": label, "file": os.path.relpath(os.path.abspath(ppath), os.path.abspath(a.out)),
+                      "memory_gb": pred["memory_gb"], "profiles": pred["profiles"], "gpu_attn_gbps": pred["gpu_attn_gbps"]})
+        for r in pred["points"]:
+            d = os.path.join(root, r["sweep"], r["point"], "rep1")
+            row = dict(r, group=label, memory_gb=pred["memory_gb"])
+            if os.path.isfile(os.path.join(d, "summary.json")):
+                row["measured"] = measured(d)
+                row["measured"]["dir"] = os.path.relpath(os.path.abspath(d), REPO)
+                row["ratio"] = row["measured"]["tokens_per_s"] / r["predicted"]["tokens_per_s"]
+            else:
+                row["missing"] = "no run folder " + d
+            rows.append(row)
+    by = {}
     for r in rows:
         if "measured" in r:
-            by_b.setdefault(r["b"], []).append(r)
+            by.setdefault((r["group"], r["memory_gb"], r["b"]), []).append(r)
     verdicts = []
-    for b, rs in sorted(by_b.items()):
+    for (group, mem, b), rs in by.items():
         gpu = [r for r in rs if r["engine"] != "fastdecode"]
         if not gpu:
             continue
@@ -165,7 +173,7 @@ def report(a):
             if r["engine"] == "fastdecode":
                 ratio = r["measured"]["tokens_per_s"] / best["measured"]["tokens_per_s"]
                 pratio = r["predicted"]["tokens_per_s"] / max(g["predicted"]["tokens_per_s"] for g in gpu)
-                verdicts.append({"b": b, "kv": r["kv"], "fd_tok_s": r["measured"]["tokens_per_s"],
+                verdicts.append({"group": group, "memory_gb": mem, "b": b, "kv": r["kv"], "fd_tok_s": r["measured"]["tokens_per_s"],
                                  "best_gpu": "%s %s" % (best["engine"], best["point"]),
                                  "best_gpu_tok_s": best["measured"]["tokens_per_s"], "ratio": ratio,
                                  "predicted_ratio": pratio, "out_generates": ratio > 1.0})
@@ -173,59 +181,64 @@ def report(a):
     summary = {"points": len(rows), "measured": len(errs),
                "median_abs_err": statistics.median(errs) if errs else None, "max_abs_err": max(errs) if errs else None,
                "within_band": sum(e <= BAND for e in errs),
-               "crossover_measured": any(v["out_generates"] for v in verdicts),
-               "best_ratio": max((v["ratio"] for v in verdicts), default=None)}
+               "crossover_measured": sorted({(v["group"], v["memory_gb"]) for v in verdicts if v["out_generates"]}),
+               "best_ratio": {"%s, %g GB" % k: max(v["ratio"] for v in verdicts if (v["group"], v["memory_gb"]) == k)
+                              for k in sorted({(v["group"], v["memory_gb"]) for v in verdicts})}}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "crossover.json"), "w") as f:
-        json.dump({"criteria": pred["criteria"], "summary": summary, "verdicts": verdicts, "points": rows,
-                   "predictions": os.path.relpath(os.path.abspath(a.predictions), os.path.abspath(a.out))}, f, indent=1)
+        json.dump({"criteria": CRITERIA, "summary": summary, "verdicts": verdicts, "predictions": preds, "points": rows},
+                  f, indent=1)
         f.write("\n")
     with open(os.path.join(a.out, "CROSSOVER.md"), "w") as f:
-        f.write(markdown(pred, rows, verdicts, summary))
-    print("crossover: %d/%d points measured, median |m/p - 1| %.1f %%, max %.1f %%; best FastDecode / best GPU side %.3f; "
-          "crossover %s" % (summary["measured"], summary["points"], 100 * (summary["median_abs_err"] or 0),
-                            100 * (summary["max_abs_err"] or 0), summary["best_ratio"] or 0,
-                            "MEASURED" if summary["crossover_measured"] else "not reached"))
+        f.write(markdown(preds, rows, verdicts, summary))
+    print("crossover: %d/%d points measured, median |m/p - 1| %.1f %%, max %.1f %%; best FastDecode / best GPU side: %s; "
+          "crossover measured at: %s" % (summary["measured"], summary["points"], 100 * (summary["median_abs_err"] or 0),
+                                         100 * (summary["max_abs_err"] or 0),
+                                         ", ".join("%s %.3f" % kv for kv in summary["best_ratio"].items()),
+                                         "; ".join("%s, %g GB" % k for k in summary["crossover_measured"]) or "none"))
 
 
-def markdown(pred, rows, verdicts, summary):
+def markdown(preds, rows, verdicts, summary):
     L = ["# Toward the crossover, measured (analysis/crossover.py)", "",
          "Llama-2-7b (2 layers, memory at full depth), prompt 512 + 32 new tokens, GPU at %d SMs (the fewest green "
-         "contexts allow) and %d GB; FastDecode on 5 x 3 pinned R-worker cores. Each point was predicted from the "
-         "machine's profiles before it was measured (`predictions.json`, %s / %s; GPU attention at %.0f GB/s, the HBM "
-         "read rate at %d SMs)." % (SM, MEM_GB, pred["profiles"]["gpu"], pred["profiles"]["service"],
-                                     pred["gpu_attn_gbps"], SM), "",
-         "Criteria (written before the numbers): " + "; ".join("%s: %s" % kv for kv in pred["criteria"].items()) + ".", "",
-         "| engine | KV | B | point | sequences (measured) | decode-only tok/s (measured) | MODELLED tok/s | measured / MODELLED | binds (MODELLED) |",
-         "|---|---|---|---|---|---|---|---|---|"]
+         "contexts allow); FastDecode on 5 x 3 pinned R-worker cores. Each point was predicted from its machine's "
+         "profiles before it was measured; a group is one machine (one device call's profiles and runs)." % SM, "",
+         "Criteria (written before the numbers): " + "; ".join("%s: %s" % kv for kv in CRITERIA.items()) + ".", "",
+         "| group | GPU GB | predictions | profiles | GPU attention GB/s (HBM read at %d SMs) |" % SM, "|---|---|---|---|---|"]
+    for p in preds:
+        L.append("| %s | %g | %s | %s, %s | %.0f |" % (p["group"], p["memory_gb"], p["file"], p["profiles"]["gpu"],
+                                                       p["profiles"]["service"], p["gpu_attn_gbps"]))
+    L += ["", "| group | GPU GB | engine | KV | B | point | sequences (measured) | decode-only tok/s (measured) | MODELLED tok/s | "
+          "measured / MODELLED | binds (MODELLED) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        head = "| %s | %g | %s | %s | %d | %s |" % (r["group"], r["memory_gb"], r["engine"], r["kv"], r["b"], r["point"])
         if "measured" not in r:
-            L.append("| %s | %s | %d | %s | — | %s | %.0f | — | %s |" % (r["engine"], r["kv"], r["b"], r["point"], r["missing"],
-                                                                        r["predicted"]["tokens_per_s"], r["predicted"]["binds"]))
+            L.append(head + " — | %s | %.0f | — | %s |" % (r["missing"], r["predicted"]["tokens_per_s"], r["predicted"]["binds"]))
             continue
         m = r["measured"]
-        L.append("| %s | %s | %d | %s | %.1f | %.0f | %.0f | %.3f | %s |" % (
-            r["engine"], r["kv"], r["b"], r["point"], m["batch"], m["tokens_per_s"], r["predicted"]["tokens_per_s"], r["ratio"],
-            r["predicted"]["binds"]))
+        L.append(head + " %.1f | %.0f | %.0f | %.3f | %s |" % (m["batch"], m["tokens_per_s"], r["predicted"]["tokens_per_s"],
+                                                             r["ratio"], r["predicted"]["binds"]))
     L += ["", "Predictions: %d of %d measured points within ±10 %%; median |measured / MODELLED − 1| %.1f %%, max %.1f %%." % (
         summary["within_band"], summary["measured"], 100 * (summary["median_abs_err"] or 0), 100 * (summary["max_abs_err"] or 0)),
-        "", "| B | FastDecode KV (CPUs) vs GPU side fp16 | FastDecode tok/s | best GPU side | its tok/s | measured ratio | MODELLED ratio | out-generates |",
-        "|---|---|---|---|---|---|---|---|"]
+        "", "| group | GPU GB | B | FastDecode KV (CPUs) vs GPU side | FastDecode tok/s | best GPU side | its tok/s | "
+        "measured ratio | MODELLED ratio | out-generates |", "|---|---|---|---|---|---|---|---|---|---|"]
     for v in verdicts:
-        L.append("| %d | %s vs fp16 | %.0f | %s | %.0f | %.3f | %.3f | %s |" % (
-            v["b"], v["kv"], v["fd_tok_s"], v["best_gpu"], v["best_gpu_tok_s"], v["ratio"], v["predicted_ratio"],
-            "yes" if v["out_generates"] else "no"))
-    L += ["", "Crossover at this balance: **%s** (best FastDecode / best GPU side %.3f)." % (
-        "measured" if summary["crossover_measured"] else "not reached", summary["best_ratio"] or 0)]
+        L.append("| %s | %g | %d | %s vs fp16 | %.0f | %s | %.0f | %.3f | %.3f | %s |" % (
+            v["group"], v["memory_gb"], v["b"], v["kv"], v["fd_tok_s"], v["best_gpu"], v["best_gpu_tok_s"], v["ratio"],
+            v["predicted_ratio"], "yes" if v["out_generates"] else "no"))
+    L += ["", "Best FastDecode / best GPU side: %s. Crossover measured at: %s." % (
+        ", ".join("%s %.3f" % kv for kv in summary["best_ratio"].items()),
+        "; ".join("%s, %g GB" % k for k in summary["crossover_measured"]) or "none")]
     fd = [r for r in rows if r["engine"] == "fastdecode" and "measured" in r and "r_compute_max_ms" in r["measured"]]
     if fd:
         L += ["", "Where FastDecode's step goes (means over decode-only steps, ms a step): the busiest R-worker's compute "
               "(both layers, both mini-batches) against the S-worker's GPU compute.", "",
-              "| KV | B | step | busiest R-worker compute | S-Part compute | S-worker waiting on R |", "|---|---|---|---|---|---|"]
+              "| group | GPU GB | KV | B | step | busiest R-worker compute | S-Part compute | S-worker waiting on R |",
+              "|---|---|---|---|---|---|---|---|"]
         for r in fd:
             m = r["measured"]
-            L.append("| %s | %d | %.2f | %.2f | %.2f | %.2f |" % (r["kv"], r["b"], m["step_ms"], m["r_compute_max_ms"],
-                                                                  m["s_compute_ms"], m["r_wait_ms"]))
+            L.append("| %s | %g | %s | %d | %.2f | %.2f | %.2f | %.2f |" % (
+                r["group"], r["memory_gb"], r["kv"], r["b"], m["step_ms"], m["r_compute_max_ms"], m["s_compute_ms"], m["r_wait_ms"]))
     return "\n".join(L) + "\n"
 
 
@@ -237,9 +250,11 @@ def main(argv=None):
     p.add_argument("--profiles", required=True)
     p.add_argument("--balance-bench", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--memory-gb", type=float, default=MEM_GB, help="GPU memory of the GPU side (hardware.gpu.memory_gb)")
+    p.add_argument("--only", nargs="+", help="AXIS=LABEL[,LABEL...]: only these points, as fd-bench sweep --only")
     r = sub.add_parser("report")
-    r.add_argument("--predictions", required=True)
-    r.add_argument("--runs", required=True)
+    r.add_argument("--group", nargs=3, action="append", required=True, metavar=("LABEL", "PREDICTIONS", "RUNS"),
+                   help="one machine's predictions file and the runs root it predicts (RUNS/<sweep>/<point>/rep1)")
     r.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     predict(a) if a.cmd == "predict" else report(a)

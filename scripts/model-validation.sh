@@ -6,9 +6,11 @@
 #            kernel on RW_THREADS CPUs, and R of R-workers in service for each of SERVICE_CONFIGS (WORKERSxTHREADS,
 #            pinned as hardware.rworkers pins them) over SERVICE_BATCHES x SERVICE_CONTEXTS, 2 layers, KV dtypes SERVICE_KV
 #   balance  fd-kernel-bench --only balance: the HBM read rate per SM count (OUT/balance_bench.json)
-#   crossover-predict  analysis/crossover.py predict from OUT's profiles and balance_bench.json -> OUT/predictions.json,
-#            before any run (the crossover grid: SWEEPS="crossover-fastdecode crossover-gpu-only crossover-paged-swap",
-#            SERVICE_CONFIGS=5x3, SERVICE_KV="fp16 int8 int4", SM_COUNTS=8)
+#   crossover-predict  analysis/crossover.py predict from OUT's profiles and balance_bench.json ->
+#            OUT/predictions_mem-M.json for each M of CROSSOVER_MEMS (GPU GB, default 24), before any run (the crossover
+#            grid: SWEEPS="crossover-fastdecode crossover-gpu-only crossover-paged-swap", SERVICE_CONFIGS=5x3,
+#            SERVICE_KV="fp16 int8 int4", SM_COUNTS=8; CROSSOVER_ONLY="kv=int4 b=256 ...": a subset, as sweep --only).
+#            Its sweeps run once per M into OUT/runs/mem-M/.
 #   runs     the runs to predict, on this commit: the baselines grid's FastDecode steady runs (full GPU, B in
 #            STEADY_BATCHES), and the SWEEPS (default: the balance-map FastDecode grid and the fig8-intercept sweep)
 #   pack     everything under OUT into PACK (a .tar.gz; for a machine that returns few files)
@@ -60,10 +62,18 @@ if has balance; then
   $bin/fd-kernel-bench --only balance --json "$out/balance_bench.json" >"$out/balance_bench.log" 2>&1 || { rc=1; tail -5 "$out/balance_bench.log"; }
   echo "balance done ($SECONDS s)"
 fi
+# The crossover grid's GPU memory caps (one predictions file and one runs folder each) and its --only subset.
+crossover_mems="${CROSSOVER_MEMS:-24}"
+only_args() {  # the CROSSOVER_ONLY entries (AXIS=LABEL[,LABEL...]) whose axis sweep $1 has, as --only arguments
+  local o
+  for o in ${CROSSOVER_ONLY-}; do grep -q "\"name\": \"${o%%=*}\"" "experiments/paper/$1.sweep.json" && printf -- '--only %s ' "$o"; done
+}
 if has crossover-predict; then
   # The predictions exist before the runs they predict (analysis/crossover.py's criteria are in the file).
-  python3 analysis/crossover.py predict --fd-bench $bin/fd-bench --profiles "$out" --balance-bench "$out/balance_bench.json" \
-    --out "$out/predictions.json" || rc=1
+  for M in $crossover_mems; do
+    python3 analysis/crossover.py predict --fd-bench $bin/fd-bench --profiles "$out" --balance-bench "$out/balance_bench.json" \
+      --memory-gb "$M" ${CROSSOVER_ONLY:+--only $CROSSOVER_ONLY} --out "$out/predictions_mem-$M.json" || rc=1
+  done
   date -u +"predictions written %Y-%m-%dT%H:%M:%SZ"
 fi
 if has runs; then
@@ -77,6 +87,16 @@ if has runs; then
     echo "steady B=$B: $(grep -m1 -E 'tokens/s' "$d.log" | cut -c1-120)"
   done
   for s in ${SWEEPS-balance-map-fastdecode fig8-intercept-llama-2-7b}; do
+    if [[ $s == crossover-* ]]; then  # once per GPU memory cap, into runs/mem-M/
+      for M in $crossover_mems; do
+        # shellcheck disable=SC2046
+        $bin/fd-bench sweep "experiments/paper/$s.sweep.json" --out "$runs/mem-$M/$s" --set hardware.gpu.memory_gb="$M" \
+          $(only_args "$s") --quiet >"$out/sweep_${s}_mem-$M.log" 2>&1 || rc=1
+        find "$runs/mem-$M/$s" -name trace.json -delete
+        echo "$s at $M GB: $(ls -d "$runs/mem-$M/$s"/*/rep* 2>/dev/null | wc -l) runs ($SECONDS s)"
+      done
+      continue
+    fi
     $bin/fd-bench sweep "experiments/paper/$s.sweep.json" --out "$runs/$s" --quiet >"$out/sweep_$s.log" 2>&1 || rc=1
     find "$runs/$s" -name trace.json -delete
     echo "$s: $(ls -d "$runs/$s"/*/rep* 2>/dev/null | wc -l) runs ($SECONDS s)"
