@@ -61,6 +61,7 @@ DEFAULT_PAPER = os.path.join(REPO, "artifacts", "paper", "runs")
 DEFAULT_HYBRID = [os.path.join(REPO, "artifacts", "hybrid", m)
                   for m in ("llama-2-7b", "llama-2-7b-4cores-a", "llama-2-7b-4cores-b", "llama-3-8b-512")]
 DEFAULT_BALANCE = os.path.join(REPO, "artifacts", "baselines", "run1-a40a146", "balance_bench.json")
+DEFAULT_CROSSOVER = os.path.join(REPO, "artifacts", "paper", "crossover", "crossover.json")
 # GPUs of the crossover table: HBM bandwidth (datasheets) and memory; the socket bandwidth is analysis/shapes.py's.
 GPUS = [("A10", 600e9, 24e9), ("A100-80GB", 2039e9, 80e9), ("H100-SXM", 3350e9, 80e9), ("H200", 4800e9, 141e9)]
 
@@ -290,7 +291,75 @@ def draw(pts, a, eta, hpts=()):
     print("wrote %s" % path)
 
 
-def table(pts, eta, a, hpts=()):
+def crossover_points(path):
+    """The measured crossover grid (analysis/crossover.py report's crossover.json): one row per FastDecode point against
+    the best GPU-side engine at its balance, with x counted in fp16 bytes (int4's fewer bytes read as a higher rate) and
+    B_go the GPU side's measured sequences."""
+    if not path or not os.path.isfile(path):
+        return []
+    d = json.load(open(path))
+    attn = {p["group"]: p["gpu_attn_gbps"] * 1e9 for p in d["predictions"]}
+    fd = {(r["group"], r["memory_gb"], r["b"], r["kv"]): r for r in d["points"] if r["engine"] == "fastdecode" and "measured" in r}
+    gpu = {(r["group"], r["memory_gb"], r["b"], r["engine"], r["point"]): r for r in d["points"]
+           if r["engine"] != "fastdecode" and "measured" in r}
+    out = []
+    for v in d["verdicts"]:
+        f = fd[(v["group"], v["memory_gb"], v["b"], v["kv"])]["measured"]
+        eng, point = v["best_gpu"].split(" ", 1)
+        g = gpu[(v["group"], v["memory_gb"], v["b"], eng, point)]["measured"]
+        out.append({"group": v["group"], "mem": v["memory_gb"], "b": v["b"], "kv": v["kv"], "ratio": v["ratio"],
+                    "x": f["cpu_fp16_equiv_gbps"] * 1e9 / attn[v["group"]], "bw_gpu": attn[v["group"]], "b_go": g["batch"],
+                    "best_gpu": eng, "ctx": 512 + 32 / 2})
+    return out
+
+
+def crossover_section(xpts):
+    model = "llama-2-7b"
+    out = ["", "## Measured toward the crossover (artifacts/paper/crossover/CROSSOVER.md)", "",
+           "Llama-2-7b at 8 SMs (the fewest green contexts allow; HBM read %.0f GB/s, an A10's 600 GB/s class) and a GPU "
+           "memory cap, B = 256 or 1024, FastDecode on 15 R-worker cores with fp16 / int8 / int4 KV against the best "
+           "GPU-side engine (gpu-only with slots of the 544 positions the work needs, or paged-swap; fp16 KV), "
+           "decode-only tokens/s for both. x counts the R-workers' reads in fp16 bytes (int4's rate is the context it "
+           "covers). x* and the MODELLED ratio: this map's roofline (η = 1) at the GPU side's measured batch B_go." % (
+               max(p["bw_gpu"] for p in xpts) / 1e9), "",
+           "| machine | GPU GB | B | FastDecode KV | x (fp16-equivalent) | GPU side | its sequences B_go | x* (roofline) | "
+           "FastDecode / GPU side (measured) | MODELLED (roofline) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for p in xpts:
+        out.append("| %s | %g | %d | %s | %.3f | %s | %.1f | %.3f | %.3f | %.3f |" % (
+            p["group"], p["mem"], p["b"], p["kv"], p["x"], p["best_gpu"], p["b_go"], crossover(model, p["ctx"], p["b_go"]),
+            p["ratio"], modelled_ratio(model, p["ctx"], p["b_go"], p["x"])))
+    out += ["", crossover_statement(xpts)]
+    return out
+
+
+def _span(vals, fmt="%.2f"):
+    lo, hi = min(vals), max(vals)
+    return fmt % lo if fmt % lo == fmt % hi else (fmt + "–" + fmt) % (lo, hi)
+
+
+def crossover_statement(xpts):
+    """One paragraph, for BALANCE_MAP.md and CLAIMS.md: what the crossover grid measured and how far the MODELLED
+    crossover table reaches beyond it."""
+    int4 = [p for p in xpts if p["kv"] == "int4"]
+    f16 = [p for p in xpts if p["kv"] == "fp16"]
+    mems = sorted({p["mem"] for p in int4}, reverse=True)
+    by_mem = ", ".join("%s at %g GB" % (_span([p["ratio"] for p in int4 if p["mem"] == m]), m) for m in mems)
+    won = sorted({p["mem"] for p in xpts if p["ratio"] > 1}, reverse=True)
+    x16, x4 = max(p["x"] for p in f16), max(p["x"] for p in int4)
+    xa = crossover("llama-2-7b", 512, gpu_only_batch("llama-2-7b", GPUS[0][2], 1024))
+    big = [crossover(m, S / 2, gpu_only_batch(m, mem, S)) for _, _, mem in GPUS[1:] for m in SHAPES for S in (1024, 4096)]
+    return ("Measured at 8 SMs (%.0f GB/s of HBM, an A10's class): FastDecode with int4 KV on 15 R-worker cores (x %s, "
+            "fp16-equivalent) over the best GPU-side engine with fp16 KV reads %s; with fp16 KV on the CPUs (x %s) %s. "
+            "FastDecode out-generates the GPU side at %s of GPU memory and not above. MODELLED beyond the measurements: the "
+            "crossover table's A10 row for Llama-2-7b at S = 1024 (x* = %.2f) is %.1f× the largest x measured with fp16 KV "
+            "and %.1f× the largest with int4 KV; its A100, H100 and H200 rows (x* %.2f–%.2f) are %.1f–%.1f× beyond the "
+            "largest measured x." % (
+                max(p["bw_gpu"] for p in xpts) / 1e9, _span([p["x"] for p in int4]), by_mem, _span([p["x"] for p in f16]),
+                _span([p["ratio"] for p in f16]), " and ".join("%g GB" % m for m in won) or "no memory cap of the grid",
+                xa, xa / x16, xa / x4, min(big), max(big), min(big) / max(x16, x4), max(big) / max(x16, x4)))
+
+
+def table(pts, eta, a, hpts=(), xpts=()):
     eta = eta or 1.0
     out = ["# The balance map (analysis/balance_map.py)", "",
            "## Measured points", "",
@@ -315,6 +384,8 @@ def table(pts, eta, a, hpts=()):
             out.append("| %s | %.4f | %.3f | %.3f | %.3f | %s |" % (p["label"], p["x"], p["ratio"], p["hybrid_ratio"],
                                                                  modelled_hybrid(p["model"], p["ctx"], p["b_go"], p["x"]), p["cpu_seqs_max"]))
         out += ["", "Hybrid runs: " + "; ".join(p["hy_dir"] for p in hpts)]
+    if xpts:
+        out += crossover_section(xpts)
     out += ["", "Run folders: " + "; ".join(sorted({"%s vs %s" % (p["fd_dir"], p["go_dir"]) for p in pts})), "",
             "## Crossover: the CPU bandwidth per GPU above which FastDecode out-generates GPU-only (MODELLED)", "",
             "x* = η·B_go·ctx·kv / (w + B_go·ctx·kv), B_go = what 90 %% of the GPU's memory holds beside the fp16 weights at "
@@ -349,6 +420,7 @@ def main(argv=None):
     ap.add_argument("--paper", default=DEFAULT_PAPER, help="reproduce.sh's sweeps (fig13-scaling-s1024: fewer cores)")
     ap.add_argument("--hybrid", nargs="*", default=DEFAULT_HYBRID, help="hybrid grid sweep folders (artifacts/hybrid/MODEL)")
     ap.add_argument("--balance-bench", default=DEFAULT_BALANCE, help="fd-kernel-bench --only balance JSON (HBM rate per SM count)")
+    ap.add_argument("--crossover", default=DEFAULT_CROSSOVER, help="analysis/crossover.py's crossover.json ('' : none)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
@@ -364,7 +436,7 @@ def main(argv=None):
     hpts = hybrid_points(a.hybrid, hbm)
     print("balance_map: %d hybrid cells" % len(hpts))
     draw(pts, a, eta, hpts)
-    table(pts, eta, a, hpts)
+    table(pts, eta, a, hpts, crossover_points(a.crossover))
     return 0
 
 

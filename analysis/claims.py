@@ -30,6 +30,7 @@ import os
 import statistics
 import sys
 
+import balance_map
 import fig_baselines
 import fig_paper
 from shapes import PAPER_HW, SHAPES
@@ -446,6 +447,10 @@ def write(rows, notes, a):
             "machine the performance model with profiled R gives measured / predicted %s (artifacts/paper/validation/): read "
             "MODELLED values as upper bounds." % (hw["gpu_bw"] / 1e9, hw["gpu_flops"] / 1e12, 100 * hw["gemm_eff"], hw["sockets"],
                                                   hw["socket_bw"] / 1e9, validation_range())]
+    xpts = balance_map.crossover_points(getattr(a, "crossover", None))
+    if xpts:
+        out += ["", "Where offloading attention wins (artifacts/paper/crossover/CROSSOVER.md, artifacts/paper/BALANCE_MAP.md): "
+                + balance_map.crossover_statement(xpts)]
     if notes:  # paths below the repository written relative to it, so the file is the same in every checkout
         out += ["", "Not in the table:"] + ["* %s" % n.replace(REPO + os.sep, "") for n in notes]
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
@@ -462,6 +467,8 @@ def main(argv=None):
     ap.add_argument("--rworker", nargs="+", default=DEFAULT_RWORKER)
     ap.add_argument("--published", default=fig_baselines.DEFAULT_PUBLISHED)
     ap.add_argument("--spec", default=DEFAULT_SPEC, help="the claims' criteria (default experiments/paper/claims.spec.json)")
+    ap.add_argument("--crossover", default=balance_map.DEFAULT_CROSSOVER,
+                    help="analysis/crossover.py's crossover.json ('' : none)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     rows, notes = claims(a)

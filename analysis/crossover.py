@@ -40,6 +40,7 @@ SM, MEM_GB, WORKERS, THREADS, LAYERS = 8, 24, 5, 3, 2
 CONTEXT = 512 + 32 / 2  # mean context over the decode-only steps: prompt 512, positions 513..543
 PAGED_BLOCK = 16
 BAND = 0.10
+KV_TOK_LAYER_FP16 = 2 * 4096 * 2  # Llama-2-7b: K and V of one token at one layer, fp16
 CRITERIA = {
     "metric": "decode-only tokens/s (steps with no prompt tokens), both sides",
     "prediction": "holds when |measured / predicted - 1| <= 10 %",
@@ -140,6 +141,10 @@ def measured(run_dir):
         m["s_compute_ms"] = statistics.fmean(x.get("s_compute", 0.0) for x in bd)
         m["r_compute_max_ms"] = statistics.fmean(x["r_compute_max"] for x in bd)
         m["r_wait_ms"] = statistics.fmean(x.get("r_wait", 0.0) for x in bd)
+        # The R-workers' KV read rate counted in fp16 bytes (as the balance map's x): the context the busiest worker's
+        # time covers, whatever the KV dtype, so int4's fewer bytes show as a higher rate.
+        m["cpu_fp16_equiv_gbps"] = (statistics.fmean(x["total_context"] for x in dec) * LAYERS * KV_TOK_LAYER_FP16
+                                    / (m["r_compute_max_ms"] / 1e3) / 1e9)
     return m
 
 
@@ -147,7 +152,7 @@ def report(a):
     rows, preds = [], []
     for label, ppath, root in a.group:
         pred = json.load(open(ppath))
-        preds.append({"group": label, "file": os.path.relpath(os.path.abspath(ppath), os.path.abspath(a.out)),
+        preds.append({"group": label, "file": os.path.relpath(os.path.abspath(ppath), REPO),
                       "memory_gb": pred["memory_gb"], "profiles": pred["profiles"], "gpu_attn_gbps": pred["gpu_attn_gbps"]})
         for r in pred["points"]:
             d = os.path.join(root, r["sweep"], r["point"], "rep1")
@@ -233,12 +238,15 @@ def markdown(preds, rows, verdicts, summary):
     if fd:
         L += ["", "Where FastDecode's step goes (means over decode-only steps, ms a step): the busiest R-worker's compute "
               "(both layers, both mini-batches) against the S-worker's GPU compute.", "",
-              "| group | GPU GB | KV | B | step | busiest R-worker compute | S-Part compute | S-worker waiting on R |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| group | GPU GB | KV | B | step | busiest R-worker compute | S-Part compute | S-worker waiting on R | "
+              "CPU KV read, fp16-equivalent GB/s | x (fp16-equivalent) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+        attn = {p["group"]: p["gpu_attn_gbps"] for p in preds}
         for r in fd:
             m = r["measured"]
-            L.append("| %s | %g | %s | %d | %.2f | %.2f | %.2f | %.2f |" % (
-                r["group"], r["memory_gb"], r["kv"], r["b"], m["step_ms"], m["r_compute_max_ms"], m["s_compute_ms"], m["r_wait_ms"]))
+            L.append("| %s | %g | %s | %d | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f |" % (
+                r["group"], r["memory_gb"], r["kv"], r["b"], m["step_ms"], m["r_compute_max_ms"], m["s_compute_ms"], m["r_wait_ms"],
+                m["cpu_fp16_equiv_gbps"], m["cpu_fp16_equiv_gbps"] / attn[r["group"]]))
     return "\n".join(L) + "\n"
 
 

@@ -95,4 +95,8 @@ std::unique_ptr<Engine> make_engine(const EngineSpec& spec, const EngineContext&
   return find(spec.type).make(spec.config, c);
 }
 
+int64_t gpu_only_capacity(const ModelConfig& model, double memory_bytes, int64_t max_context) {
+  return gpu_only_slots(model, memory_bytes, max_context);
+}
+
 }  // namespace fd

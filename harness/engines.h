@@ -29,5 +29,8 @@ std::unique_ptr<Engine> make_engine(const EngineSpec& spec, const EngineContext&
 // hardware.gpu.gemm_table as the engines take it: "none" -> ""; "auto" -> configs/gemm/<the first CUDA device's
 // table file> (gemm_table_file_name) in the source tree when it exists, else ""; a file as it is.
 std::string resolve_gemm_table(const std::string& spec);
+// The sequences the gpu-only engine holds for a model, a GPU memory budget (bytes) and its slots' max_context, counted
+// as that engine counts them (fd-bench predict --engine gpu-only).
+int64_t gpu_only_capacity(const ModelConfig& model, double memory_bytes, int64_t max_context);
 
 }  // namespace fd

@@ -6,8 +6,8 @@
 
 #include "fastdecode/sched/perf_model.h"
 #include "fastdecode/sched/hybrid.h"
-#include "baselines/gpu_only/gpu_only_engine.h"
 #include "fastdecode/core/cli_main.h"
+#include "harness/engines.h"
 #include "harness/experiment.h"
 #include "harness/provenance.h"
 #include "harness/profile.h"
@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
         if (!pr_service.empty() || pr_kv != "fp16")
           throw fd::ConfigError("--engine gpu-only: --service and --kv-dtype are FastDecode's (GPU-only keeps fp16 KV)");
         const fd::ModelConfig m = fd::load_model_config(pr_model);
-        const int64_t slots = fd::gpu_only_slots(m, pr_mem_gb * 1e9, pr_max_context);
+        const int64_t slots = fd::gpu_only_capacity(m, pr_mem_gb * 1e9, pr_max_context);
         if (slots < 1) throw fd::ConfigError("--engine gpu-only: " + std::to_string(pr_mem_gb) + " GB holds no sequence");
         const double n = std::min(pr_batch, double(slots));
         const double kv_layer = double(m.kv_bytes_per_token(2, true)) / double(m.full_num_layers);
