@@ -244,6 +244,7 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
   int64_t step = 0, engine_steps = 0, out_tokens = 0;
   std::vector<double> step_ms;
   std::vector<StepStat> step_stats;  // for results.decode_only / steady (harness/step_stats.h)
+  std::vector<double> kv_imbalance;  // per step, aligned with step_stats: StepResult::worker_kv_imbalance (0: none)
   std::map<std::string, double> breakdown_total;
   std::map<std::string, int64_t> counts_total, steps_with_counts;  // StepResult::counts: sum, steps where > 0
   while (!sched.done()) {
@@ -346,6 +347,8 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
                 {"phases_ms", phases},
                 {"breakdown_ms", r.breakdown_ms}};
     if (!r.counts.empty()) rec["counts"] = r.counts;
+    if (r.worker_kv_imbalance > 0) rec["worker_kv_imbalance"] = r.worker_kv_imbalance;
+    kv_imbalance.push_back(r.worker_kv_imbalance);
     trace.event("harness", "step " + std::to_string(engine_steps), s0, s1 - s0,
                 {{"tokens", r.tokens.size()}, {"total_context", r.total_context}});
     steps_out << rec.dump() << "\n";
@@ -439,6 +442,18 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
   // equivalents of the rates (extrapolated, labelled so).
   results["decode_only"] = decode_only_stats(step_stats);
   results["steady"] = steady_stats(step_stats);
+  // The busiest worker's KV tokens over the mean, per decode step (engines with workers): over the decode-only steps
+  // and over the steady window's.
+  if (std::any_of(kv_imbalance.begin(), kv_imbalance.end(), [](double v) { return v > 0; })) {
+    std::vector<double> dec, steady;
+    const SteadyWindow win = steady_window(step_stats);
+    for (size_t i = 0; i < step_stats.size(); ++i) {
+      if (!decode_only(step_stats[i]) || kv_imbalance[i] <= 0) continue;
+      dec.push_back(kv_imbalance[i]);
+      if (!win.whole_run ? (i >= win.begin && i < win.end) : true) steady.push_back(kv_imbalance[i]);
+    }
+    results["worker_kv_imbalance"] = {{"decode_only", distribution(dec)}, {"steady", distribution(steady)}};
+  }
   if (e.model.num_layers < e.model.full_num_layers)
     results["full_depth_equivalent"] = full_depth_equivalent(e.model.num_layers, e.model.full_num_layers, results);
   // Mean per step of the engine's breakdown (e.g. S-Part compute, wait for R-workers, slowest R-worker).

@@ -85,6 +85,9 @@ struct StepResult {
   // Engine-defined event counts of the step, e.g. swap_out_bytes, preempted_swap (paged-swap); the harness
   // writes them per step and sums them per run. Empty = nothing to count.
   std::map<std::string, int64_t> counts;
+  // Engines whose KV lives on several workers: the busiest worker's KV tokens attended by this step's decode over
+  // the mean of the live workers' (1 = balanced; 0 = the engine has no workers or the step decoded nothing).
+  double worker_kv_imbalance = 0;
 };
 
 // A sequence's sampled token `pick` into the step's result: the sequence (any struct with `req`, `generated` and

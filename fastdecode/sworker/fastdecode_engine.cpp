@@ -1,4 +1,5 @@
 #include "fastdecode/sworker/fastdecode_engine.h"
+#include "fastdecode/sworker/placement.h"
 #include "fastdecode/sworker/leader.h"
 
 #include <sched.h>
@@ -352,12 +353,15 @@ void FastDecodeEngine::add(const std::vector<Request>& requests) {
   queued_.insert(queued_.end(), requests.begin(), requests.end());
 }
 
-size_t FastDecodeEngine::least_loaded() const {
-  size_t best = load_.size();
-  for (size_t w = 0; w < load_.size(); ++w)
-    if (!dead_[w] && (best == load_.size() || load_[w] < load_[best])) best = w;
-  FD_CHECK(best < load_.size(), "fastdecode engine: no R-worker left to place a sequence on");
-  return best;
+size_t FastDecodeEngine::place(const Sequence& s) const {
+  std::vector<PlacedLoad> running;
+  running.reserve(running_.size());
+  for (const auto& [id, r] : running_)
+    if (&r != &s && r.worker < load_.size())  // worker load_.size(): not placed yet (recovery)
+      running.push_back({r.worker, double(r.len > 0 ? r.len : int64_t(r.req.prompt.size())),
+                         double(r.req.max_new_tokens - r.generated)});
+  return place_sequence(load_, dead_, running, double(s.len > 0 ? s.len : int64_t(s.req.prompt.size())),
+                        double(s.req.max_new_tokens), int64_t(s.req.prompt.size()) + s.req.max_new_tokens, longest_);
 }
 
 StepResult FastDecodeEngine::step() {
@@ -392,6 +396,14 @@ StepResult FastDecodeEngine::step() {
     for (Sequence* s : mb_seqs[m]) out.total_context += s->len;
   }
   out.decode_tokens = int64_t(running_.size()) - int64_t(fresh.size());
+  if (!mb_seqs.empty()) {  // the busiest worker's KV tokens this decode attended over the live workers' mean
+    std::vector<int64_t> kv(load_.size(), 0);
+    int64_t sum = 0, live = 0;
+    for (const auto& mb : mb_seqs)
+      for (const Sequence* s : mb) kv[s->worker] += s->len, sum += s->len;
+    for (size_t w = 0; w < kv.size(); ++w) live += !dead_[w];
+    if (sum > 0 && live > 0) out.worker_kv_imbalance = double(*std::max_element(kv.begin(), kv.end())) * double(live) / double(sum);
+  }
   if (plan.has_prefill) {
     for (Sequence* s : fresh) s->len = int64_t(s->req.prompt.size());
     emit(fresh, last.prefill_tokens, last.prefill_recorded, out);
@@ -477,8 +489,9 @@ void FastDecodeEngine::plan_prefill(StepPlan& plan, std::vector<Sequence*>& fres
     Sequence s;
     s.req = std::move(queued_.front());
     queued_.pop_front();
-    s.worker = least_loaded();
+    s.worker = place(s);
     load_[s.worker] += int64_t(s.req.prompt.size()) + s.req.max_new_tokens;
+    longest_ = std::max(longest_, int64_t(s.req.prompt.size()) + s.req.max_new_tokens);
     adds[s.worker].push_back(s.req.id);
     const uint64_t id = s.req.id;
     admitted_.push_back(id);

@@ -49,7 +49,10 @@ class FastDecodeEngine : public Engine {
   void emit(const std::vector<Sequence*>& seqs, const std::vector<int32_t>& tok, const std::vector<float>& recorded,
             StepResult& out);
   void release_finished(const StepResult& out);
-  size_t least_loaded() const;  // the live worker index with the least projected load
+  // Where a new (or rebuilt) sequence goes (docs/SCHEDULING.md, "Placement"): among the live workers whose projected
+  // load (load_) stays within one longest sequence of the mean, the one whose running sequences overlap its future the
+  // least: the smallest sum over its next max_new_tokens steps of (its KV tokens then) x (the new sequence's then).
+  size_t place(const Sequence& s) const;
 
   // Recovery (leader_recovery.cpp): after a step failed with workers `lost`, undoes it on the survivors (the new
   // sequences back to the queue, the running ones cut back to their length, the finished ones freed) and rebuilds
@@ -72,6 +75,7 @@ class FastDecodeEngine : public Engine {
   std::vector<std::unique_ptr<SRank>> ranks_;  // rank g = p * T + t
   std::vector<int> devices_;  // cuda: the GPU of rank g
   std::vector<int64_t> load_;  // projected tokens per worker index (prompt + max new of its sequences)
+  int64_t longest_ = 0;        // the longest prompt + max new placed so far (place's memory bound)
   std::vector<bool> dead_;     // per worker index: lost (no sequence is placed there again)
   std::deque<Request> queued_;
   std::map<uint64_t, Sequence> running_;

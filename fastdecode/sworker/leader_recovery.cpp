@@ -85,8 +85,8 @@ void FastDecodeEngine::recover_once(const StepPlan& failed, const std::vector<ui
     running_.erase(it);
   }
   queued_.insert(queued_.begin(), back.begin(), back.end());
-  // Survivors' running sequences: cut back to their length before the step. Rebuilt ones: placed on the least
-  // loaded survivor (dropped first where an earlier attempt may have added them).
+  // Survivors' running sequences: cut back to their length before the step. Rebuilt ones: placed on the survivors
+  // as new sequences are (place(); dropped first where an earlier attempt may have added them).
   std::map<size_t, StepPlan::Truncate> cuts;
   std::vector<Sequence*> moved;
   for (auto& [id, s] : running_) {
@@ -100,8 +100,9 @@ void FastDecodeEngine::recover_once(const StepPlan& failed, const std::vector<ui
     t.ids.push_back(id);
     t.lengths.push_back(uint32_t(s.len));
   }
+  for (Sequence* s : moved) s->worker = load_.size();  // not placed yet: place() passes over them
   for (Sequence* s : moved) {
-    s->worker = least_loaded();
+    s->worker = place(*s);
     load_[s->worker] += int64_t(s->req.prompt.size()) + s->req.max_new_tokens;
   }
   fix.drop.assign(drop.begin(), drop.end());

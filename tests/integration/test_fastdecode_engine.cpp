@@ -381,3 +381,36 @@ TEST_P(FastDecodeVsReference, PerRequestSamplingForcingAndLogits) {
     EXPECT_EQ(got.tokens.at(r.id), run_tokens(solo, {alone}).at(r.id)) << "request " << r.id << " alone";
   }
 }
+
+// Placement (docs/SCHEDULING.md, "Placement"): a new sequence goes where the loads it will share its steps with are
+// smallest, not where the projected final lengths are. Worker 0 holds an old sequence about to finish (prompt 8, 100
+// new tokens, 95 made); worker 1 a young one (20 new tokens). A third, like the young one, goes to worker 0: by
+// projected length (108 against 28) it would join the young one on worker 1 and, once the old one finishes, worker 1
+// would hold both and worker 0 none (busiest / mean = 2) for 15 steps. Placed by the future, each holds one.
+TEST(FastDecodeEngine, PlacementBalancesTheWorkersOverTheFuture) {
+  const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama-gqa.json"));
+  auto w = make_random_source(3, DType::F16);
+  auto e = make_fastdecode_engine(fastdecode_config(2), {c, *w, SamplingParams{}});
+  const auto req = [&](uint64_t id, int64_t new_tokens) {
+    Request q;
+    q.id = id;
+    for (int32_t t = 0; t < 8; ++t) q.prompt.push_back(3 + (int32_t(id) * 7 + t * 5) % int32_t(c.vocab_size - 3));
+    q.max_new_tokens = new_tokens;
+    q.stop_at_eos = false;
+    return q;
+  };
+  e->add({req(1, 100)});
+  int64_t made = 0;
+  while (made < 95) made += int64_t(e->step().tokens.size());
+  e->add({req(2, 20)});
+  e->step();
+  e->add({req(3, 20)});
+  std::vector<double> imbalance;
+  int64_t steps = 0;
+  while (!e->done()) {
+    const StepResult r = e->step();
+    if (++steps > 6 && r.decode_tokens == 2) imbalance.push_back(r.worker_kv_imbalance);  // the old one is done
+  }
+  ASSERT_GE(imbalance.size(), size_t(10));
+  for (double v : imbalance) EXPECT_LT(v, 1.2) << "both young sequences on one worker";
+}

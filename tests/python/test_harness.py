@@ -240,6 +240,14 @@ def test_fastdecode_engine_run_folder(fd_bin, models_dir, tmp_path):
     assert summary["config"]["engine"]["rworkers"]["spawn"] == 2
     mean = summary["results"]["step_breakdown_ms_mean"]
     assert mean["s_compute"] == pytest.approx(sum(s["breakdown_ms"]["s_compute"] for s in steps) / len(steps))
+    # Per decode step the busiest R-worker's KV tokens over the mean (>= 1, <= the worker count), and its distribution
+    # over the decode-only steps in the summary.
+    imb = [s["worker_kv_imbalance"] for s in dec]
+    assert all(1 <= v <= 2 for v in imb)
+    only = [s["worker_kv_imbalance"] for s in dec if s["prefill_tokens"] == 0]
+    got = summary["results"]["worker_kv_imbalance"]
+    assert got["decode_only"]["count"] == len(only) and got["decode_only"]["max"] == pytest.approx(max(only))
+    assert 0 < got["steady"]["count"] <= len(only)
     trace = json.loads((tmp_path / "fd" / "trace.json").read_text())
     tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
     assert {"s-part", "rworker 0", "rworker 1"} <= tracks
