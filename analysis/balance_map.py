@@ -299,6 +299,7 @@ def crossover_points(path):
         return []
     d = json.load(open(path))
     attn = {p["group"]: p["gpu_attn_gbps"] * 1e9 for p in d["predictions"]}
+    ctx = {(p["group"], p["memory_gb"]): p["context"] for p in d["predictions"]}
     fd = {(r["group"], r["memory_gb"], r["b"], r["kv"]): r for r in d["points"] if r["engine"] == "fastdecode" and "measured" in r}
     gpu = {(r["group"], r["memory_gb"], r["b"], r["engine"], r["point"]): r for r in d["points"]
            if r["engine"] != "fastdecode" and "measured" in r}
@@ -309,7 +310,7 @@ def crossover_points(path):
         g = gpu[(v["group"], v["memory_gb"], v["b"], eng, point)]["measured"]
         out.append({"group": v["group"], "mem": v["memory_gb"], "b": v["b"], "kv": v["kv"], "ratio": v["ratio"],
                     "x": f["cpu_fp16_equiv_gbps"] * 1e9 / attn[v["group"]], "bw_gpu": attn[v["group"]], "b_go": g["batch"],
-                    "best_gpu": eng, "ctx": 512 + 32 / 2})
+                    "best_gpu": eng, "ctx": ctx[(v["group"], v["memory_gb"])]})
     return out
 
 

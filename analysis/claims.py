@@ -447,7 +447,7 @@ def write(rows, notes, a):
             "machine the performance model with profiled R gives measured / predicted %s (artifacts/paper/validation/): read "
             "MODELLED values as upper bounds." % (hw["gpu_bw"] / 1e9, hw["gpu_flops"] / 1e12, 100 * hw["gemm_eff"], hw["sockets"],
                                                   hw["socket_bw"] / 1e9, validation_range())]
-    xpts = balance_map.crossover_points(getattr(a, "crossover", None))
+    xpts = balance_map.crossover_points(a.crossover)
     if xpts:
         out += ["", "Where offloading attention wins (artifacts/paper/crossover/CROSSOVER.md, artifacts/paper/BALANCE_MAP.md): "
                 + balance_map.crossover_statement(xpts)]

@@ -31,16 +31,17 @@ import subprocess
 import sys
 
 from fd_runs import decode_steps, decode_tokens_per_s, hbm_rates, read_jsonl
+from shapes import SHAPES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(REPO, "experiments", "models", "llama-2-7b.json")
 SPECS = {s: os.path.join(REPO, "experiments", "paper", s + ".sweep.json")
          for s in ("crossover-fastdecode", "crossover-gpu-only", "crossover-paged-swap")}
 SM, MEM_GB, WORKERS, THREADS, LAYERS = 8, 24, 5, 3, 2
-CONTEXT = 512 + 32 / 2  # mean context over the decode-only steps: prompt 512, positions 513..543
-PAGED_BLOCK = 16
+PROMPT, NEW = 512, 32
+CONTEXT = PROMPT + NEW / 2  # mean context over the decode-only steps: prompt 512, positions 513..543
 BAND = 0.10
-KV_TOK_LAYER_FP16 = 2 * 4096 * 2  # Llama-2-7b: K and V of one token at one layer, fp16
+KV_TOK_LAYER_FP16 = SHAPES["llama-2-7b"]["kv_tok_layer"]  # K and V of one token at one layer, fp16
 CRITERIA = {
     "metric": "decode-only tokens/s (steps with no prompt tokens), both sides",
     "prediction": "holds when |measured / predicted - 1| <= 10 %",
@@ -107,7 +108,7 @@ def predict(a):
             p = fd_bench_json(a.fd_bench, common + ["--service", svc, "--kv-dtype", v["kv"]])
             engine, kv = "fastdecode", v["kv"]
         else:
-            maxctx = v.get("maxctx", -(-int(512 + 32) // PAGED_BLOCK) * PAGED_BLOCK)
+            maxctx = v.get("maxctx", PROMPT + NEW)  # paged-swap: its blocks of 16 hold the 544 positions exactly
             p = fd_bench_json(a.fd_bench, common + ["--engine", "gpu-only", "--gpu-attn-gbps", "%.6g" % attn_gbps,
                                                     "--model", MODEL, "--gpu-mem-gb", "%g" % a.memory_gb, "--max-context", str(maxctx)])
             engine, kv = sweep[len("crossover-"):], "fp16"
@@ -117,7 +118,7 @@ def predict(a):
     out = {"modelled": True, "criteria": CRITERIA, "context": CONTEXT, "layers": LAYERS, "sm_count": SM, "memory_gb": a.memory_gb,
            "profiles": {"gpu": os.path.basename(gpu), "service": os.path.basename(svc)},
            "gpu_attn_gbps": attn_gbps, "gpu_attn_source": "%s: balance/read/sm%d" % (os.path.basename(a.balance_bench), SM),
-           "paged_swap": "predicted as gpu-only with slots of %d positions (34 blocks of 16); swapping not modelled" % 544,
+           "paged_swap": "predicted as gpu-only with slots of %d positions (34 blocks of 16); swapping not modelled" % (PROMPT + NEW),
            "points": rows}
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
@@ -134,7 +135,7 @@ def measured(run_dir):
     tokens = sum(x["decode_tokens"] for x in dec)
     m = {"tokens_per_s": decode_tokens_per_s(dec), "step_ms": statistics.fmean(x["step_ms"] for x in dec),
          "batch": tokens / len(dec), "steps": len(dec),
-         "output_throughput": s["results"]["output_throughput"], "dir": run_dir,
+         "output_throughput": s["results"]["output_throughput"], "dir": os.path.relpath(os.path.abspath(run_dir), REPO),
          "provenance": {k: s["provenance"].get(k) for k in ("git_commit", "date_utc", "cpu_model", "gpus")}}
     bd = [x.get("breakdown_ms") or {} for x in dec]
     if bd and all("r_compute_max" in x for x in bd):
@@ -153,13 +154,13 @@ def report(a):
     for label, ppath, root in a.group:
         pred = json.load(open(ppath))
         preds.append({"group": label, "file": os.path.relpath(os.path.abspath(ppath), REPO),
-                      "memory_gb": pred["memory_gb"], "profiles": pred["profiles"], "gpu_attn_gbps": pred["gpu_attn_gbps"]})
+                      "memory_gb": pred["memory_gb"], "profiles": pred["profiles"], "gpu_attn_gbps": pred["gpu_attn_gbps"],
+                      "context": pred["context"]})
         for r in pred["points"]:
             d = os.path.join(root, r["sweep"], r["point"], "rep1")
             row = dict(r, group=label, memory_gb=pred["memory_gb"])
             if os.path.isfile(os.path.join(d, "summary.json")):
                 row["measured"] = measured(d)
-                row["measured"]["dir"] = os.path.relpath(os.path.abspath(d), REPO)
                 row["ratio"] = row["measured"]["tokens_per_s"] / r["predicted"]["tokens_per_s"]
             else:
                 row["missing"] = "no run folder " + d

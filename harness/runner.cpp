@@ -450,7 +450,7 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
     for (size_t i = 0; i < step_stats.size(); ++i) {
       if (!decode_only(step_stats[i]) || kv_imbalance[i] <= 0) continue;
       dec.push_back(kv_imbalance[i]);
-      if (!win.whole_run ? (i >= win.begin && i < win.end) : true) steady.push_back(kv_imbalance[i]);
+      if (win.whole_run || (i >= win.begin && i < win.end)) steady.push_back(kv_imbalance[i]);
     }
     results["worker_kv_imbalance"] = {{"decode_only", distribution(dec)}, {"steady", distribution(steady)}};
   }

@@ -90,7 +90,7 @@ def test_verdicts_reach_both_outcomes(tmp_path, fd_tok_s, expect_win):
         rows.append({"sweep": s, "point": n, "engine": "fastdecode" if s == "crossover-fastdecode" else s[len("crossover-"):],
                      "kv": v.get("kv", "fp16"), "b": v["b"], "maxctx": v.get("maxctx"),
                      "predicted": {"tokens_per_s": predicted[s], "step_ms": 1.0, "batch": 32, "binds": "R", "model": {}}})
-    pred = {"criteria": cx.CRITERIA, "memory_gb": 24, "profiles": {"gpu": "g.json", "service": "s.json"},
+    pred = {"criteria": cx.CRITERIA, "memory_gb": 24, "context": 528.0, "profiles": {"gpu": "g.json", "service": "s.json"},
             "gpu_attn_gbps": 600.0, "points": rows}
     (tmp_path / "p.json").write_text(json.dumps(pred))
     cx.main(["report", "--group", "m", str(tmp_path / "p.json"), str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
