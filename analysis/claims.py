@@ -371,19 +371,38 @@ def paper_sweep_claims(a, add, notes):
             notes.append("%s: %s" % (fig, e))
             continue
         try:
-            sim = fig_paper.sls_ratios(fig_paper.sls_data(a.paper, name, sim=True))
+            sim_d = fig_paper.sls_data(a.paper, name, sim=True)
         except fig_paper.Skip:
-            sim = {}
+            sim_d = {}
+        sim = fig_paper.sls_ratios(sim_d)
         src = os.path.relpath(os.path.join(a.paper, name), REPO)
+        reps = lambda m: " (median of %d, paired by repeat)" % d[m]["repeats"] if d[m]["repeats"] > 1 else ""
         for mode, (peak, tp) in sorted(fig_paper.sls_ratios(d).items()):
             sp, st = sim.get(mode, (None, None))
             add("fig11-sls-latency", "%s: SLS (%s) latency / all-at-once's peak" % (fig, mode),
-                "%.0f %%%s" % (100 * peak, "; fd-sim on the same runs, MODELLED with this machine's profile: %.0f %%" % (100 * sp)
-                               if sp is not None else ""), "—", "—", {"ratio": peak}, src,
+                "%.0f %%%s%s" % (100 * peak, reps(mode), "; fd-sim on the same runs, MODELLED with this machine's profile: %.0f %%" % (100 * sp)
+                                 if sp is not None else ""), "—", "—", {"ratio": peak}, src,
                 paper="66-70 %" + (" (stated for Fig. 11)" if fig != "Fig. 11" else ""))
             add(gain_id, "%s: SLS (%s) sustained throughput vs all-at-once" % (fig, mode),
-                "%+.1f %%%s" % (100 * tp, "; fd-sim, MODELLED: %+.1f %%" % (100 * st) if st is not None else ""), "—", "—",
+                "%+.1f %%%s%s" % (100 * tp, reps(mode), "; fd-sim, MODELLED: %+.1f %%" % (100 * st) if st is not None else ""), "—", "—",
                 {"gain": tp}, src)
+        lc, fi = d.get("load-control"), d.get("fixed-interval")
+        if lc and fi:
+            g = fig_paper.sls_ratios(d, "fixed-interval")["load-control"][1]
+            sg = fig_paper.sls_ratios(sim_d, "fixed-interval").get("load-control", (None, None))[1]
+            why = ""
+
+            def full_length(v):  # every request of the run made its gen_len tokens (none stopped early)
+                r = v["run"]["summary"]
+                wl = r["config"]["workload"]
+                return isinstance(wl.get("gen_len"), int) and r["results"].get("output_tokens") == wl["requests"] * wl["gen_len"]
+            if (g < 0 and lc["mean_batch"] and fi["mean_batch"] and lc["mean_batch"] < fi["mean_batch"] and full_length(lc)
+                    and full_length(fi)):
+                why = ("load-control ran %.1f sequences a step against fixed-interval's %.1f: every sequence runs to its maximum "
+                       "length, so its projection is exact and, at fixed-interval's peak W_lim, it cannot hold more" % (lc["mean_batch"], fi["mean_batch"]))
+            add("sls-load-control", "%s: load-control's sustained throughput vs fixed-interval's" % fig,
+                "%+.1f %%%s%s" % (100 * g, reps("load-control"), "; fd-sim, MODELLED: %+.1f %%" % (100 * sg) if sg is not None else ""),
+                "—", "—", {"vs_fixed": g}, src, why)
     for name, cid in (("fig13-scaling-s1024", "fig13-scaling-s1024"), ("fig13-scaling-s128", "fig13-scaling-s128")):
         try:
             rows, eff = fig_paper.scaling_data(a.paper, name)

@@ -11,7 +11,8 @@ configs (summary.json "config" without "output") are identical are one row, as r
 
 Columns: name, engine, balance (hardware.gpu memory_gb / sm_count: "full" = no cap), layers run / full depth,
 B (mean decode tokens per step: the steady window's, else the decode-only steps'), decode-only tok/s, steady
-tok/s, whole-run tok/s (output_throughput), decode-only step p50 / p99, TTFT p50, and the full-depth
+tok/s, whole-run tok/s (output_throughput), decode-only step p50 / p99, the steady window's decode step p99, the
+busiest R-worker's KV over the mean (steady p50, engines with R-workers), TTFT p50, and the full-depth
 equivalent of each rate, "full-depth equiv. (×L/N)": the rate × N/L (N layers run of L; the step taken as
 L/N times the measured one, which assumes the step linear in layers with no fixed part, as Fig. 8 measures).
 
@@ -24,6 +25,11 @@ model.full_layers (else the model config's num_hidden_layers).
 the ratio of row NUM to row DEN. With repeats, the ratio is taken per repeat, pairing rep k with rep k (the
 runs a sweep interleaves side by side) when both rows have the same repeat numbers, else every pair; the
 median is reported with min–max.
+
+SLS (Figs. 11/12) is judged by one metric for every schedule (analysis/fig_paper.py): steady tok/s and the steady
+window's decode step p99, e.g. `analysis/compare.py artifacts/paper/runs/fig11-sls-s1024 --base sched-all-at-once`:
+the ratios' steady p99 column is each schedule's latency over all-at-once's peak (all-at-once's steady window over
+several batches is its whole run), the steady tok/s column its throughput ratio.
 """
 import argparse
 import json
@@ -43,12 +49,14 @@ METRICS = (  # key, column header, format
     ("run_tps", "whole-run tok/s", "%.0f"),
     ("decode_p50_ms", "decode step p50 (ms)", "%.2f"),
     ("decode_p99_ms", "decode step p99 (ms)", "%.2f"),
+    ("steady_p99_ms", "steady decode step p99 (ms)", "%.2f"),
+    ("kv_imbalance", "busiest / mean worker KV (steady p50)", "%.3f"),
     ("ttft_p50_ms", "TTFT p50 (ms)", "%.1f"),
     ("fd_decode_tps", "full-depth equiv. (×L/N) decode-only tok/s", "%.0f"),
     ("fd_steady_tps", "full-depth equiv. (×L/N) steady tok/s", "%.0f"),
     ("fd_run_tps", "full-depth equiv. (×L/N) whole-run tok/s", "%.0f"),
 )
-RATIO_METRICS = ("decode_tps", "steady_tps", "run_tps", "decode_p99_ms")
+RATIO_METRICS = ("decode_tps", "steady_tps", "run_tps", "decode_p99_ms", "steady_p99_ms")
 
 
 class CompareError(Exception):
@@ -83,7 +91,8 @@ def run_metrics(d):
     full = model_full_layers(s)
     fde = res.get("full_depth_equivalent") or {}
     m = {"B": None, "decode_tps": None, "steady_tps": None, "run_tps": res.get("output_throughput"),
-         "decode_p50_ms": None, "decode_p99_ms": None, "ttft_p50_ms": (res.get("ttft_ms") or {}).get("p50")}
+         "decode_p50_ms": None, "decode_p99_ms": None, "ttft_p50_ms": (res.get("ttft_ms") or {}).get("p50"),
+         "steady_p99_ms": None, "kv_imbalance": ((res.get("worker_kv_imbalance") or {}).get("steady") or {}).get("p50")}
     do, st = res.get("decode_only"), res.get("steady")
     source = "summary.json"
     if do:
@@ -101,6 +110,7 @@ def run_metrics(d):
             m["B"] = sum(x["decode_tokens"] for x in dec) / len(dec)
     if st:
         m["steady_tps"] = st.get("tokens_per_s")
+        m["steady_p99_ms"] = (st.get("decode_step_ms") or {}).get("p99")
         if st.get("mean_batch") is not None:
             m["B"] = st["mean_batch"]
     if m["B"] is None and do and do.get("steps"):
@@ -263,7 +273,8 @@ def markdown(rows, rats):
         depth = "%s / %s" % (r["layers"] or "?", r["full_layers"] or "?")
         lines.append("| " + " | ".join([r["name"], r["engine"], r["balance"], depth] + [cell(r["metrics"][k], f) for k, _, f in METRICS]
                                        + [str(r["repeats"])]) + " |")
-    notes = ["", "decode-only: steps with no prompt tokens; steady: summary.json results.steady (fd-bench's window; '-' when the run "
+    notes = ["", "decode-only: steps with no prompt tokens; steady: summary.json results.steady (the steps between the last "
+             "admission and the first finish, else the whole run, as fd-bench and fd-sim define it; '-' when the run "
              "did not record it); full-depth equiv. (×L/N): the rate × N/L, N of L layers run (assumes the step linear in layers, "
              "no fixed part: Fig. 8)."]
     if reps:

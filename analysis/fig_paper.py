@@ -50,8 +50,8 @@ def load_run(d):
     decode_tps = do.get("tokens_per_s", decode_tokens_per_s(dec) if dec else None)
     st = res.get("steady") or {}
     return {"dir": d, "summary": s, "steps": steps, "decode_ms": decode_ms, "decode_tps": decode_tps,
-            "steady_tps": st.get("tokens_per_s"), "steady": st, "layers": s["model"]["layers"],
-            "full_layers": s["model"].get("full_layers", s["model"]["layers"]),
+            "steady_tps": st.get("tokens_per_s"), "steady": st, "layers": (s.get("model") or {}).get("layers"),
+            "full_layers": (s.get("model") or {}).get("full_layers", (s.get("model") or {}).get("layers")),
             "run_tps": res.get("output_throughput")}
 
 
@@ -178,7 +178,7 @@ def fig8(a, written):
 
 
 def sim_runs(root, name):
-    """{point: [run]} of ROOT/<name>-fdsim/<point>/ (analysis/sls_predict.py: fd-sim on each measured run's config);
+    """{point: [run]} of ROOT/<name>-fdsim/<point>/ (analysis/sls_predict.py: fd-sim on each measured run's experiment);
     a Skip when absent."""
     top = os.path.join(root, name + "-fdsim")
     if not os.path.isdir(top):
@@ -187,38 +187,48 @@ def sim_runs(root, name):
     for p in sorted(os.listdir(top)):
         d = os.path.join(top, p)
         if os.path.isfile(os.path.join(d, "summary.json")):
-            s = json.load(open(os.path.join(d, "summary.json")))
-            steps = read_jsonl(d, "steps.jsonl")
-            res = s.get("results", {})
-            out[p] = [{"dir": d, "summary": s, "steps": steps, "steady": res.get("steady") or {},
-                       "steady_tps": (res.get("steady") or {}).get("tokens_per_s"), "run_tps": res.get("tokens_per_s"),
-                       "mode": s["config"]["mode"]}]
+            r = load_run(d)
+            r["run_tps"] = r["summary"].get("results", {}).get("tokens_per_s")  # fd-sim's whole-run rate
+            out[p] = [r]
     if not out:
         raise Skip("no fd-sim output under %s" % top)
     return out
 
 
+# One metric for every schedule (issue 42): each run's steady window (harness/step_stats.h: the steps strictly between
+# the last admission and the first finish; a run whose admissions and finishes interleave with no such step, e.g.
+# all-at-once over several batches, is its whole run: whole periods of the schedule); throughput = its tokens over the
+# window's summed step time (results.steady.tokens_per_s), latency = p99 of its decode-only steps
+# (results.steady.decode_step_ms.p99). Whole-run rates (tokens over the wall time, prefill and ramps included) are kept
+# beside them. Repeats: the median, with the min and max.
+SLS_WINDOW = ("steady window (results.steady): the steps between the last admission and the first finish, else the "
+              "whole run; throughput over its summed step time, latency = p99 of its decode-only steps; "
+              "the same rule for every schedule, median of the repeats")
+
+
 def sls_data(root, name, sim=False):
-    """{schedule mode: {peak (decode-only p99 ms), max, steady_p99, sustained tokens/s, steps: [(step, ms, W)]}} of the
-    measured runs, or (sim=True) of fd-sim's predictions for them."""
+    """{schedule mode: {p99, tps (steady window, median over repeats), p99_range, tps_range, whole_tps, whole_p99
+    (whole run), mean_batch, imbalance (steady p50, max over repeats), repeats, run (the first), steps: [(step, ms, W)]}}
+    of the measured runs, or (sim=True) of fd-sim's predictions for them."""
     out = {}
     for runs in (sim_runs(root, name) if sim else sweep_runs(root, name)).values():
         r = runs[0]
-        mode = r["mode"] if sim else r["summary"]["config"]["schedule"]["mode"]
+        cfg = r["summary"]["config"]
+        mode = cfg["mode"] if sim else cfg["schedule"]["mode"]
         dec = decode_steps(r["steps"])
-        if not dec:
-            continue
-        st = r["steady"]
-        first, last = st.get("first_step"), st.get("last_step")
-        win = [x for x in dec if first is not None and first <= x["step"] <= last] if st.get("steps") else dec
-        tps = med([x["run_tps"] for x in runs])[0] if mode == "all-at-once" else med([x["steady_tps"] for x in runs])[0]
-        if dec and dec[0].get("step_ms") is None:
+        if not dec or dec[0].get("step_ms") is None:
             continue  # fd-sim without costs
-        if tps is None:
-            tps = decode_tokens_per_s(win)
-        out[mode] = {"peak": pctl([x["step_ms"] for x in dec], 99), "max": max(x["step_ms"] for x in dec),
-                     "steady_p99": pctl([x["step_ms"] for x in win], 99),
-                     "tps": tps, "run": r,
+        res = [x["summary"]["results"] for x in runs]
+        p99s = [((x.get("steady") or {}).get("decode_step_ms") or {}).get("p99") for x in res]
+        tpss = [(x.get("steady") or {}).get("tokens_per_s") for x in res]
+        p99, tps = med(p99s), med(tpss)
+        imb = [x.get("worker_kv_imbalance", {}).get("steady") or {} for x in res]
+        out[mode] = {"p99": p99[0], "p99_range": p99[1:], "tps": tps[0], "tps_range": tps[1:], "p99s": p99s, "tpss": tpss,
+                     "whole_tps": med([x.get("output_throughput", x.get("tokens_per_s")) for x in res])[0],
+                     "whole_p99": med([((x.get("decode_only") or {}).get("step_ms") or {}).get("p99") for x in res])[0],
+                     "mean_batch": med([(x.get("steady") or {}).get("mean_batch") for x in res])[0],
+                     "imbalance": (med([i.get("p50") for i in imb])[0], max([i["max"] for i in imb if i.get("max")], default=None)),
+                     "repeats": len(runs), "run": r,
                      "steps": [(x["step"], x["step_ms"], x.get("total_context", 0)) for x in r["steps"]]}
     return out
 
@@ -231,13 +241,22 @@ def pctl(v, q):
     return v[i] + (v[min(i + 1, len(v) - 1)] - v[i]) * (k - i)
 
 
-def sls_ratios(d):
-    """{mode: (latency ratio = SLS steady-window p99 / all-at-once's decode-only p99 (its peak load, robust to one-off
-    spikes), throughput ratio - 1)} for the SLS modes."""
-    base = d.get("all-at-once")
+def paired_ratio(num, den):
+    """The median over repeats of num[k] / den[k] when both have the same number of repeats (a sweep interleaves
+    repeat k of every point side by side: analysis/compare.py pairs them the same way), else median / median."""
+    if len(num) == len(den) and all(x is not None for x in num + den):
+        return statistics.median(a / b for a, b in zip(num, den))
+    return med(num)[0] / med(den)[0]
+
+
+def sls_ratios(d, base_mode="all-at-once"):
+    """{mode: (latency ratio = its steady p99 / the base's (all-at-once's window is its whole run: its peak load),
+    throughput ratio - 1)} for the other modes, one metric for all (SLS_WINDOW), paired by repeat."""
+    base = d.get(base_mode)
     if not base:
         return {}
-    return {m: (v["steady_p99"] / base["peak"], v["tps"] / base["tps"] - 1.0) for m, v in d.items() if m != "all-at-once"}
+    return {m: (paired_ratio(v["p99s"], base["p99s"]), paired_ratio(v["tpss"], base["tpss"]) - 1.0)
+            for m, v in d.items() if m != base_mode}
 
 
 def fig11(a, written):
@@ -245,7 +264,7 @@ def fig11(a, written):
     if not names:
         raise Skip("no fig11-sls-s1024 / fig11-sls-s768 sweep under %s" % a.paper)
     fig, axes = plt.subplots(len(names), 1, figsize=(13, 4.6 * len(names)), squeeze=False)
-    first = None
+    machines = []
     for ax, name in zip(axes[:, 0], names):
         d = sls_data(a.paper, name)
         ratios = sls_ratios(d)
@@ -257,35 +276,31 @@ def fig11(a, written):
         sim_r = sls_ratios(sim)
         colors = {}
         for mode, v in sorted(d.items()):
-            first = first or v["run"]
-            lab = mode
+            if not machines or machines[-1][0] != name:
+                machines.append((name, machine(v["run"]), v["repeats"]))
+            lab = "%s: p99 %.1f ms, %.0f tok/s" % (mode, v["p99"], v["tps"])
             if mode in ratios:
-                lab += ": steady p99 %.1f ms = %.0f %% of all-at-once's p99, throughput %+.1f %%" % (
-                    v["steady_p99"], 100 * ratios[mode][0], 100 * ratios[mode][1])
-            else:
-                lab += ": decode p99 %.1f ms (max %.1f), %.0f tok/s" % (v["peak"], v["max"], v["tps"])
+                lab += " = %.0f %% of all-at-once's p99, %+.1f %% tok/s" % (100 * ratios[mode][0], 100 * ratios[mode][1])
+            if v["imbalance"][0]:
+                lab += "; busiest/mean worker KV %.3f" % v["imbalance"][0]
             l, = ax.plot([s for s, _, _ in v["steps"]], [ms for _, ms, _ in v["steps"]], lw=0.7, label="measured " + lab)
             colors[mode] = l.get_color()
         for mode, v in sorted(sim.items()):
-            lab = "MODELLED (fd-sim, the run's profile) %s" % mode
+            lab = "MODELLED (fd-sim, the machine's profile) %s: p99 %.1f ms, %.0f tok/s" % (mode, v["p99"], v["tps"])
             if mode in sim_r:
-                lab += ": %.0f %% of all-at-once's p99, throughput %+.1f %%" % (100 * sim_r[mode][0], 100 * sim_r[mode][1])
-            else:
-                lab += ": decode p99 %.1f ms, %.0f tok/s" % (v["peak"], v["tps"])
+                lab += " = %.0f %%, %+.1f %%" % (100 * sim_r[mode][0], 100 * sim_r[mode][1])
             ax.plot([s for s, _, _ in v["steps"]], [ms for _, ms, _ in v["steps"]], "--", lw=0.9, color=colors.get(mode, "0.4"), label=lab)
         ax.set_yscale("log")
-        ax.set_xlabel("step")
+        ax.set_xlabel("step (the first repeat's)")
         ax.set_ylabel("step latency (ms)")
         ax.set_title("%s (paper: SLS at 66-70 %% of the peak, +8-11 %% throughput; +13 %% at S = 768)" % name, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
     fig.suptitle("Figs. 11/12: per-step latency under admission schedules, measured end to end (FastDecode)", fontsize=12)
     save(fig, a, "fig11_sls_measured", written,
-         "Measured on %s, real generation. All-at-once's peak = p99 of its decode-only steps (its load peaks at each batch's "
-         "end; p99 is robust to one-off spikes); SLS's latency = p99 of the decode-only steps in its steady window "
-         "(results.steady); throughput: all-at-once over its whole run (its batches repeat), SLS over its steady window "
-         "(the paper's sustained throughput). Dashed: fd-sim on each run's schedule and workload with the cost model of "
-         "the profile measured on the same machine (analysis/sls_predict.py; MODELLED)." % machine(first))
+         "Measured on %s, real generation. Every schedule judged the same way: %s. Dashed: fd-sim on each run's "
+         "experiment with the profile measured on the same machine (analysis/sls_predict.py; MODELLED)." % (
+             "; ".join("%s: %s, %d repeats interleaved" % m for m in machines), SLS_WINDOW))
 
 
 def scaling_data(root, name):

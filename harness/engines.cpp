@@ -99,4 +99,16 @@ int64_t gpu_only_capacity(const ModelConfig& model, double memory_bytes, int64_t
   return gpu_only_slots(model, memory_bytes, max_context);
 }
 
+RWorkerShape fastdecode_rworkers(const EngineSpec& spec, const HardwareBalance& hardware) {
+  if (spec.type != "fastdecode") throw ConfigError("engine.type is '" + spec.type + "': fd-sim models the fastdecode engine");
+  const FastDecodeConfig& c = std::any_cast<const FastDecodeConfig&>(spec.config);
+  RWorkerShape r;
+  r.processes = !c.rworkers.endpoints.empty() ? int64_t(c.rworkers.endpoints.size())
+                : hardware.rworkers > 0       ? hardware.rworkers
+                                              : c.rworkers.spawn;
+  r.threads = hardware.rworker_threads > 0 ? hardware.rworker_threads : c.rworkers.threads;
+  r.kv_dtype = c.rworkers.kv_dtype;
+  return r;
+}
+
 }  // namespace fd

@@ -32,5 +32,12 @@ std::string resolve_gemm_table(const std::string& spec);
 // The sequences the gpu-only engine holds for a model, a GPU memory budget (bytes) and its slots' max_context, counted
 // as that engine counts them (fd-bench predict --engine gpu-only).
 int64_t gpu_only_capacity(const ModelConfig& model, double memory_bytes, int64_t max_context);
+// The FastDecode engine's R-workers as fd-sim models them: processes (the endpoints given, else those spawned, or the
+// hardware balance's count), compute threads each, KV dtype. ConfigError for another engine type.
+struct RWorkerShape {
+  int64_t processes = 0, threads = 0;
+  std::string kv_dtype;
+};
+RWorkerShape fastdecode_rworkers(const EngineSpec& spec, const HardwareBalance& hardware);
 
 }  // namespace fd

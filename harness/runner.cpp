@@ -444,16 +444,7 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
   results["steady"] = steady_stats(step_stats);
   // The busiest worker's KV tokens over the mean, per decode step (engines with workers): over the decode-only steps
   // and over the steady window's.
-  if (std::any_of(kv_imbalance.begin(), kv_imbalance.end(), [](double v) { return v > 0; })) {
-    std::vector<double> dec, steady;
-    const SteadyWindow win = steady_window(step_stats);
-    for (size_t i = 0; i < step_stats.size(); ++i) {
-      if (!decode_only(step_stats[i]) || kv_imbalance[i] <= 0) continue;
-      dec.push_back(kv_imbalance[i]);
-      if (win.whole_run || (i >= win.begin && i < win.end)) steady.push_back(kv_imbalance[i]);
-    }
-    results["worker_kv_imbalance"] = {{"decode_only", distribution(dec)}, {"steady", distribution(steady)}};
-  }
+  if (json imb = worker_imbalance_stats(step_stats, kv_imbalance); !imb.is_null()) results["worker_kv_imbalance"] = imb;
   if (e.model.num_layers < e.model.full_num_layers)
     results["full_depth_equivalent"] = full_depth_equivalent(e.model.num_layers, e.model.full_num_layers, results);
   // Mean per step of the engine's breakdown (e.g. S-Part compute, wait for R-workers, slowest R-worker).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "fastdecode/core/error.h"
 #include "harness/runner.h"
 
 namespace fd {
@@ -70,6 +71,19 @@ SteadyWindow steady_window(const std::vector<StepStat>& steps) {
   if (w.whole_run) w.begin = 0, w.end = steps.size();
   if (w.end > w.begin) w.first_step = steps[w.begin].step, w.last_step = steps[w.end - 1].step;
   return w;
+}
+
+json worker_imbalance_stats(const std::vector<StepStat>& steps, const std::vector<double>& per_step) {
+  FD_CHECK(per_step.size() == steps.size(), "worker_imbalance_stats: " << per_step.size() << " values for " << steps.size() << " steps");
+  std::vector<double> dec, steady;
+  const SteadyWindow win = steady_window(steps);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!decode_only(steps[i]) || per_step[i] <= 0) continue;
+    dec.push_back(per_step[i]);
+    if (win.whole_run || (i >= win.begin && i < win.end)) steady.push_back(per_step[i]);
+  }
+  if (dec.empty()) return nullptr;
+  return {{"decode_only", distribution(dec)}, {"steady", distribution(steady)}};
 }
 
 json decode_only_stats(const std::vector<StepStat>& steps) {

@@ -48,6 +48,11 @@ json decode_only_stats(const std::vector<StepStat>& steps);
 // per step), mean_total_context}; the time-based fields are null when a step time is unknown.
 json steady_stats(const std::vector<StepStat>& steps);
 
+// results.worker_kv_imbalance: {decode_only, steady}, the distributions of per-step values (the busiest R-worker's KV
+// tokens over the mean; `per_step` aligned with `steps`, <= 0 where a step has none) over the decode-only steps and
+// over those of the steady window. Null when no step has a value.
+json worker_imbalance_stats(const std::vector<StepStat>& steps, const std::vector<double>& per_step);
+
 // results.full_depth_equivalent, from a reduced-depth run's results (output_throughput,
 // decode_only.tokens_per_s, steady.tokens_per_s): each rate times layers / full_layers, assuming step time
 // linear in the layer count with no fixed part (Fig. 8). Null when layers >= full_layers.

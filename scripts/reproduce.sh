@@ -71,6 +71,7 @@ sweep() {  # one spec: experiments/paper/<name>.sweep.json -> OUT/<name>/
   local flags=()
   # a spec without a "quick" variant runs whole in --quick too
   [ $mode = quick ] && grep -q '"quick"' "experiments/paper/$name.sweep.json" && flags+=(--quick)
+  [ $mode = quick ] && flags+=(--repeats 1)  # one repeat of each point (Figs. 11/12's specs ask for 3)
   [ $dry -eq 1 ] && flags+=(--dry-run)
   step "sweep $name ($mode)"
   [ $dry -eq 0 ] && over_budget "sweep $name" && return 0
@@ -122,12 +123,13 @@ fi
 has fig11 && sweep fig11-sls-s1024
 has fig12 && sweep fig11-sls-s768
 if has fig11 || has fig12; then
-  # fd-sim's prediction beside each SLS run: a profile of this machine at the runs' context (T(B) of the CUDA
-  # S-Part, R of the R-worker kernel on their 12 CPUs), then fd-sim on each run's config (analysis/sls_predict.py)
+  # fd-sim's prediction beside each SLS run: a profile of this machine (T(B) of the CUDA S-Part; the runs' 4 R-workers
+  # x 3 threads in service over their batches and contexts), then fd-sim on each point's experiment (analysis/sls_predict.py)
   step "fig11/fig12: profile and fd-sim predictions"
-  prof="$out/profile_r12_ctx528.json"
+  prof="$out/profile_fig11_svc4x3.json"
   [ -f "$prof" ] || run "$bin/fd-bench" profile --backend cuda --model experiments/models/llama-2-7b.json --kv-dtypes fp16 \
-    --r-threads 12 --context 528 --batches 64 256 1024 --out "$prof"
+    --r-threads 12 --batches 1 8 16 32 64 128 --service --rworkers 4 --rworker-threads 3 --first-cpu 0 \
+    --service-batches 8 16 32 64 --contexts 128 512 1024 --reps 5 --out "$prof"
   run python3 analysis/sls_predict.py --paper "$out" --profile "$prof" --bin-dir "$bin"
 fi
 if has fig13; then

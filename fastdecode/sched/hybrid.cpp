@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "fastdecode/core/error.h"
+#include "fastdecode/sched/placement.h"
 
 namespace fd {
 
@@ -172,15 +173,32 @@ double HybridController::cost_if(const Placement& p, int64_t ctx, int delta) con
   return step_cost(r_, k_, l).step;
 }
 
+// The R-worker with room where the sequence's future KV overlaps least with the workers' running sequences (weighted by
+// each worker's learned seconds per token): the FastDecode engine's rule (fastdecode/sched/placement.h), so a
+// micro-batch spreads and each worker holds the same mix of ages; moves place the same way.
 int HybridController::best_worker(int64_t ctx, int64_t peak) const {
-  int best = -1;
-  double best_load = 0;
-  for (size_t w = 0; w < pools_.size(); ++w) {
-    if (!room({false, int(w)}, peak)) continue;
-    const double lw = k_.workers[w] * r_.workers[w].cost(load_.w_tokens[w] + ctx, load_.w_seqs[w] + 1);
-    if (best < 0 || lw < best_load) best = int(w), best_load = lw;
+  const size_t n = pools_.size();
+  if (n == 0) return -1;
+  std::vector<int64_t> load(n, 0);
+  std::vector<bool> full(n, false);
+  std::vector<double> speed(n, 0.0);
+  std::vector<PlacedLoad> running;
+  int64_t longest = peak;
+  for (const auto& [id, s] : seqs_) {
+    longest = std::max(longest, s.peak);
+    if (s.at.on_gpu) continue;
+    load[size_t(s.at.worker)] += s.peak;
+    running.push_back({size_t(s.at.worker), double(s.ctx), double(s.peak - s.ctx)});
   }
-  return best;
+  bool any = false;
+  for (size_t w = 0; w < n; ++w) {
+    full[w] = !room({false, int(w)}, peak);
+    any = any || !full[w];
+    speed[w] = k_.workers[w] * r_.workers[w].s_per_token;
+  }
+  if (!any) return -1;
+  if (std::any_of(speed.begin(), speed.end(), [](double v) { return !(v > 0); })) speed.clear();  // rates unknown: equal
+  return int(place_sequence(load, full, running, double(ctx), double(std::max<int64_t>(1, peak - ctx)), peak, longest, speed));
 }
 
 // Does some split of the running sequences beat GPU-only by min_gain? Candidates: the longest-first

@@ -121,14 +121,15 @@ double ServiceTable::round_at(const std::string& dtype, double b, double ctx, bo
 }
 
 StepPrediction predict_step(const Profile& tb, const Profile& svc, const std::string& kv_dtype, double batch, double context,
-                            int64_t layers) {
+                            int64_t layers, double busiest) {
   FD_CHECK(!tb.t.empty(), "predict_step: the GPU profile has no T(B)");
   if (svc.service.empty()) FD_THROW("predict_step: the profile has no r_service (fd-bench profile --service)");
-  FD_CHECK(batch >= 1 && context > 0 && layers >= 1, "predict_step: B >= 1, context > 0 and layers >= 1");
+  FD_CHECK(batch >= 1 && context > 0 && layers >= 1 && busiest >= 1,
+           "predict_step: B >= 1, context > 0, layers >= 1 and busiest / mean >= 1");
   StepPrediction p;
   const double half = tb.t.at(batch / 2);
   p.s_layer_s = 2 * half;
-  p.r_layer_s = svc.service.round_at(kv_dtype, batch, context, &p.outside_grid);
+  p.r_layer_s = busiest * svc.service.round_at(kv_dtype, batch, context, &p.outside_grid);
   p.fill_s = half;
   p.head_s = tb.head.empty() ? 0 : tb.head.at(batch);
   p.step_s = double(layers) * std::max(p.s_layer_s, p.r_layer_s) + p.fill_s + p.head_s;

@@ -81,7 +81,8 @@ struct Profile {
 // One decode step of FastDecode, MODELLED from profiles alone (issue 41):
 //   step = N · max(S, R) + fill + head
 //   S    = 2·T(B/2): a layer's two mini-batches on the GPU (T from the profile's t_b)
-//   R    = the service table's steady time of a layer at (B, context): the busiest R-worker's work, pipelined
+//   R    = the service table's steady time of a layer at (B, context): the busiest R-worker's work, pipelined (the
+//          table's workers hold equal shares; `busiest` > 1, the busiest worker's KV over the mean, scales it)
 //   fill = T(B/2): the first mini-batch's S-Part before any R-worker has work
 //   head = head_b(B): the final norm, LM head and sampling, once a step (0 when the profile has none)
 struct StepPrediction {
@@ -91,7 +92,7 @@ struct StepPrediction {
 };
 // `tb`: the profile of the GPU side (T(B), head_b); `svc`: a profile with r_service (may be the same).
 StepPrediction predict_step(const Profile& tb, const Profile& svc, const std::string& kv_dtype, double batch, double context,
-                            int64_t layers);
+                            int64_t layers, double busiest = 1);
 // One decode step of GPU-only (attention on the GPU, the same S-Part), MODELLED from the GPU profile and the GPU's
 // decode-attention rate (issue 41's crossover: the GPU side predicted as FastDecode is):
 //   step = N · (T(n) + n · context · a) + head(n),   n = min(B, slots): the sequences GPU memory holds

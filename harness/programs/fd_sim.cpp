@@ -10,6 +10,9 @@
 // With a profile that has R-workers measured in service (fd-bench profile --service: r_service) the step is the one
 // model of fastdecode/sched/perf_model.h instead, predict_step at (n, W/n): N·max(2·T(n/2), R(n, W/n)) + T(n/2) +
 // head(n), s_ms and r_ms its N·S and N·R parts (fd-bench predict gives the same number).
+// With R-worker processes (--workers, or the service profile's), each admitted request is placed on one as the
+// FastDecode engine places it (fastdecode/sched/placement.h) and the R part is the busiest worker's: the even share
+// times its KV tokens over the mean (worker_kv_imbalance, as fd-bench records it).
 // Prefill and transfer are not modelled (the paper's workloads have short prompts). A request's admission
 // step stands for its prefill: steps.jsonl counts its prompt as that step's prefill_tokens and the others
 // as decode_tokens, so results.decode_only / steady follow fd-bench's rules (harness/step_stats.h).
@@ -26,8 +29,11 @@
 #include "fastdecode/core/error.h"
 #include "fastdecode/model/weights.h"
 #include "fastdecode/sched/perf_model.h"
+#include "fastdecode/sched/placement.h"
 #include "fastdecode/sched/schedule.h"
 #include "fastdecode/core/cli_main.h"
+#include "harness/engines.h"
+#include "harness/experiment.h"
 #include "harness/provenance.h"
 #include "harness/runner.h"
 #include "harness/step_stats.h"
@@ -115,12 +121,14 @@ struct CostModel {
   // The service model (predict_step), when the profile has r_service: {s_ms, r_ms, step_ms}.
   const fd::Profile* service = nullptr;
   std::string kv_dtype = "fp16";
-  std::array<double, 3> step(int64_t n, int64_t w) const {
+  // `busiest`: the busiest R-worker's KV tokens over the mean (1: an even share).
+  std::array<double, 3> step(int64_t n, int64_t w, double busiest) const {
     if (service && n > 0) {
-      const fd::StepPrediction p = fd::predict_step(*service, *service, kv_dtype, double(n), double(w) / double(n), layers);
+      const fd::StepPrediction p =
+          fd::predict_step(*service, *service, kv_dtype, double(n), double(w) / double(n), layers, std::max(1.0, busiest));
       return {double(layers) * p.s_layer_s * 1e3, double(layers) * p.r_layer_s * 1e3, p.step_s * 1e3};
     }
-    const double s = s_ms(n), r = r_ms(w);
+    const double s = s_ms(n), r = r_ms(w) * std::max(1.0, busiest);
     return {s, r, std::max(s, r)};
   }
 };
@@ -130,6 +138,7 @@ struct SimRequest {
   double arrival_s = 0;
   int64_t prompt_len = 0, gen_len = 1, max_gen_len = 1;
   // filled by the simulation
+  size_t worker = 0;  // with --workers: the R-worker it was placed on
   int64_t admit_step = -1, finish_step = -1, produced = 0;
   double admit_s = 0, first_token_s = 0, last_token_s = 0;
 };
@@ -139,21 +148,26 @@ struct SimRequest {
 int main(int argc, char** argv) {
   CLI::App app{"fd-sim: simulate SLS / load-control admission against a cost model (docs/SCHEDULING.md)", "fd-sim"};
   std::string mode_s, out, gen_len_s, prompt_len_s = "0", arrival_s = "offline", trace, profile_path, t_b_ms,
-                                      kv_dtype = "fp16";
+                                      kv_dtype = "fp16", experiment;
+  std::vector<std::string> sets;
   int64_t batch = 0, seq = 0, interval = fd::SchedulerConfig{}.interval, w_lim = 0, micro_batch = 0, max_running = -1, min_gap = 0, kv_cap = 0, requests = 0,
           steps_cap = 0, layers = 0;
   uint64_t seed = 0;
   double rworkers = 1;
+  int64_t workers = -1;
   std::optional<double> t_ms_step, r_ns;
-  app.add_option("--mode", mode_s, "all-at-once | fixed-interval | load-control")
-      ->required()
+  app.add_option("--experiment", experiment,
+                 "an fd-bench experiment config: its schedule, workload, layers and R-workers, read as fd-bench reads "
+                 "them (instead of the flags for those)");
+  app.add_option("--set", sets, "with --experiment: KEY=VALUE overrides, as fd-bench's --set")->needs("--experiment");
+  app.add_option("--mode", mode_s, "all-at-once | fixed-interval | load-control (required without --experiment)")
       ->check(CLI::IsMember({"all-at-once", "fixed-interval", "load-control"}));
-  app.add_option("--batch", batch, "B: sequences started together / target running batch")->required()->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  app.add_option("--seq", seq, "S: generation length in steps (the paper's S; --gen-len defaults to it)")->required()->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  app.add_option("--batch", batch, "B: sequences started together / target running batch (required without --experiment)")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  app.add_option("--seq", seq, "S: generation length in steps (the paper's S; --gen-len defaults to it; required without --experiment)")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   app.add_option("--interval", interval, "F: steps between micro-batches (default 1, as schedule.interval in fd-bench)")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   app.add_option("--w-lim", w_lim, "load-control: limit on projected total context, tokens")->check(CLI::Range(int64_t(1), int64_t(1) << 60));
   app.add_option("--micro-batch", micro_batch, "load-control: micro-batch size m (default ceil(B*F/S))")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  app.add_option("--max-running", max_running, "load-control: cap on running sequences (default B; 0 = none)")->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  app.add_option("--max-running", max_running, "load-control: cap on running sequences (default 0 = none, as schedule.max_running)")->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   app.add_option("--min-gap", min_gap, "load-control: at least this many steps between micro-batches (default 0 = greedy)")->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   app.add_option("--kv-capacity-tokens", kv_cap, "R-workers' KV capacity in tokens, all workers (default: unlimited)")->check(CLI::Range(int64_t(1), int64_t(1) << 60));
   app.add_option("--requests", requests, "number of requests (default 4*B)")->check(CLI::Range(int64_t(1), int64_t(1) << 26));
@@ -169,6 +183,10 @@ int main(int argc, char** argv) {
   app.add_option("--r-ns-per-token-layer", r_ns, "R: ns per context token per layer on one R-worker")->check(CLI::PositiveNumber);
   app.add_option("--layers", layers, "N: layers (default: the profile's)")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   app.add_option("--rworkers", rworkers, "P: R-workers (CPUs) sharing the R-Part evenly (default 1)")->check(CLI::PositiveNumber);
+  app.add_option("--workers", workers,
+                 "R-worker processes the sequences are placed on as the FastDecode engine places them; the R part is the "
+                 "busiest one's (default: the profile's r_service workers, else 0 = an even share)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 16));
   app.add_option("--profile", profile_path, "profile.json: {t_b: [[B, s/layer]..], r_s_per_token_layer: {dtype: s}, layers}");
   app.add_option("--kv-dtype", kv_dtype, "which R of the profile (default fp16)");
   app.add_option("--out", out, "output folder (steps.jsonl, summary.json)")->required();
@@ -176,22 +194,42 @@ int main(int argc, char** argv) {
   return fd::guarded_main(app, argc, argv, [&]() -> int {
     // ---------------- validation (all before any work; ConfigError -> exit 2) ----------------
     fd::SchedulerConfig sc;
-    sc.mode = fd::parse_admit_mode(mode_s);
-    sc.batch = batch;
-    sc.seq = seq;
-    sc.interval = interval;
-    if (sc.mode == fd::AdmitMode::LoadControl) {
-      if (w_lim <= 0) usage("--mode load-control needs --w-lim");
-      sc.w_lim = w_lim;
-      sc.micro_batch = micro_batch;
-      sc.max_running = max_running < 0 ? batch : max_running;
-      sc.min_gap = min_gap;
+    std::optional<fd::ExperimentConfig> exp;
+    if (!experiment.empty()) {
+      // The experiment's schedule, workload, layers and R-workers, parsed and defaulted by fd-bench's own reader.
+      for (const char* f : {"--mode", "--batch", "--seq", "--interval", "--w-lim", "--micro-batch", "--max-running", "--min-gap",
+                            "--kv-capacity-tokens", "--requests", "--gen-len", "--prompt-len", "--arrival", "--trace", "--seed",
+                            "--layers", "--rworkers", "--workers"})
+        if (app.count(f) > 0)
+          usage(std::string(f) + " with --experiment: the experiment sets it (change it there, or with --set)");
+      exp = fd::load_experiment(experiment, sets);
+      const fd::RWorkerShape rw = fd::fastdecode_rworkers(exp->engine, exp->hardware);
+      sc = exp->schedule;
+      mode_s = fd::to_string(sc.mode);
+      batch = sc.batch, seq = sc.seq, interval = sc.interval, kv_cap = sc.kv_capacity_tokens;
+      layers = exp->model.num_layers;
+      rworkers = double(rw.processes * rw.threads);
+      workers = rw.processes;
+      if (app.count("--kv-dtype") == 0) kv_dtype = rw.kv_dtype;
     } else {
-      if (w_lim > 0) usage("--w-lim applies to --mode load-control only");
-      if (micro_batch > 0 || max_running >= 0 || min_gap > 0)
-        usage("--micro-batch / --max-running / --min-gap apply to --mode load-control only");
+      if (mode_s.empty() || batch <= 0 || seq <= 0) usage("give --mode, --batch and --seq (or --experiment)");
+      sc.mode = fd::parse_admit_mode(mode_s);
+      sc.batch = batch;
+      sc.seq = seq;
+      sc.interval = interval;
+      if (sc.mode == fd::AdmitMode::LoadControl) {
+        if (w_lim <= 0) usage("--mode load-control needs --w-lim");
+        sc.w_lim = w_lim;
+        sc.micro_batch = micro_batch;
+        sc.max_running = max_running < 0 ? 0 : max_running;  // fd-bench's schedule.max_running default: no cap
+        sc.min_gap = min_gap;
+      } else {
+        if (w_lim > 0) usage("--w-lim applies to --mode load-control only");
+        if (micro_batch > 0 || max_running >= 0 || min_gap > 0)
+          usage("--micro-batch / --max-running / --min-gap apply to --mode load-control only");
+      }
+      sc.kv_capacity_tokens = kv_cap;
     }
-    sc.kv_capacity_tokens = kv_cap;
     fd::validate(sc);
 
     CostModel cost;
@@ -241,13 +279,23 @@ int main(int argc, char** argv) {
       if (profile->service.round_s.count(kv_dtype) == 0) usage(profile_path + ": r_service has no " + kv_dtype + " rows");
       cost.service = &*profile;
       cost.kv_dtype = kv_dtype;
+      if (workers < 0) workers = profile->service.workers;
     }
+    if (workers < 0) workers = 0;
     const bool timed = cost.has_s || cost.has_r;
 
     // ---------------- workload ----------------
     std::vector<SimRequest> reqs;
     bool online = false;
-    if (!trace.empty()) {
+    if (exp) {  // the requests fd-bench makes of the workload: their lengths, arrivals and the scheduler's projection
+      const std::vector<fd::Request> made = fd::make_requests(exp->workload, exp->model);
+      const std::vector<double> arrivals = fd::arrival_times(exp->workload);
+      for (size_t i = 0; i < made.size(); ++i) {
+        const int64_t projected = exp->workload.file_requests.empty() ? made[i].max_new_tokens : exp->workload.file_requests[i].max_gen_len;
+        reqs.push_back({uint64_t(i), arrivals[i], int64_t(made[i].prompt.size()), made[i].max_new_tokens, projected});
+      }
+      online = exp->workload.arrival != "offline";
+    } else if (!trace.empty()) {
       online = true;
       for (const auto& t : fd::load_trace_jsonl(trace))
         reqs.push_back({reqs.size(), t.arrival_s, t.prompt_len, t.gen_len, t.max_gen_len});
@@ -285,6 +333,10 @@ int main(int argc, char** argv) {
     int64_t step = 0, recorded = 0, output_tokens = 0;
     double first_start = -1, end_s = 0;
     std::vector<fd::StepStat> recs;  // step_ms absent without a cost model
+    std::vector<double> imbalance;   // per recorded step: the busiest worker's KV over the mean (0: no --workers)
+    std::vector<int64_t> placed_load(size_t(workers), 0);  // per worker: prompt + max new tokens of its sequences
+    std::vector<bool> no_dead(size_t(workers), false);
+    int64_t longest = 0;
     std::vector<double> itl_ms;
     int64_t s_bound = 0, r_bound = 0;
     bool truncated = false;
@@ -300,8 +352,21 @@ int main(int argc, char** argv) {
         SimRequest& r = reqs[size_t(id)];
         r.admit_step = step;
         r.admit_s = clock;
-        active.push_back(size_t(id));
         prefill_tokens += r.prompt_len;
+        if (workers > 0) {  // the engine's placement, against the sequences running now
+          std::vector<fd::PlacedLoad> running;
+          running.reserve(active.size());
+          for (size_t i : active) {
+            const SimRequest& a = reqs[i];
+            const int64_t done = step - a.admit_step;  // tokens it has made before this step; its KV as the engine counts it
+            running.push_back({a.worker, double(done > 0 ? a.prompt_len + done - 1 : a.prompt_len), double(a.max_gen_len - done)});
+          }
+          const int64_t need = r.prompt_len + r.max_gen_len;
+          longest = std::max(longest, need);
+          r.worker = fd::place_sequence(placed_load, no_dead, running, double(r.prompt_len), double(r.max_gen_len), need, longest);
+          placed_load[r.worker] += need;
+        }
+        active.push_back(size_t(id));
       }
       if (active.empty()) {  // nothing runs at this step (fixed-interval waiting for its slot): no cost
         ++step;
@@ -310,7 +375,18 @@ int main(int argc, char** argv) {
       int64_t w = 0;
       for (size_t i : active) w += reqs[i].prompt_len + (step - reqs[i].admit_step + 1);
       const int64_t n = int64_t(active.size());
-      const auto [s_ms, r_ms, step_ms] = cost.step(n, w);
+      double busiest = 0;  // over the sequences past their admission step, as the engine's decode records it
+      if (workers > 0) {
+        std::vector<int64_t> kv(size_t(workers), 0);
+        int64_t sum = 0;
+        for (size_t i : active)
+          if (reqs[i].admit_step < step) {
+            const int64_t c = reqs[i].prompt_len + (step - reqs[i].admit_step);  // its KV after this step's append
+            kv[reqs[i].worker] += c, sum += c;
+          }
+        if (sum > 0) busiest = double(*std::max_element(kv.begin(), kv.end())) * double(workers) / double(sum);
+      }
+      const auto [s_ms, r_ms, step_ms] = cost.step(n, w, busiest);
       (s_ms >= r_ms ? s_bound : r_bound) += 1;
       const double t_end = clock + step_ms / 1e3;
       int64_t finished = 0;
@@ -324,6 +400,7 @@ int main(int argc, char** argv) {
         r.last_token_s = t_end;
         if (r.produced == r.gen_len) {
           r.finish_step = step;
+          if (workers > 0) placed_load[r.worker] -= r.prompt_len + r.max_gen_len;
           sched.on_finished(r.id, step);
           ++finished;
         } else {
@@ -337,6 +414,8 @@ int main(int argc, char** argv) {
                    {"r_ms", r_ms},        {"step_ms", step_ms}, {"binds", s_ms >= r_ms ? "S" : "R"},
                    {"new_tokens", n},     {"prefill_tokens", prefill_tokens},           {"decode_tokens", decode_tokens},
                    {"started", ids.size()}};  // as fd-bench's steps.jsonl: an admitted request starts at once
+      if (busiest > 0) line["worker_kv_imbalance"] = busiest;
+      imbalance.push_back(busiest);
       if (!cost.has_s && !cost.has_r)  // no cost model: the schedule only; times are unknown, not zero
         for (const char* k : {"start_s", "s_ms", "r_ms", "step_ms", "binds"}) line[k] = nullptr;
       steps_out << line.dump() << "\n";
@@ -415,13 +494,21 @@ int main(int argc, char** argv) {
         {"decode_only", fd::decode_only_stats(recs)},
         {"steady", fd::steady_stats(recs)},
     };
+    if (json imb = fd::worker_imbalance_stats(recs, imbalance); !imb.is_null()) results["worker_kv_imbalance"] = imb;
     // Closed-form predictions (fixed lengths only): context convention ctx = prompt + tokens so far.
     json pred = json::object();
-    const bool fixed_len = trace.empty() && (gen_len_s.empty() || LengthDist::parse(gen_len_s, "--gen-len", 1).fixed()) &&
-                           LengthDist::parse(prompt_len_s, "--prompt-len", 0).fixed();
+    // The workload's fixed lengths, when they are: {prompt, generated}.
+    std::optional<std::pair<int64_t, int64_t>> fixed_len;
+    if (exp) {
+      const fd::WorkloadConfig& wl = exp->workload;
+      if (wl.source == "random" && wl.prompt_len.fixed() && wl.gen_len.fixed()) fixed_len = {{wl.prompt_len.min, wl.gen_len.min}};
+    } else if (trace.empty()) {
+      const LengthDist gen = gen_len_s.empty() ? LengthDist{seq, seq} : LengthDist::parse(gen_len_s, "--gen-len", 1),
+                       prm = LengthDist::parse(prompt_len_s, "--prompt-len", 0);
+      if (gen.fixed() && prm.fixed()) fixed_len = {{prm.lo, gen.lo}};
+    }
     if (fixed_len) {
-      const double B = double(batch), S = double(gen_len_s.empty() ? seq : LengthDist::parse(gen_len_s, "--gen-len", 1).lo),
-                   F = double(interval), p = double(LengthDist::parse(prompt_len_s, "--prompt-len", 0).lo);
+      const double B = double(batch), S = double(fixed_len->second), F = double(interval), p = double(fixed_len->first);
       pred["all_at_once_peak"] = B * (p + S);                          // B·(p+S); B·S with p = 0
       pred["fixed_interval_steady_peak"] = B * p + B * (S + F) / 2;    // paper's W'max = B(S+F)/2
       pred["fixed_interval_steady_mean"] = B * p + B * (S + 1) / 2;    // mean over whole periods
@@ -448,16 +535,22 @@ int main(int argc, char** argv) {
                    {"min_gap", sc.min_gap},
                    {"kv_capacity_tokens", kv_cap},
                    {"requests", int64_t(reqs.size())},
-                   {"gen_len", trace.empty() ? (gen_len_s.empty() ? std::to_string(seq) : gen_len_s) : "trace"},
-                   {"prompt_len", trace.empty() ? prompt_len_s : "trace"},
-                   {"arrival", trace.empty() ? arrival_s : "trace:" + trace},
+                   {"gen_len", exp ? exp->resolved()["workload"]["gen_len"] : json(trace.empty() ? (gen_len_s.empty() ? std::to_string(seq) : gen_len_s) : "trace")},
+                   {"prompt_len", exp ? exp->resolved()["workload"]["prompt_len"] : json(trace.empty() ? prompt_len_s : "trace")},
+                   {"arrival", exp ? exp->resolved()["workload"]["arrival"] : json(trace.empty() ? arrival_s : "trace:" + trace)},
+                   {"experiment", exp ? json(experiment) : json(nullptr)},
+                   {"experiment_resolved", exp ? json{{"schedule", exp->resolved()["schedule"]}, {"workload", exp->resolved()["workload"]},
+                                                      {"layers", exp->model.num_layers}}
+                                               : json(nullptr)},
+                   {"experiment_set", sets},
                    {"steps_cap", steps_cap},
-                   {"seed", seed},
+                   {"seed", exp ? exp->workload.seed : seed},
                    {"cost", {{"t_ms_per_step_s_part", t_ms_step ? json(*t_ms_step) : json(nullptr)},
                              {"t_b_s_per_layer", cost.t.empty() || cost.s_step_ms_const ? json(nullptr) : json(cost.t.points())},
                              {"r_s_per_token_layer", cost.has_r ? json(cost.r_s) : json(nullptr)},
                              {"layers", cost.layers},
                              {"rworkers", cost.rworkers},
+                             {"workers", workers},
                              {"profile", profile_path},
                              {"kv_dtype", kv_dtype},
                              {"model", cost.service ? "predict_step (r_service)" : "max(N·T(n), N·W·R/P)"}}}};

@@ -64,6 +64,7 @@ CASES = {
     "fig11-sls-gain": [({"gain": 0.09}, H), ({"gain": 0.073}, H), ({"gain": 0.039}, S), ({"gain": 0.001}, S), ({"gain": 0.0}, N),
                        ({"gain": -0.218}, N)],
     "fig12-sls-gain": [({"gain": 0.13}, H), ({"gain": 0.118}, H), ({"gain": 0.014}, S), ({"gain": 0.0}, N), ({"gain": -0.175}, N)],
+    "sls-load-control": [({"vs_fixed": 0.02}, H), ({"vs_fixed": 0.0}, H), ({"vs_fixed": -0.001}, N), ({"vs_fixed": -0.05}, N)],
     "fig13-scaling-s1024": [({"efficiency": 0.728}, H), ({"efficiency": 0.66}, H), ({"efficiency": 0.64}, S),
                             ({"efficiency": 0.37}, S), ({"efficiency": 0.36}, N)],
     "fig13-scaling-s128": [({"efficiency": 0.376}, H), ({"efficiency": 0.31}, H), ({"efficiency": 0.45}, H), ({"efficiency": 0.5}, S),

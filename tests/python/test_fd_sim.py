@@ -254,3 +254,79 @@ def test_a_service_profile_steps_with_the_one_model(fd_bin, tmp_path):
     bad = sim(fd_bin, tmp_path / "b", "--mode", "all-at-once", "--batch", 16, "--seq", 16, "--profile", prof, "--layers", 2,
               "--rworkers", 6, check=False)
     assert bad.returncode == 2 and "4 x 3 threads = 12 CPUs" in bad.stderr
+
+
+def reference_placement(steps, n_workers, prompt, gen):
+    """Per-step busiest / mean worker KV of a fixed-length run, placed by docs/SCHEDULING.md's rule ("Placement")
+    written out here by direct summation: a new sequence goes to the worker minimising sum over its running sequences
+    of sum_{t < min(gen, rem)} (len + t)(prompt + t), among those whose projected load stays within the mean after the
+    placement plus the longest sequence; ties to the smaller projected load, then the lower index."""
+    running = []  # [worker, admit_step]
+    load = [0] * n_workers
+    out = []
+    for s in steps:
+        step = s["step"]
+        for _ in range(s["admitted"]):
+            cost = [0.0] * n_workers
+            for w, a in running:
+                done = step - a
+                length = prompt + done - 1 if done > 0 else prompt
+                m = min(gen, gen - done)
+                t = np.arange(m, dtype=np.float64)
+                cost[w] += float(((length + t) * (prompt + t)).sum())
+            need = prompt + gen
+            bound = (sum(load) + need) / n_workers + need
+            ok = [w for w in range(n_workers) if load[w] + need <= bound]
+            best = min(ok, key=lambda w: (cost[w], load[w], w))
+            running.append([best, step])
+            load[best] += need
+        kv = [0] * n_workers
+        for w, a in running:
+            if a < step:
+                kv[w] += prompt + (step - a)
+        out.append(max(kv) * n_workers / sum(kv) if sum(kv) else 0.0)
+        for r in [r for r in running if step - r[1] + 1 == gen]:
+            running.remove(r)
+            load[r[0]] -= prompt + gen
+    return out
+
+
+@pytest.mark.parametrize("gen", [992, 736])
+def test_sequences_are_placed_on_workers_as_the_engine_places_them(fd_bin, tmp_path, gen):
+    # Fixed-interval with B*F/S = 64*64/992 = 4.13 (or 64*64/736 = 5.57) sequences a slot over 4 workers (Fig. 11's
+    # runs): a slot that does not divide by 4 leaves a worker a sequence more, so busiest / mean stays above 1 (about
+    # 1.06, 1.05) in steady state. At 736 placing by projected load alone (no overlap term) differs from the rule.
+    args = ["--mode", "fixed-interval", "--batch", 64, "--seq", gen, "--interval", 64, "--prompt-len", 32, "--requests", 128]
+    out = tmp_path / "w4"
+    sim(fd_bin, out, *args, *COST, "--workers", 4)
+    steps, summary = load(out)
+    check_consistent(steps, summary)
+    ref = reference_placement(steps, 4, 32, gen)
+    got = [s.get("worker_kv_imbalance", 0.0) for s in steps]
+    assert got == pytest.approx(ref, rel=1e-12)
+    imb = summary["results"]["worker_kv_imbalance"]
+    w = summary["results"]["steady_window"]
+    steady = [g for s, g in zip(steps, got) if w["first_step"] <= s["step"] <= w["last_step"] and s["prefill_tokens"] == 0]
+    assert imb["steady"]["count"] == len(steady) and imb["steady"]["max"] == pytest.approx(max(steady))
+    assert 1.03 < imb["steady"]["p50"] < 1.08
+    # The R part is the busiest worker's: the even share N*W*R/P times busiest / mean.
+    for s, g in zip(steps, got):
+        assert s["r_ms"] == pytest.approx(LAYERS * s["total_context"] * R_NS * 1e-6 / P * max(1.0, g), rel=1e-12)
+    assert summary["config"]["cost"]["workers"] == 4
+    # Without workers the R-Part is shared evenly and no imbalance is recorded.
+    sim(fd_bin, tmp_path / "w0", *args, *COST)
+    steps0, summary0 = load(tmp_path / "w0")
+    assert "worker_kv_imbalance" not in summary0["results"] and all("worker_kv_imbalance" not in s for s in steps0)
+
+
+@pytest.mark.parametrize("b,s,f,same", [(1024, 1024, 64, True), (100, 25, 10, False), (64, 992, 64, False)])
+def test_paced_load_control_is_fixed_interval_only_when_the_slots_are_whole(fd_bin, tmp_path, b, s, f, same):
+    # docs/SCHEDULING.md: load-control with W_lim = B(S+F)/2 and min_gap = F admits as fixed-interval does, step for step,
+    # when F divides S and B*F/S is a whole number; with S/F = 2.5 (100, 25, 10) or B*F/S = 4.13 (Fig. 11's 64, 992, 64)
+    # the two schedules differ.
+    n = 4 * b
+    sim(fd_bin, tmp_path / "fi", "--mode", "fixed-interval", "--batch", b, "--seq", s, "--interval", f, "--requests", n)
+    sim(fd_bin, tmp_path / "lc", "--mode", "load-control", "--batch", b, "--seq", s, "--interval", f, "--requests", n,
+        "--w-lim", b * (s + f) // 2, "--min-gap", f)
+    key = lambda out: [(x["step"], x["admitted"], x["total_context"]) for x in load(out)[0]]
+    assert (key(tmp_path / "fi") == key(tmp_path / "lc")) == same

@@ -213,6 +213,23 @@ TEST(HybridController, ForcedModesAreHonoured) {
   }
 }
 
+TEST(HybridController, CpuSidePlacesAsTheFastDecodeEngineDoes) {
+  // fastdecode/sched/placement.h's rule on the CPU side: worker 0 holds a sequence of 100 tokens about to end (peak 105),
+  // worker 1 a young one (8 tokens, peak 28). A new young one goes where the future it shares is smallest: worker 0
+  // (sum_{t<5} (100 + t)(8 + t) = 5 110, against sum_{t<20} (8 + t)^2 = 6 790), though worker 0 holds more tokens now
+  // (placing by the load now, as before, chose worker 1).
+  const HybridRates r = rates(2, 10, 400, 2);
+  HybridController c(mode(HybridMode::AllCpu), r, kBigGpu, pools(2, 1 << 20));
+  EXPECT_EQ(c.admit(0, 100, 105).where.worker, 0);
+  EXPECT_EQ(c.admit(1, 8, 28).where.worker, 1);
+  EXPECT_EQ(c.admit(2, 8, 28).where.worker, 0);
+  // A micro-batch of equal sequences spreads over the workers.
+  HybridController d(mode(HybridMode::AllCpu), rates(2, 10, 400, 3), kBigGpu, pools(3, 1 << 20));
+  std::vector<int> per(3, 0);
+  for (int i = 0; i < 6; ++i) per[size_t(d.admit(i, 64, 96).where.worker)] += 1;
+  EXPECT_EQ(per, std::vector<int>({2, 2, 2}));
+}
+
 TEST(HybridController, AdmissionUsesTheCombinedCapacity) {
   // GPU pool: 3 sequences of peak 100 (blocks of 100); two R-workers of 2 each: 7 fit, the 8th waits.
   const HybridRates r = rates(2, 10, 40, 2);

@@ -1,9 +1,9 @@
-// place_sequence (fastdecode/sworker/placement.h): where the FastDecode engine puts a new sequence. Expectations
+// place_sequence (fastdecode/sched/placement.h): where the FastDecode engine puts a new sequence. Expectations
 // computed by hand from the definition (docs/SCHEDULING.md, "Placement").
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "fastdecode/sworker/placement.h"
+#include "fastdecode/sched/placement.h"
 #include "tests/unit/test_helpers.h"
 
 using namespace fd;
@@ -46,4 +46,19 @@ TEST(Placement, EmptyWorkersTieToTheSmallerLoadThenTheLowerIndex) {
 TEST(Placement, NoLiveWorkerIsAnError) {
   EXPECT_THAT(fd::test::error_message([] { place_sequence({0, 0}, {true, true}, {}, 8, 20, 28, 28); }),
               HasSubstr("no R-worker left"));
+}
+
+TEST(Placement, UnequalWorkersWeighTheirSecondsPerToken) {
+  // Worker 0 holds a sequence of 100 tokens with 20 steps left; worker 1 nothing. A new one of 8 tokens and 20 steps:
+  // overlap with worker 0 = sum_{t<20} (100 + t)(8 + t) = 38 990; with itself sum (8 + t)^2 = 6 790.
+  const std::vector<PlacedLoad> running = {{0, 100, 20}};
+  EXPECT_DOUBLE_EQ(placement_overlap(100, 8, 20), 38990);
+  // Equal workers: the empty one.
+  EXPECT_EQ(place_sequence({120, 0}, {false, false}, running, 8, 20, 28, 120), 1u);
+  // Worker 1 three times slower: 1 x (2 x 38 990 + 6 790) = 84 770 against 9 x 6 790 = 61 110: still worker 1.
+  EXPECT_EQ(place_sequence({120, 0}, {false, false}, running, 8, 20, 28, 120, {1.0, 3.0}), 1u);
+  // Four times slower: 16 x 6 790 = 108 640 > 84 770: worker 0.
+  EXPECT_EQ(place_sequence({120, 0}, {false, false}, running, 8, 20, 28, 120, {1.0, 4.0}), 0u);
+  EXPECT_THAT(fd::test::error_message([&] { place_sequence({0, 0}, {false, false}, {}, 8, 20, 28, 28, {1.0}); }),
+              HasSubstr("1 speeds for 2 workers"));
 }
