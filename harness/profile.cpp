@@ -229,7 +229,22 @@ json measure_profile(const ModelConfig& model, const ProfileOptions& o) {
             {"method", method},
             {"provenance", collect_provenance(o.command_line)}};
   if (o.backend == "cuda") j["sm_count"] = o.sm_count;  // 0: the whole GPU
-  if (o.service) j["r_service"] = measure_service_profile(model, o.svc);
+  if (o.service) {
+    j["r_service"] = measure_service_profile(model, o.svc);
+    // The kernel alone on the busiest worker's bytes: R of the kernel measured above (per CPU) x its tokens / its
+    // threads, beside what the kernel and the whole request cost in service (issue 43: service / kernel alone).
+    for (json& row : j["r_service"]["rows"]) {
+      const std::string dt = row["kv_dtype"].get<std::string>();
+      if (!r_map.contains(dt) || !row.contains("busiest_parts_s_per_layer")) continue;
+      const double alone = r_map[dt].get<double>() / double(o.svc.threads) * row["busiest_worker_tokens"].get<double>();
+      row["kernel_alone_s_per_layer"] = alone;
+      const json& p = row["busiest_parts_s_per_layer"];
+      if (alone > 0 && p.contains("kernel")) {
+        row["kernel_in_service_over_alone"] = p["kernel"].get<double>() / alone;
+        row["compute_over_kernel_alone"] = p["compute"].get<double>() / alone;
+      }
+    }
+  }
   return j;
 }
 

@@ -192,6 +192,19 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
           return sent;
         };
         std::vector<double> round_s, busiest_s, mean_s, first_s;
+        // Each worker's ATTEND time by part (STATS attend_parts_s) over the measured steps: snapshots after the warm-up
+        // step and at the end.
+        const auto parts_now = [&]() {
+          std::vector<json> v;
+          for (int w = 0; w < o.workers; ++w) {
+            const json st = client.stats(size_t(w));
+            json p = st.value("attend_parts_s", json::object());
+            p["compute"] = st.value("attend_compute_s", 0.0);
+            v.push_back(p);
+          }
+          return v;
+        };
+        std::vector<json> parts0;
         for (int step = 0; step < o.reps + 1; ++step) {
           double busy = 0, mean = 0;
           const int64_t t0 = now_ns();
@@ -208,11 +221,25 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
             if (visit == 0) t_first = now_ns();
           }
           const int64_t t_end = now_ns();
-          if (step == 0) continue;  // warm-up
+          if (step == 0) {  // warm-up
+            parts0 = parts_now();
+            continue;
+          }
           round_s.push_back(double(t_end - t_first) / 1e9 / double(V - 1));
           first_s.push_back(double(t_first - t0) / 1e9);
           busiest_s.push_back(busy / V), mean_s.push_back(mean / V);
         }
+        // The busiest worker's (most compute over the measured steps) parts, a layer's visit's worth (per layer, as
+        // busiest_compute_s_per_layer).
+        const std::vector<json> parts1 = parts_now();
+        size_t busiest_w = 0;
+        for (size_t w = 0; w < parts1.size(); ++w)
+          if (parts1[w]["compute"].get<double>() - parts0[w]["compute"].get<double>() >
+              parts1[busiest_w]["compute"].get<double>() - parts0[busiest_w]["compute"].get<double>())
+            busiest_w = w;
+        json parts = json::object();
+        for (auto it = parts1[busiest_w].begin(); it != parts1[busiest_w].end(); ++it)
+          parts[it.key()] = (it.value().get<double>() - parts0[busiest_w].value(it.key(), 0.0)) / double(o.reps * V);
         for (int w = 0; w < o.workers; ++w) client.free_seqs(size_t(w), ids[size_t(w)]);
         const double per_worker = double(B) / double(o.workers);
         json row = {{"kv_dtype", dtype},
@@ -222,11 +249,17 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
                     {"busiest_compute_s_per_layer", median(busiest_s)},
                     {"mean_compute_s_per_layer", median(mean_s)},
                     {"first_layer_s", median(first_s)},
-                    {"append_s", append_s}};
+                    {"append_s", append_s},
+                    {"busiest_worker_tokens", double((B + o.workers - 1) / o.workers) * double(S + o.reps + 1)},
+                    {"busiest_parts_s_per_layer", parts}};
         rows.push_back(row);
         fx1.push_back(per_worker), fx2.push_back(per_worker * double(S)), fy.push_back(median(round_s));
-        std::fprintf(stderr, "fd-bench profile --service: %s B %lld context %lld: %.3f ms a layer (busiest worker %.3f ms)\n",
-                     dtype.c_str(), (long long)B, (long long)S, 1e3 * median(round_s), 1e3 * median(busiest_s));
+        const auto ms = [&](const char* k) { return 1e3 * parts.value(k, 0.0); };
+        std::fprintf(stderr,
+                     "fd-bench profile --service: %s B %lld context %lld: %.3f ms a layer (busiest worker %.3f ms: kernel %.3f, "
+                     "append %.3f, query %.3f, prepare %.3f, output %.3f)\n",
+                     dtype.c_str(), (long long)B, (long long)S, 1e3 * median(round_s), 1e3 * median(busiest_s), ms("kernel"),
+                     ms("append"), ms("query"), ms("prepare"), ms("output"));
       }
     }
     for (int w = 0; w < o.workers; ++w) {
@@ -260,7 +293,11 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
                          "to every worker per mini-batch (its share's q, k, v: the append included), pipelined as the engine "
                          "issues them (two in flight a worker; a mini-batch's replies let its next visit go); round_s_per_layer: "
                          "the steady time a layer after the first visit, first_layer_s: the first visit's latency (the fill), "
-                         "medians of " + std::to_string(o.reps) + " steps after one warm-up; fit: "
+                         "medians of " + std::to_string(o.reps) + " steps after one warm-up; busiest_parts_s_per_layer: the busiest worker's "
+                         "ATTEND time by part (its STATS attend_parts_s: prepare = ids, memory check and views; append = "
+                         "this step's k / v; query = q to fp32; kernel = decode attention; output = o to the wire; compute = "
+                         "their sum) over the measured steps, per layer; busiest_worker_tokens: its sequences x their mean "
+                         "context over the measured steps; fit: "
                          "round = a + per_seq * B/P + per_token * B*S/P (relative least squares); r_s_per_token_layer_cpu = per_token x "
                          "threads"}};
 }

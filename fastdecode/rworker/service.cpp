@@ -284,12 +284,22 @@ std::vector<zmq::message_t> RWorkerService::on_attend(Session& s, const Message&
   if (!store.fits(extra))
     throw ProtocolError(ErrorCode::OutOfMemory, "appending needs " + std::to_string(extra) + " bytes, " +
                                                     std::to_string(store.free_bytes()) + " free");
+  // Where the request's time goes (STATS attend_parts_s): ids and the memory check, the append of this step's k / v,
+  // the query's conversion, the views, the kernel, the output's conversion.
+  int64_t t_prev = t0;
+  const auto part = [&](AttendPart p) {
+    const int64_t t = now_ns();
+    parts_ns_[size_t(p)] += uint64_t(t - t_prev);
+    t_prev = t;
+  };
+  part(AttendPart::Prepare);
   const size_t ns = h.n_seq, qrow = size_t(h.n_heads) * h.head_dim, kvrow = size_t(h.n_kv_heads) * h.head_dim;
   const WireDType wd = WireDType(h.dtype);
   // Append this step's k, v (one token per sequence), then attend over the whole cache.
   if (wd == WireDType::F16) {
     for (size_t i = 0; i < ns; ++i)
       store.append_f16(ids[i], int(h.layer), m.frames[2].data + i * kvrow * 2, m.frames[3].data + i * kvrow * 2, 1);
+    part(AttendPart::Append);
     q32_.resize(ns * qrow);
     std::vector<uint16_t> qq(ns * qrow);
     copy_bytes(qq.data(), m.frames[1].data, qq.size() * 2);
@@ -299,11 +309,14 @@ std::vector<zmq::message_t> RWorkerService::on_attend(Session& s, const Message&
     copy_bytes(kk.data(), m.frames[2].data, kk.size() * 4);
     copy_bytes(vv.data(), m.frames[3].data, vv.size() * 4);
     for (size_t i = 0; i < ns; ++i) store.append_f32(ids[i], int(h.layer), &kk[i * kvrow], &vv[i * kvrow], 1);
+    part(AttendPart::Append);
     q32_.resize(ns * qrow);
     copy_bytes(q32_.data(), m.frames[1].data, q32_.size() * 4);
   }
+  part(AttendPart::Query);
   views_.resize(ns);
   for (size_t i = 0; i < ns; ++i) views_[i] = store.view(ids[i], int(h.layer));
+  part(AttendPart::Prepare);
   o32_.resize(ns * qrow);
   DecodeAttentionParams p;
   p.dtype = store.dtype();
@@ -317,6 +330,7 @@ std::vector<zmq::message_t> RWorkerService::on_attend(Session& s, const Message&
   p.o = o32_.data();
   p.query = cfg_.query;
   if (ns > 0) decode_attention(p, cfg_.isa, cfg_.threads, ws_);
+  part(AttendPart::Kernel);
 #ifdef FD_FAULT_ZERO_HEAD  // planted fault: query head 1's output is zeros
   if (h.n_heads > 1)
     for (size_t i = 0; i < ns; ++i) std::fill_n(o32_.data() + i * qrow + h.head_dim, h.head_dim, 0.0f);
@@ -325,7 +339,8 @@ std::vector<zmq::message_t> RWorkerService::on_attend(Session& s, const Message&
   zmq::message_t o(ns * qrow * proto::wire_dtype_size(wd));
   if (wd == WireDType::F16) convert_from_f32(DType::F16, o32_.data(), o.data(), o32_.size());
   else copy_bytes(o.data(), o32_.data(), o32_.size() * 4);
-  const uint64_t dt = uint64_t(now_ns() - t0);
+  part(AttendPart::Output);
+  const uint64_t dt = uint64_t(t_prev - t0);
   ++attends_;
   attend_seqs_ += ns;
   compute_ns_ += dt;
@@ -341,6 +356,11 @@ json RWorkerService::stats(const std::string& peer) const {
             {"attend_requests", attends_},
             {"attend_sequences", attend_seqs_},
             {"attend_compute_s", double(compute_ns_) / 1e9},
+            {"attend_parts_s", {{"prepare", double(parts_ns_[size_t(AttendPart::Prepare)]) / 1e9},
+                                {"append", double(parts_ns_[size_t(AttendPart::Append)]) / 1e9},
+                                {"query", double(parts_ns_[size_t(AttendPart::Query)]) / 1e9},
+                                {"kernel", double(parts_ns_[size_t(AttendPart::Kernel)]) / 1e9},
+                                {"output", double(parts_ns_[size_t(AttendPart::Output)]) / 1e9}}},
             {"kv_dtype", kv_dtype_name(cfg_.kv_dtype)},
             {"isa", isa_name(cfg_.isa)},
             {"query", query_quant_name(cfg_.query)},

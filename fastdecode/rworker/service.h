@@ -10,6 +10,7 @@
 // overhead, count against --memory-gb (one KVMemory shared by the stores); --session-quota-gb bounds one
 // session's share, --max-sessions their number. SHUTDOWN needs the worker's token (RWorkerConfig).
 #pragma once
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -111,6 +112,8 @@ class RWorkerService {
   std::vector<float> q32_, o32_;
   std::vector<SeqKVView> views_;
   // counters for STATS
+  enum class AttendPart { Prepare, Append, Query, Kernel, Output, Count };
+  std::array<uint64_t, size_t(AttendPart::Count)> parts_ns_{};  // ATTEND time by part (their sum is compute_ns_)
   uint64_t requests_ = 0, errors_ = 0, attends_ = 0, attend_seqs_ = 0, compute_ns_ = 0, sessions_opened_ = 0,
            sessions_ended_ = 0;
 };

@@ -204,6 +204,16 @@ TEST(RWorkerService, AttendMatchesDoubleReference) {
   const json s = w.svc.stats();
   EXPECT_EQ(s["tokens"], 45 + 3 * 40);
   EXPECT_EQ(s["sequences"], 3);
+  // Where the ATTENDs' time went (issue 43): the parts add up to the compute time the replies carried.
+  const json& parts = s["attend_parts_s"];
+  double sum = 0;
+  for (const char* k : {"prepare", "append", "query", "kernel", "output"}) {
+    ASSERT_TRUE(parts.contains(k)) << k;
+    EXPECT_GE(parts[k].get<double>(), 0.0) << k;
+    sum += parts[k].get<double>();
+  }
+  EXPECT_GT(parts["kernel"].get<double>(), 0.0);
+  EXPECT_NEAR(sum, s["attend_compute_s"].get<double>(), 1e-9 * s["attend_requests"].get<double>());
   ASSERT_EQ(w.send_type(w.ids_msg(MsgType::FreeSeq, {12})), MsgType::Ok);
   EXPECT_EQ(w.svc.stats()["tokens"], 5 + 40 + 40);
 }

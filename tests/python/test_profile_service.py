@@ -1,0 +1,43 @@
+"""fd-bench profile --service end to end on the CPU (spawned R-workers, real ATTEND rounds): every grid row says where
+the busiest worker's ATTEND time goes (its STATS attend_parts_s over the measured steps) and sets it beside the kernel
+alone on the same bytes (issue 43): the parts add up to the worker's compute, and the ratios are those numbers'.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+MODEL = Path(__file__).resolve().parents[2] / "experiments" / "models" / "tiny-llama.json"
+PARTS = ("prepare", "append", "query", "kernel", "output")
+
+
+@pytest.fixture(scope="module")
+def profile(fd_bin_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("svc") / "profile.json"
+    cmd = [str(Path(fd_bin_dir) / "fd-bench"), "profile", "--backend", "cpu", "--model", str(MODEL), "--kv-dtypes", "fp16",
+           "--r-threads", "1", "--batches", "1", "4", "--service", "--rworkers", "2", "--rworker-threads", "1", "--no-pin",
+           "--service-batches", "4", "8", "--contexts", "64", "128", "--reps", "2", "--out", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return json.loads(out.read_text())
+
+
+def test_each_row_splits_the_busiest_workers_time(profile):
+    svc = profile["r_service"]
+    assert len(svc["rows"]) == 4 and "busiest_parts_s_per_layer" in svc["method"]
+    r = profile["r_s_per_token_layer"]["fp16"]
+    for row in svc["rows"]:
+        parts = row["busiest_parts_s_per_layer"]
+        assert set(parts) == set(PARTS) | {"compute"}
+        assert all(parts[k] >= 0 for k in PARTS) and parts["kernel"] > 0
+        assert sum(parts[k] for k in PARTS) == pytest.approx(parts["compute"], rel=1e-6)
+        # The busiest worker holds ceil(B / 2) sequences; their mean context over the 2 measured steps is S + 3.
+        assert row["busiest_worker_tokens"] == -(-row["batch"] // 2) * (row["context"] + 3)
+        alone = r / 1 * row["busiest_worker_tokens"]
+        assert row["kernel_alone_s_per_layer"] == pytest.approx(alone, rel=1e-12)
+        assert row["kernel_in_service_over_alone"] == pytest.approx(parts["kernel"] / alone, rel=1e-12)
+        assert row["compute_over_kernel_alone"] == pytest.approx(parts["compute"] / alone, rel=1e-12)
