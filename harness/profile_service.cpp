@@ -200,6 +200,9 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
             const json st = client.stats(size_t(w));
             json p = st.value("attend_parts_s", json::object());
             p["compute"] = st.value("attend_compute_s", 0.0);
+            // The socket loop around them: idle before each ATTEND came, its receipt, its handling, the reply's send.
+            for (const char* k : {"wait", "receive", "handle", "send"})
+              if (st.contains("attend_loop_s")) p[std::string("loop_") + k] = st["attend_loop_s"].value(k, 0.0);
             v.push_back(p);
           }
           return v;
@@ -257,9 +260,11 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
         const auto ms = [&](const char* k) { return 1e3 * parts.value(k, 0.0); };
         std::fprintf(stderr,
                      "fd-bench profile --service: %s B %lld context %lld: %.3f ms a layer (busiest worker %.3f ms: kernel %.3f, "
-                     "append %.3f, query %.3f, prepare %.3f, output %.3f)\n",
+                     "append %.3f, query %.3f, prepare %.3f, output %.3f; its loop: handle %.3f, receive %.3f, send %.3f, "
+                     "idle %.3f)\n",
                      dtype.c_str(), (long long)B, (long long)S, 1e3 * median(round_s), 1e3 * median(busiest_s), ms("kernel"),
-                     ms("append"), ms("query"), ms("prepare"), ms("output"));
+                     ms("append"), ms("query"), ms("prepare"), ms("output"), ms("loop_handle"), ms("loop_receive"),
+                     ms("loop_send"), ms("loop_wait"));
       }
     }
     for (int w = 0; w < o.workers; ++w) {
@@ -296,7 +301,9 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
                          "medians of " + std::to_string(o.reps) + " steps after one warm-up; busiest_parts_s_per_layer: the busiest worker's "
                          "ATTEND time by part (its STATS attend_parts_s: prepare = ids, memory check and views; append = "
                          "this step's k / v; query = q to fp32; kernel = decode attention; output = o to the wire; compute = "
-                         "their sum) over the measured steps, per layer; busiest_worker_tokens: its sequences x their mean "
+                         "their sum; and its socket loop's attend_loop_s: loop_wait = idle before each ATTEND came, "
+                         "loop_receive, loop_handle = the handler with the shared-memory lane's work, loop_send) over the "
+                         "measured steps, per layer; busiest_worker_tokens: its sequences x their mean "
                          "context over the measured steps; fit: "
                          "round = a + per_seq * B/P + per_token * B*S/P (relative least squares); r_s_per_token_layer_cpu = per_token x "
                          "threads"}};

@@ -78,6 +78,10 @@ struct RouterCounters {
                                   // call that failed, an exception out of the handler)
   uint64_t replies_lost = 0;      // replies that could not be sent (the peer gone, its pipe full)
   size_t budget_bytes = 0, rss_bound_bytes = 0, base_rss_bytes = 0;  // the guard's limits, as it set them
+  // The socket loop's time around its ATTENDs (STATS attend_loop_s, issue 43): waiting in poll before the request came
+  // (the loop idle, its wake-up included), receiving its frames, handling it (the service's compute and the
+  // shared-memory lane's work on both sides of it), sending the reply.
+  uint64_t attend_loop_requests = 0, attend_wait_ns = 0, attend_receive_ns = 0, attend_handle_ns = 0, attend_send_ns = 0;
   std::atomic<uint64_t> cut_intake{0};       // connections cut: the bytes held passed the intake budget
   std::atomic<uint64_t> cut_rss{0};          // connections cut: resident memory passed its bound
   std::atomic<uint64_t> cut_connections{0};  // connections cut: one past max_connections

@@ -272,6 +272,7 @@ void run_router_loop(const RouterLoop& loop) {
       return false;
     }
   };
+  int64_t wait_from = now_ns();  // when the loop last became free to take a request
   while (!loop.done()) {
     zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
     try {
@@ -282,6 +283,7 @@ void run_router_loop(const RouterLoop& loop) {
     }
     drain_connections();  // a connection's end before any later message: a new connection may reuse its descriptor
     if (!(item.revents & ZMQ_POLLIN)) continue;
+    const int64_t t_ready = now_ns();
     parts.clear();
     proto::Header req{};
     bool ours = false;
@@ -328,6 +330,8 @@ void run_router_loop(const RouterLoop& loop) {
       ours = parts.size() >= 2 && parts[1].size() == proto::kHeaderBytes &&
              (std::memcpy(&req, parts[1].data(), proto::kHeaderBytes), req.magic == proto::kMagic);
       std::vector<zmq::message_t> reply;
+      const bool attend = ours && req.msg_type() == proto::MsgType::Attend;
+      const int64_t t_received = now_ns();
       if (over) {
         ++counters.refused_too_large;
         const bool too_many = n_frames > kMaxRequestFrames;
@@ -360,10 +364,20 @@ void run_router_loop(const RouterLoop& loop) {
         }
         if (ours && req.msg_type() == proto::MsgType::Close) regions.erase(peer);  // the session ends, and its region
       }
+      const int64_t t_handled = now_ns();
       if (!send_reply(reply)) {
         ++counters.replies_lost;
         log("a reply could not be sent (its peer is gone or takes no more)");
       }
+      if (attend) {
+        const int64_t t_sent = now_ns();
+        ++counters.attend_loop_requests;
+        counters.attend_wait_ns += uint64_t(std::max<int64_t>(0, t_ready - wait_from));
+        counters.attend_receive_ns += uint64_t(t_received - t_ready);
+        counters.attend_handle_ns += uint64_t(t_handled - t_received);
+        counters.attend_send_ns += uint64_t(t_sent - t_handled);
+      }
+      wait_from = now_ns();
     } catch (const std::exception& e) {
       // A peer's message made a ZeroMQ call or the handler fail: that message is dropped and the loop goes on. A
       // request with our header is answered ERROR internal, so that a client waiting for it is not left waiting.

@@ -380,6 +380,12 @@ json RWorkerService::stats(const std::string& peer) const {
   s["memory_pooled_bytes"] = memory_.pooled;                 // freed blocks kept for reuse (within the limit too)
   s["kv_bytes"] = kv;
   if (router_)
+    s["attend_loop_s"] = {{"requests", router_->attend_loop_requests},
+                          {"wait", double(router_->attend_wait_ns) / 1e9},
+                          {"receive", double(router_->attend_receive_ns) / 1e9},
+                          {"handle", double(router_->attend_handle_ns) / 1e9},
+                          {"send", double(router_->attend_send_ns) / 1e9}};
+  if (router_)
     s["intake"] = {{"untracked_dropped", router_->untracked_dropped},
                    {"peer_faults", router_->peer_faults},
                    {"replies_lost", router_->replies_lost},
