@@ -293,7 +293,7 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
   e.schedule.seq = e.workload.gen_len.max;
   if (top.has("schedule")) {
     StrictObject sc = top.get_object("schedule");
-    e.schedule.mode = parse_admit_mode(sc.get_enum("mode", {"all-at-once", "fixed-interval", "load-control"}));
+    e.schedule.mode = parse_admit_mode(sc.get_enum("mode", {"all-at-once", "fixed-interval", "load-control"}, std::string("all-at-once")));
     e.schedule.batch = sc.get_int("batch", 1, 1 << 24, e.workload.requests);
     e.schedule.seq = sc.get_int("seq", 1, 1 << 24, e.workload.gen_len.max);
     e.schedule.interval = sc.get_int("interval", 1, 1 << 24, 1);
@@ -413,9 +413,23 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
 ExperimentConfig load_experiment(const std::string& path, const std::vector<std::string>& overrides) {
   json j = read_json_file(path);
   for (const std::string& o : overrides) apply_override(j, o);
-  ExperimentConfig e = parse_experiment(j, path);
-  e.overrides = overrides;
-  return e;
+  try {
+    ExperimentConfig e = parse_experiment(j, path);
+    e.overrides = overrides;
+    return e;
+  } catch (const ConfigError& err) {
+    // An error at a key an override set (or inside it) names the override: the file does not hold that value.
+    const std::string msg = err.what(), head = path + ": ";
+    if (msg.rfind(head, 0) == 0) {
+      const std::string rest = msg.substr(head.size());
+      for (auto it = overrides.rbegin(); it != overrides.rend(); ++it) {
+        const std::string key = it->substr(0, it->find('='));
+        if (!key.empty() && rest.rfind(key, 0) == 0 && (rest.size() == key.size() || rest[key.size()] == '.' || rest[key.size()] == ':'))
+          throw ConfigError(msg + " (from --set " + *it + ")");
+      }
+    }
+    throw;
+  }
 }
 
 namespace {

@@ -19,11 +19,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 gpu=0 bin=build/default/bin out=results/accuracy-study
+model=() # --set arguments of every run: the model config and the random weights' seed, when given
 while [ $# -gt 0 ]; do
   case "$1" in
     --gpu) gpu=1 ;;
     --bin-dir) bin="$2"; shift ;;
     --out) out="$2"; shift ;;
+    --model)
+      [ -f "${2:-}" ] || { echo "accuracy-study: --model ${2:-}: no such file" >&2; exit 2; }
+      model+=(--set "model.config=$(realpath "$2")"); shift ;;
+    --weights-seed)
+      [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "accuracy-study: --weights-seed ${2:-}: not a number" >&2; exit 2; }
+      model+=(--set "model.weights.seed=$2"); shift ;;
     -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "accuracy-study: unknown option $1" >&2; exit 2 ;;
   esac
@@ -34,7 +41,7 @@ mkdir -p "$out"
 runs="$out/runs"
 rm -rf "$runs"; mkdir -p "$runs"
 echo "== generating the scored stream (reference engine, fp32)"
-"$bin/fd-bench" run experiments/accuracy/generate.json --out "$runs/generate" --quiet
+"$bin/fd-bench" run experiments/accuracy/generate.json --out "$runs/generate" --quiet "${model[@]}"
 "$py" - "$runs/generate/requests.jsonl" "$out/score.jsonl" <<'PY'
 import json, sys
 with open(sys.argv[1]) as f, open(sys.argv[2], "w") as o:
@@ -69,7 +76,7 @@ for v in "${variants[@]}"; do
   label="${v%%|*}" engine="${v#*|}"
   echo "== scoring: $label"
   "$bin/fd-bench" run experiments/accuracy/score.json --out "$runs/$label" --quiet \
-    --set "workload.score=$score" --set "engine=$engine"
+    --set "workload.score=$score" --set "engine=$engine" "${model[@]}"
   dirs+=("$runs/$label") labels+=(--label "$label")
 done
 "$py" analysis/accuracy.py "${dirs[@]}" "${labels[@]}" --out "$out"

@@ -30,7 +30,8 @@ class GpuOnlyEngine : public Engine {
  public:
   GpuOnlyEngine(const GpuOnlyConfig& ec, const EngineContext& ctx) : ec_(ec), cfg_(ctx.model), sampling_(ctx.sampling) {
     const auto devs = cuda_devices();
-    if (devs.empty()) FD_THROW("gpu-only engine: no CUDA device answers");
+    if (devs.empty()) throw ConfigError("engine.type gpu-only runs on a GPU, and no CUDA device answers (the fastdecode and reference "
+                                         "engines run on the CPU)");
     const ParallelConfig& pc = ec.parallel;
     const int64_t T = pc.tensor, P = pc.pipeline, G = T * P;
     std::vector<std::pair<int64_t, int64_t>> stages = {{0, cfg_.num_layers}};

@@ -89,7 +89,8 @@ class HostOffloadEngine : public Engine {
   HostOffloadEngine(const HostOffloadConfig& ec, const EngineContext& ctx)
       : ec_(ec), cfg_(ctx.model), sampling_(ctx.sampling) {
     const auto devs = cuda_devices();
-    if (devs.empty()) FD_THROW("host-offload engine: no CUDA device answers");
+    if (devs.empty()) throw ConfigError("engine.type host-offload runs on a GPU, and no CUDA device answers (the fastdecode and reference "
+                                         "engines run on the CPU)");
     CUDA_CHECK(cudaSetDevice(0));
     device_name_ = devs[0].name;
     // Stream 0 computes, stream 1 copies (the copy engines need no SMs; on a green context both share it).

@@ -30,7 +30,8 @@ class HybridEngine : public Engine {
  public:
   HybridEngine(const HybridConfig& c, const EngineContext& ctx) : ec_(c), cfg_(ctx.model), sampling_(ctx.sampling) {
     const auto devs = cuda_devices();
-    if (devs.empty()) FD_THROW("hybrid engine: no CUDA device answers");
+    if (devs.empty()) throw ConfigError("engine.type hybrid runs on a GPU, and no CUDA device answers (the fastdecode and reference "
+                                         "engines run on the CPU)");
     if (cfg_.head_dim % 32 != 0 || cfg_.head_dim > 256)
       FD_THROW("hybrid engine: model " << cfg_.name << " has head_dim " << cfg_.head_dim
                                        << "; the R-worker kernels need a multiple of 32, at most 256");

@@ -45,7 +45,8 @@ class PagedSwapEngine : public Engine {
  public:
   PagedSwapEngine(const PagedSwapConfig& ec, const EngineContext& ctx) : ec_(ec), cfg_(ctx.model), sampling_(ctx.sampling) {
     const auto devs = cuda_devices();
-    if (devs.empty()) FD_THROW("paged-swap engine: no CUDA device answers");
+    if (devs.empty()) throw ConfigError("engine.type paged-swap runs on a GPU, and no CUDA device answers (the fastdecode and reference "
+                                         "engines run on the CPU)");
     CUDA_CHECK(cudaSetDevice(0));
     device_name_ = devs[0].name;
     streams_ = std::make_unique<cuda::SmLimitedStreams>(int(ctx.hardware.gpu_sm_count), 1);

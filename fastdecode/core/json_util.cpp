@@ -1,8 +1,10 @@
 #include "fastdecode/core/json_util.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace fd {
 
@@ -58,8 +60,31 @@ const json& StrictObject::get_raw(const std::string& key) {
 
 static std::string range_text(double lo, double hi) {
   std::ostringstream os;
+  os.precision(17);  // the bounds as they are (1e-06, 16777216), not rounded to 6 digits
   os << "[" << lo << ", " << hi << "]";
   return os.str();
+}
+
+static std::string range_text(int64_t lo, int64_t hi) {
+  std::ostringstream os;
+  os << "[" << lo << ", " << hi << "]";
+  return os.str();
+}
+
+// Levenshtein distance of two short keys.
+static size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
 }
 
 int64_t StrictObject::get_int(const std::string& key, int64_t lo, int64_t hi) {
@@ -74,7 +99,7 @@ int64_t StrictObject::get_int(const std::string& key, int64_t lo, int64_t hi) {
     fail(key, std::string("expected an integer, got ") + v.dump());
   }
   if (x < lo || x > hi)
-    fail(key, "value " + std::to_string(x) + " out of range " + range_text(double(lo), double(hi)));
+    fail(key, "value " + std::to_string(x) + " out of range " + range_text(lo, hi));
   return x;
 }
 
@@ -147,8 +172,17 @@ StrictObject StrictObject::get_object(const std::string& key) {
 void StrictObject::accept(const std::set<std::string>& keys) { known_.insert(keys.begin(), keys.end()); }
 
 void StrictObject::finish() const {
-  for (auto it = obj_.begin(); it != obj_.end(); ++it)
-    if (!known_.count(it.key())) throw ConfigError(where(it.key()) + ": unknown key");
+  for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+    if (known_.count(it.key())) continue;
+    // The nearest key this object takes, when it is near (a typo): at most a third of the key's letters off, and 2.
+    std::string best;
+    size_t best_d = std::min<size_t>(2, std::max<size_t>(1, it.key().size() / 3)) + 1;
+    for (const std::string& k : known_) {
+      const size_t d = edit_distance(it.key(), k);
+      if (d < best_d) best_d = d, best = k;
+    }
+    throw ConfigError(where(it.key()) + ": unknown key" + (best.empty() ? std::string() : " (did you mean '" + best + "'?)"));
+  }
 }
 
 }  // namespace fd

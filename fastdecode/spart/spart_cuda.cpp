@@ -36,7 +36,8 @@ class CudaSPart : public SPart {
       : cfg_(w.cfg), device_(o.device), tp_(o.comms.tp && o.comms.tp->size() > 1 ? o.comms.tp : nullptr),
         graphs_on_(o.cuda_graphs && !tp_) {  // collectives inside captured stages: not under T > 1
     const auto devs = cuda_devices();
-    if (devs.empty()) FD_THROW("CUDA S-Part: no CUDA device answers");
+    if (devs.empty()) throw ConfigError("engine.backend is cuda, but no CUDA device answers: set engine.backend to cpu, or to auto "
+                                         "(the GPU when one answers, else the CPU)");
     if (device_ < 0 || size_t(device_) >= devs.size())
       FD_THROW_BAD_INPUT("CUDA S-Part: device " << device_ << " does not answer (" << devs.size() << " CUDA device(s))");
     CUDA_CHECK(cudaSetDevice(device_));

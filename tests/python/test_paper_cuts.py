@@ -1,0 +1,71 @@
+"""Paper cuts a new user hit (issue 45), each as the user met it: the message must name what is wrong and where it
+came from, and the exit status must be the documented one (2: an error before the first step)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "experiments" / "quickstart.json"
+
+
+def run(fd_bin, tmp_path, *sets):
+    args = [fd_bin("fd-bench"), "run", str(QUICKSTART), "--out", str(tmp_path / "run"), "--quiet"]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+def test_a_bad_value_from_set_names_the_key_and_the_override(fd_bin, tmp_path):
+    # Was: "schedule.mode: required key is missing" (the override made a schedule object without a mode).
+    p = run(fd_bin, tmp_path, "schedule.batch=-4")
+    assert p.returncode == 2, p.stderr
+    assert "schedule.batch: value -4 out of range" in p.stderr and "(from --set schedule.batch=-4)" in p.stderr, p.stderr
+
+
+def test_a_misspelt_key_gets_a_suggestion(fd_bin, tmp_path):
+    p = run(fd_bin, tmp_path, "workload.requestz=4")
+    assert p.returncode == 2
+    assert "workload.requestz: unknown key (did you mean 'requests'?)" in p.stderr, p.stderr
+    assert "(from --set workload.requestz=4)" in p.stderr
+    # Far from every key: no suggestion.
+    p = run(fd_bin, tmp_path, "workload.colour=4")
+    assert p.returncode == 2 and "unknown key" in p.stderr and "did you mean" not in p.stderr, p.stderr
+
+
+def test_integer_ranges_are_printed_exactly(fd_bin, tmp_path):
+    # Was: "out of range [1, 1.04858e+06]".
+    p = run(fd_bin, tmp_path, "workload.requests=99999999999")
+    assert p.returncode == 2 and "out of range [1, 1048576]" in p.stderr, p.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0,
+                    reason="a GPU answers here: the cuda backend runs")
+def test_the_cuda_backend_without_a_gpu_is_a_config_error_with_the_way_out(fd_bin, tmp_path):
+    # Was: exit 1, "CUDA S-Part: no CUDA device answers".
+    p = run(fd_bin, tmp_path, "engine.backend=cuda")
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "engine.backend is cuda, but no CUDA device answers" in p.stderr and "cpu" in p.stderr, p.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_accuracy_study_takes_every_option_its_help_names(tmp_path):
+    script = REPO / "scripts" / "accuracy-study.sh"
+    usage = subprocess.run([str(script), "-h"], capture_output=True, text=True, timeout=30).stdout
+    opts = re.findall(r"\[(--[a-z-]+)( [A-Z]+)?\]", usage.splitlines()[2])
+    assert {o for o, _ in opts} >= {"--model", "--weights-seed", "--out", "--bin-dir", "--gpu"}, usage
+    values = {"CONFIG": str(REPO / "experiments" / "models" / "tiny-llama.json"), "N": "3", "DIR": str(tmp_path / "d")}
+    for opt, arg in opts:
+        args = [opt] + ([values[arg.strip()]] if arg else [])
+        # A missing fd-bench stops the study right after its options are read.
+        p = subprocess.run([str(script), *args, "--bin-dir", str(tmp_path / "no-bin"), "--out", str(tmp_path / "o")],
+                           capture_output=True, text=True, timeout=60)
+        assert "unknown option" not in p.stderr, (opt, p.stderr)
+        assert "no-bin/fd-bench" in p.stderr, (opt, p.stderr)
+    p = subprocess.run([str(script), "--model", "/nonexistent.json"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "--model /nonexistent.json: no such file" in p.stderr
