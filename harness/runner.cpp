@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -69,29 +70,38 @@ class TraceWriter {
   json events_ = json::array();
 };
 
-// One line on a terminal, redrawn at most ~10 times a second: steps, tokens/s, ETA.
+// Progress: steps, tokens/s, ETA. On a terminal one line, redrawn at most ~10 times a second; otherwise (a log file, a
+// pipe) a line every FD_PROGRESS_INTERVAL_S seconds (default 10; 0: every step), so a run logged to a file shows it.
 class Progress {
  public:
-  Progress(bool enabled, int64_t total_tokens)
-      : on_(enabled && isatty(fileno(stderr))), total_(total_tokens), t0_(now_ns()) {}
+  Progress(bool enabled, int64_t total_tokens) : on_(enabled), tty_(isatty(fileno(stderr))), total_(total_tokens), t0_(now_ns()) {
+    if (!tty_) {
+      const char* e = std::getenv("FD_PROGRESS_INTERVAL_S");
+      char* end = nullptr;
+      const double v = e ? std::strtod(e, &end) : 10.0;
+      interval_ns_ = int64_t(1e9 * (e && end != e && *end == '\0' && v >= 0 ? v : 10.0));
+      last_ = t0_;  // the first line after one interval: a short run prints none
+    }
+  }
   void update(int64_t step, int64_t tokens, int64_t running, bool force = false) {
     if (!on_) return;
     const int64_t t = now_ns();
-    if (!force && t - last_ < 100'000'000) return;
+    if (!force && t - last_ < interval_ns_) return;
+    if (!tty_ && force) return;  // the closing redraw: the summary follows
     last_ = t;
     const double s = double(t - t0_) / 1e9, rate = s > 0 ? double(tokens) / s : 0.0;
     const double eta = rate > 0 ? double(total_ - tokens) / rate : 0.0;
-    std::fprintf(stderr, "\r  step %6lld | running %5lld | tokens %8lld / %lld | %9.1f tok/s | ETA %6.1f s  ",
-                 (long long)step, (long long)running, (long long)tokens, (long long)total_, rate, eta);
+    std::fprintf(stderr, "%s  step %6lld | running %5lld | tokens %8lld / %lld | %9.1f tok/s | ETA %6.1f s  %s", tty_ ? "\r" : "",
+                 (long long)step, (long long)running, (long long)tokens, (long long)total_, rate, eta, tty_ ? "" : "\n");
     std::fflush(stderr);
   }
   void done() {
-    if (on_) std::fprintf(stderr, "\n");
+    if (on_ && tty_) std::fprintf(stderr, "\n");
   }
 
  private:
-  bool on_;
-  int64_t total_, t0_, last_ = 0;
+  bool on_, tty_;
+  int64_t total_, t0_, last_ = 0, interval_ns_ = 100'000'000;
 };
 
 struct RequestTrack {

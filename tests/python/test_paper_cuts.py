@@ -69,3 +69,16 @@ def test_accuracy_study_takes_every_option_its_help_names(tmp_path):
         assert "no-bin/fd-bench" in p.stderr, (opt, p.stderr)
     p = subprocess.run([str(script), "--model", "/nonexistent.json"], capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "--model /nonexistent.json: no such file" in p.stderr
+
+
+def test_progress_shows_when_stderr_is_a_file(fd_bin, tmp_path):
+    # Was: a progress line only on a terminal; a run logged to a file showed nothing until it ended.
+    import os
+    env = {**os.environ, "FD_PROGRESS_INTERVAL_S": "0"}  # a line every step (default: every 10 s)
+    args = [fd_bin("fd-bench"), "run", str(QUICKSTART), "--out", str(tmp_path / "run")]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = [l for l in p.stderr.splitlines() if re.match(r"^\s+step\s+\d+ \| running\s+\d+ \| tokens\s+\d+ / \d+ \|", l)]
+    assert len(lines) >= 2 and "\r" not in p.stderr, p.stderr[-2000:]
+    q = subprocess.run(args[:-1] + [str(tmp_path / "quiet"), "--quiet"], capture_output=True, text=True, timeout=300, env=env)
+    assert q.returncode == 0 and not re.search(r"\| tokens\s+\d+ /", q.stderr)
