@@ -52,88 +52,103 @@ std::vector<FileRequest> load_workload_file(const std::string& path, const std::
   std::string line;
   int64_t lineno = 0;
   double prev = 0.0;
+  // Every bad line is reported (the first kMaxReported of them), not only the first: fixing a file takes one pass.
+  constexpr size_t kMaxReported = 20;
+  std::vector<std::string> bad;
+  size_t n_bad = 0;
   while (std::getline(in, line)) {
     ++lineno;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    FileRequest r;
-    r.where = path + ":" + std::to_string(lineno);
-    const std::string& w = r.where;
-    json j;
     try {
-      j = json::parse(line);
-    } catch (const json::parse_error& e) {
-      line_fail(w, std::string("not JSON: ") + e.what());
-    }
-    if (!j.is_object()) line_fail(w, "expected a JSON object");
-    for (const auto& [k, v] : j.items())
-      if (!keys.count(k)) line_fail(w, "unknown key '" + k + "' (a " + kind + " line has " + key_list + ")");
-    const auto get_int = [&](const char* k, int64_t lo) -> std::optional<int64_t> {
-      if (!j.contains(k)) return std::nullopt;
-      const json& v = j[k];
-      if (!v.is_number_integer()) line_fail(w, std::string("'") + k + "' must be an integer");
-      const int64_t x = v.get<int64_t>();
-      if (x < lo) line_fail(w, std::string("'") + k + "' = " + std::to_string(x) + " must be >= " + std::to_string(lo));
-      return x;
-    };
-    const auto get_num = [&](const char* k) -> std::optional<double> {
-      if (!j.contains(k)) return std::nullopt;
-      if (!j[k].is_number()) line_fail(w, std::string("'") + k + "' must be a number");
-      const double x = j[k].get<double>();
-      if (!std::isfinite(x)) line_fail(w, std::string("'") + k + "' must be finite");
-      return x;
-    };
-    const auto get_tokens = [&](const char* k) {
-      std::vector<int32_t> t;
-      const json& v = j[k];
-      if (!v.is_array()) line_fail(w, std::string("'") + k + "' must be a list of token ids");
-      for (const json& x : v) {
-        // Range against the model's vocabulary: parse_experiment (validate_request).
-        if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
-          line_fail(w, std::string("'") + k + "': " + x.dump() + " is not a token id (an integer >= 0)");
-        t.push_back(int32_t(x.get<int64_t>()));
+      FileRequest r;
+      r.where = path + ":" + std::to_string(lineno);
+      const std::string& w = r.where;
+      json j;
+      try {
+        j = json::parse(line);
+      } catch (const json::parse_error& e) {
+        line_fail(w, std::string("not JSON: ") + e.what());
       }
-      if (t.empty()) line_fail(w, std::string("'") + k + "' is empty");
-      return t;
-    };
-    // arrival_s
-    if (with_arrivals) {
-      const auto a = get_num("arrival_s");
-      if (!a) line_fail(w, "missing key 'arrival_s' (\"arrival\": \"trace\")");
-      if (*a < 0) line_fail(w, "'arrival_s' must be >= 0");
-      if (*a < prev) line_fail(w, "'arrival_s' decreases (the file must be sorted by arrival)");
-      prev = r.arrival_s = *a;
-    } else if (j.contains("arrival_s")) {
-      line_fail(w, "'arrival_s' only with \"arrival\": \"trace\" in the workload");
+      if (!j.is_object()) line_fail(w, "expected a JSON object");
+      for (const auto& [k, v] : j.items())
+        if (!keys.count(k)) line_fail(w, "unknown key '" + k + "' (a " + kind + " line has " + key_list + ")");
+      const auto get_int = [&](const char* k, int64_t lo) -> std::optional<int64_t> {
+        if (!j.contains(k)) return std::nullopt;
+        const json& v = j[k];
+        if (!v.is_number_integer()) line_fail(w, std::string("'") + k + "' must be an integer");
+        const int64_t x = v.get<int64_t>();
+        if (x < lo) line_fail(w, std::string("'") + k + "' = " + std::to_string(x) + " must be >= " + std::to_string(lo));
+        return x;
+      };
+      const auto get_num = [&](const char* k) -> std::optional<double> {
+        if (!j.contains(k)) return std::nullopt;
+        if (!j[k].is_number()) line_fail(w, std::string("'") + k + "' must be a number");
+        const double x = j[k].get<double>();
+        if (!std::isfinite(x)) line_fail(w, std::string("'") + k + "' must be finite");
+        return x;
+      };
+      const auto get_tokens = [&](const char* k) {
+        std::vector<int32_t> t;
+        const json& v = j[k];
+        if (!v.is_array()) line_fail(w, std::string("'") + k + "' must be a list of token ids");
+        for (const json& x : v) {
+          // Range against the model's vocabulary: parse_experiment (validate_request).
+          if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+            line_fail(w, std::string("'") + k + "': " + x.dump() + " is not a token id (an integer >= 0)");
+          t.push_back(int32_t(x.get<int64_t>()));
+        }
+        if (t.empty()) line_fail(w, std::string("'") + k + "' is empty");
+        return t;
+      };
+      // arrival_s
+      if (with_arrivals) {
+        const auto a = get_num("arrival_s");
+        if (!a) line_fail(w, "missing key 'arrival_s' (\"arrival\": \"trace\")");
+        if (*a < 0) line_fail(w, "'arrival_s' must be >= 0");
+        if (*a < prev) line_fail(w, "'arrival_s' decreases (the file must be sorted by arrival)");
+        prev = r.arrival_s = *a;
+      } else if (j.contains("arrival_s")) {
+        line_fail(w, "'arrival_s' only with \"arrival\": \"trace\" in the workload");
+      }
+      // prompt
+      if (j.contains("prompt")) {
+        if (j.contains("prompt_len")) line_fail(w, "give 'prompt' or 'prompt_len', not both");
+        r.prompt = get_tokens("prompt");
+        r.prompt_len = int64_t(r.prompt.size());
+      } else if (kind == "trace" && j.contains("prompt_len")) {
+        r.prompt_len = *get_int("prompt_len", 1);
+      } else {
+        line_fail(w, kind == "trace" ? "missing key 'prompt_len' (or 'prompt')" : "missing key 'prompt'");
+      }
+      // lengths
+      if (kind == "score") {
+        if (!j.contains("continuation")) line_fail(w, "missing key 'continuation'");
+        r.forced = get_tokens("continuation");
+        r.gen_len = r.max_gen_len = int64_t(r.forced.size());
+      } else {
+        const auto g = get_int("gen_len", 1);
+        if (!g) line_fail(w, "missing key 'gen_len'");
+        r.gen_len = *g;
+        r.max_gen_len = get_int("max_gen_len", 1).value_or(r.gen_len);
+        if (r.max_gen_len < r.gen_len) line_fail(w, "'max_gen_len' < 'gen_len'");
+        r.temperature = get_num("temperature");
+        if (r.temperature && *r.temperature < 0) line_fail(w, "'temperature' must be >= 0");
+        if (const auto k = get_int("top_k", 0)) r.top_k = *k;
+        r.top_p = get_num("top_p");
+        if (r.top_p && !(*r.top_p > 0 && *r.top_p <= 1)) line_fail(w, "'top_p' must be in (0, 1]");
+        if (const auto sd = get_int("seed", 0)) r.seed = uint64_t(*sd);
+      }
+      out.push_back(std::move(r));
+    } catch (const ConfigError& e) {
+      if (++n_bad <= kMaxReported) bad.push_back(e.what());
     }
-    // prompt
-    if (j.contains("prompt")) {
-      if (j.contains("prompt_len")) line_fail(w, "give 'prompt' or 'prompt_len', not both");
-      r.prompt = get_tokens("prompt");
-      r.prompt_len = int64_t(r.prompt.size());
-    } else if (kind == "trace" && j.contains("prompt_len")) {
-      r.prompt_len = *get_int("prompt_len", 1);
-    } else {
-      line_fail(w, kind == "trace" ? "missing key 'prompt_len' (or 'prompt')" : "missing key 'prompt'");
-    }
-    // lengths
-    if (kind == "score") {
-      if (!j.contains("continuation")) line_fail(w, "missing key 'continuation'");
-      r.forced = get_tokens("continuation");
-      r.gen_len = r.max_gen_len = int64_t(r.forced.size());
-    } else {
-      const auto g = get_int("gen_len", 1);
-      if (!g) line_fail(w, "missing key 'gen_len'");
-      r.gen_len = *g;
-      r.max_gen_len = get_int("max_gen_len", 1).value_or(r.gen_len);
-      if (r.max_gen_len < r.gen_len) line_fail(w, "'max_gen_len' < 'gen_len'");
-      r.temperature = get_num("temperature");
-      if (r.temperature && *r.temperature < 0) line_fail(w, "'temperature' must be >= 0");
-      if (const auto k = get_int("top_k", 0)) r.top_k = *k;
-      r.top_p = get_num("top_p");
-      if (r.top_p && !(*r.top_p > 0 && *r.top_p <= 1)) line_fail(w, "'top_p' must be in (0, 1]");
-      if (const auto sd = get_int("seed", 0)) r.seed = uint64_t(*sd);
-    }
-    out.push_back(std::move(r));
+  }
+  if (!bad.empty()) {
+    std::string msg;
+    for (const std::string& b : bad) msg += (msg.empty() ? "" : "\n") + b;
+    if (n_bad > bad.size()) msg += "\n" + path + ": and " + std::to_string(n_bad - bad.size()) + " more bad line(s)";
+    if (n_bad > 1) msg += "\n" + path + ": " + std::to_string(n_bad) + " bad line(s) in all";
+    throw ConfigError(msg);
   }
   return out;
 }

@@ -82,3 +82,21 @@ def test_progress_shows_when_stderr_is_a_file(fd_bin, tmp_path):
     assert len(lines) >= 2 and "\r" not in p.stderr, p.stderr[-2000:]
     q = subprocess.run(args[:-1] + [str(tmp_path / "quiet"), "--quiet"], capture_output=True, text=True, timeout=300, env=env)
     assert q.returncode == 0 and not re.search(r"\| tokens\s+\d+ /", q.stderr)
+
+
+def test_every_bad_line_of_a_workload_file_is_reported(fd_bin, tmp_path):
+    # Was: the first bad line only.
+    import json
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": [5, 6], "gen_len": 2}\n{"prompt": [], "gen_len": 2}\n{"prompt": [5], "gen_len": 2}\n'
+                       '{"prompt": [5], "gen_len": -1}\nnot json\n')
+    cfg = json.loads(QUICKSTART.read_text())
+    cfg["model"]["config"] = str(REPO / "experiments" / "models" / "small-llama.json")
+    cfg["workload"] = {"prompts": str(prompts)}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    p = subprocess.run([fd_bin("fd-bench"), "run", str(tmp_path / "c.json"), "--out", str(tmp_path / "run"), "--quiet"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    for n, what in ((2, "'prompt' is empty"), (4, "'gen_len' = -1"), (5, "not JSON")):
+        assert f"p.jsonl:{n}: {what}" in p.stderr, p.stderr
+    assert "p.jsonl: 3 bad line(s) in all" in p.stderr and "p.jsonl:1:" not in p.stderr and "p.jsonl:3:" not in p.stderr
