@@ -61,6 +61,14 @@ int bench_main(int argc, char** argv, CLI::App& app, const std::function<void()>
   return guarded_main(app, ac, av.data(), [&]() {
     const json prov = collect_provenance(command);
     for (const auto& [k, v] : prov.items()) benchmark::AddCustomContext("fd_" + k, v.is_string() ? v.get<std::string>() : v.dump());
+#ifndef NDEBUG
+    benchmark::AddCustomContext("fd_build", "DEBUG: FastDecode itself is built without optimisation, timings are not its own");
+#else
+    // Google Benchmark warns "Library was built as DEBUG" when its own library was (Debian's libbenchmark package is):
+    // that is about the library's code, not the kernels measured here.
+    benchmark::AddCustomContext("fd_build", "Release (a 'Library was built as DEBUG' warning below is about the Google "
+                                            "Benchmark library as packaged, not about the code measured)");
+#endif
     register_all();
     const size_t ran = benchmark::RunSpecifiedBenchmarks();
     if (after_all) after_all();

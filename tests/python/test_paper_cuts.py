@@ -100,3 +100,14 @@ def test_every_bad_line_of_a_workload_file_is_reported(fd_bin, tmp_path):
     for n, what in ((2, "'prompt' is empty"), (4, "'gen_len' = -1"), (5, "not JSON")):
         assert f"p.jsonl:{n}: {what}" in p.stderr, p.stderr
     assert "p.jsonl: 3 bad line(s) in all" in p.stderr and "p.jsonl:1:" not in p.stderr and "p.jsonl:3:" not in p.stderr
+
+
+def test_the_benchmark_librarys_debug_warning_is_explained(fd_bin):
+    # Was: Google Benchmark's "Library was built as DEBUG" (Debian's libbenchmark) with nothing saying what it is about.
+    p = subprocess.run([fd_bin("fd-attn-bench"), "--batch", "1", "--context", "64", "--benchmark_filter=fp16",
+                        "--benchmark_min_time=0.01"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout + p.stderr
+    assert "fd_build: " in out, out[:2000]
+    if "Library was built as DEBUG" in out:
+        assert "fd_build: Release (a 'Library was built as DEBUG' warning below is about the Google Benchmark library" in out
