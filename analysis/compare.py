@@ -21,7 +21,8 @@ run recorded them; otherwise decode-only is computed from steps.jsonl (analysis/
 that step), steady is "-" (only fd-bench defines that window), and the depth factor is model.layers /
 model.full_layers (else the model config's num_hidden_layers).
 
---base NAME: the ratio of every row's rates (and decode-only p99) to row NAME's; --ratio NUM:DEN (repeatable):
+--base NAME: the ratio of every row's rates (and decode-only p99) to row NAME's (a row's name, its run folder, or a prefix
+of its name that only it has); --ratio NUM:DEN (repeatable):
 the ratio of row NUM to row DEN. With repeats, the ratio is taken per repeat, pairing rep k with rep k (the
 runs a sweep interleaves side by side) when both rows have the same repeat numbers, else every pair; the
 median is reported with min–max.
@@ -229,9 +230,18 @@ def ratio(num, den, key):
 
 
 def find_row(rows, name):
+    """The row NAME names: its name, else the row whose run folder (or one of its repeats') is NAME as a path, else the
+    one row whose name starts with NAME. Ambiguous or absent: an error listing the rows."""
     hit = [r for r in rows if r["name"] == name]
+    if not hit and os.path.exists(name):
+        p = os.path.realpath(name)
+        hit = [r for r in rows if any(os.path.realpath(d) == p or os.path.realpath(os.path.dirname(d)) == p for d in r["dirs"])]
     if not hit:
-        raise CompareError("no row named %r (rows: %s)" % (name, ", ".join(r["name"] for r in rows)))
+        hit = [r for r in rows if r["name"].startswith(name)]
+    if len(hit) != 1:
+        raise CompareError("%s %r (rows: %s; a row is named by its name, its run folder, or a prefix of its name that "
+                           "only it has)" % ("no row named" if not hit else "more than one row matches", name,
+                                            ", ".join(r["name"] for r in rows)))
     return hit[0]
 
 

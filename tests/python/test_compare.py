@@ -153,6 +153,13 @@ def test_group_by_config(tmp_path):
     assert rows["x"]["repeats"] == 2 and rows["x"]["metrics"]["decode_tps"]["min"] == pytest.approx(tps([14.0] * 3))
     _, _, rows = table(tmp_path, tmp_path / "runs")  # ungrouped: two rows named x, told apart by folder
     assert len(rows) == 3 and all(r["repeats"] == 1 for r in rows.values())
+    # --base names a row by its run folder, or a prefix only it has (was: only the "x (runs/x0)" label it was given).
+    _, doc, _ = table(tmp_path, tmp_path / "runs", "--base", tmp_path / "runs" / "x1")
+    assert {x["den"] for x in doc["ratios"]} == {next(n for n in rows if "x1" in n)}
+    _, doc, _ = table(tmp_path, tmp_path / "runs", "--base", "y")
+    assert {x["den"] for x in doc["ratios"]} == {"y"} and len(doc["ratios"]) == 2
+    proc = compare(tmp_path / "runs", "--base", "x")  # two rows start with x (and none is named x)
+    assert proc.returncode == 2 and "more than one row matches 'x'" in proc.stderr
 
 
 def test_bad_input_is_an_error_naming_it(tmp_path):
