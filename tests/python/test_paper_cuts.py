@@ -111,3 +111,19 @@ def test_the_benchmark_librarys_debug_warning_is_explained(fd_bin):
     assert "fd_build: " in out, out[:2000]
     if "Library was built as DEBUG" in out:
         assert "fd_build: Release (a 'Library was built as DEBUG' warning below is about the Google Benchmark library" in out
+
+
+def test_random_tied_embedding_models_repeat_the_last_prompt_token(fd_bin, tmp_path):
+    # docs/WEIGHTS.md says so (it was undocumented): the note must go when this stops being true.
+    import json
+    cfg = {"name": "tied", "model": {"config": str(REPO / "experiments" / "models" / "qwen2.5-0.5b.json"), "layers": 2,
+                                     "weights": {"seed": 1, "dtype": "fp16"}},
+           "workload": {"requests": 2, "prompt_len": 8, "gen_len": 4, "seed": 0}, "sampling": {"temperature": 0},
+           "engine": {"type": "reference"}}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    p = subprocess.run([fd_bin("fd-bench"), "run", str(tmp_path / "c.json"), "--out", str(tmp_path / "run"), "--quiet"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    for line in (tmp_path / "run" / "requests.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        assert r["tokens"] == [r["prompt"][-1]] * 4, r
