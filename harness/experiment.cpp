@@ -267,6 +267,16 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
     if (e.workload.arrival == "poisson") e.workload.rate = w.get_number("rate", 1e-6, 1e9);
     else if (w.has("rate")) w.fail("rate", "only with \"arrival\": \"poisson\"");
     e.workload.stop_at_eos = w.get_bool("stop_at_eos", false);
+    if (w.has("slo")) {
+      StrictObject so = w.get_object("slo");
+      const auto limit = [&](const char* k) -> std::optional<double> {
+        if (!so.has(k)) return (so.accept({k}), std::nullopt);
+        return so.get_number(k, 1e-6, 1e12);
+      };
+      e.workload.slo = {limit("ttft_ms"), limit("tpot_ms"), limit("e2e_ms")};
+      so.finish();
+      if (!e.workload.slo.any()) so.fail("ttft_ms", "workload.slo gives no limit (ttft_ms, tpot_ms, e2e_ms)");
+    }
     if (e.workload.stop_at_eos && e.workload.source == "score")
       w.fail("stop_at_eos", "not with workload.score (a scored request runs its whole continuation)");
     w.finish();
@@ -484,7 +494,11 @@ json ExperimentConfig::resolved() const {
         {"trace", workload.trace_file},
         {"prompts", workload.prompts_file},
         {"score", workload.score_file},
-        {"stop_at_eos", workload.stop_at_eos}}},
+        {"stop_at_eos", workload.stop_at_eos},
+        {"slo", workload.slo.any() ? json{{"ttft_ms", workload.slo.ttft_ms ? json(*workload.slo.ttft_ms) : json(nullptr)},
+                                           {"tpot_ms", workload.slo.tpot_ms ? json(*workload.slo.tpot_ms) : json(nullptr)},
+                                           {"e2e_ms", workload.slo.e2e_ms ? json(*workload.slo.e2e_ms) : json(nullptr)}}
+                                     : json(nullptr)}}},
       {"sampling",
        {{"temperature", sampling.temperature}, {"top_k", sampling.top_k}, {"top_p", sampling.top_p}, {"seed", sampling.seed}}},
       {"schedule",

@@ -38,6 +38,13 @@ struct FileRequest {
   bool has_sampling() const { return temperature || top_p || top_k || seed; }
 };
 
+// workload.slo: per-request latency limits (ms); a request meets the SLO when every limit given holds (vLLM's bench
+// serve --goodput and AIPerf's goodput; docs/EXPERIMENTS.md, "Goodput").
+struct SloLimits {
+  std::optional<double> ttft_ms, tpot_ms, e2e_ms;
+  bool any() const { return ttft_ms || tpot_ms || e2e_ms; }
+};
+
 struct WorkloadConfig {
   int64_t requests = 1;
   LengthDist prompt_len{16, 16};
@@ -53,6 +60,7 @@ struct WorkloadConfig {
   std::string score_file;           // workload.score: JSONL of prompt, continuation[, arrival_s]
   std::vector<FileRequest> file_requests;  // the file's requests (the first `requests` lines)
   bool stop_at_eos = false;
+  SloLimits slo;
 };
 
 // output.logits: which requests record their logits, and what the run folder gets from them.

@@ -379,6 +379,7 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
   // (last - first) / (n - 1); ITL = every gap between consecutive tokens; queueing = arrival to the
   // step that admitted it; e2e = arrival to the last token.
   std::vector<double> ttft, tpot, itl, e2e, queue;
+  std::vector<RequestLatency> latencies;  // for results.slo
   live_requests.close();
   std::ofstream req_out(dir / "requests.jsonl", std::ios::trunc);
   for (const auto& [id, rt] : track) {
@@ -390,6 +391,7 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
     queue.push_back(rec["queue_ms"].get<double>());
     const size_t n = rt.tokens.size();
     if (n > 1) tpot.push_back((last - first) / double(n - 1));
+    latencies.push_back({first, last, int64_t(n)});
     for (size_t i = 1; i < n; ++i) itl.push_back(double(rt.token_ns[i] - rt.token_ns[i - 1]) / 1e6);
     req_out << rec.dump() << "\n";
   }
@@ -452,6 +454,7 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
   // equivalents of the rates (extrapolated, labelled so).
   results["decode_only"] = decode_only_stats(step_stats);
   results["steady"] = steady_stats(step_stats);
+  results["slo"] = slo_stats(e.workload.slo.ttft_ms, e.workload.slo.tpot_ms, e.workload.slo.e2e_ms, latencies, dur_s);
   // The busiest worker's KV tokens over the mean, per decode step (engines with workers): over the decode-only steps
   // and over the steady window's.
   if (json imb = worker_imbalance_stats(step_stats, kv_imbalance); !imb.is_null()) results["worker_kv_imbalance"] = imb;

@@ -86,6 +86,27 @@ json worker_imbalance_stats(const std::vector<StepStat>& steps, const std::vecto
   return {{"decode_only", distribution(dec)}, {"steady", distribution(steady)}};
 }
 
+json slo_stats(std::optional<double> ttft_ms, std::optional<double> tpot_ms, std::optional<double> e2e_ms,
+               const std::vector<RequestLatency>& requests, double duration_s) {
+  const auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
+  if (!ttft_ms && !tpot_ms && !e2e_ms)
+    return {{"limits", nullptr}, {"requests", requests.size()}, {"good_requests", nullptr}, {"attainment", nullptr},
+            {"goodput_requests_per_s", nullptr}, {"goodput_tokens_per_s", nullptr}};
+  int64_t good = 0, good_tokens = 0;
+  for (const RequestLatency& r : requests) {
+    const double tpot = r.output_tokens > 1 ? (r.e2e_ms - r.ttft_ms) / double(r.output_tokens - 1) : 0.0;
+    const bool ok = (!ttft_ms || r.ttft_ms <= *ttft_ms) && (!tpot_ms || tpot <= *tpot_ms) && (!e2e_ms || r.e2e_ms <= *e2e_ms);
+    if (ok) ++good, good_tokens += r.output_tokens;
+  }
+  const bool timed = duration_s > 0;
+  return {{"limits", {{"ttft_ms", opt(ttft_ms)}, {"tpot_ms", opt(tpot_ms)}, {"e2e_ms", opt(e2e_ms)}}},
+          {"requests", requests.size()},
+          {"good_requests", good},
+          {"attainment", requests.empty() ? json(nullptr) : json(double(good) / double(requests.size()))},
+          {"goodput_requests_per_s", timed ? json(double(good) / duration_s) : json(nullptr)},
+          {"goodput_tokens_per_s", timed ? json(double(good_tokens) / duration_s) : json(nullptr)}};
+}
+
 json decode_only_stats(const std::vector<StepStat>& steps) {
   int64_t n = 0, tokens = 0;
   for (const auto& s : steps)

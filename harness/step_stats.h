@@ -53,6 +53,18 @@ json steady_stats(const std::vector<StepStat>& steps);
 // over those of the steady window. Null when no step has a value.
 json worker_imbalance_stats(const std::vector<StepStat>& steps, const std::vector<double>& per_step);
 
+// A finished request's latencies as the SLO sees them (requests.jsonl: ttft_ms, e2e_ms, output_len).
+struct RequestLatency {
+  double ttft_ms = 0, e2e_ms = 0;
+  int64_t output_tokens = 0;
+};
+// results.slo (fd-bench, fd-sim): the limits given (ms; nullopt: none), how many requests met every one of them
+// (TPOT = (e2e - ttft) / (output tokens - 1), 0 for a one-token request, as vLLM's bench serve takes it), the attainment
+// (good / all), goodput (good requests / duration_s, vLLM's and AIPerf's "goodput") and the good requests' output
+// tokens / duration_s. With no limit: {"limits": null} and the rest null.
+json slo_stats(std::optional<double> ttft_ms, std::optional<double> tpot_ms, std::optional<double> e2e_ms,
+               const std::vector<RequestLatency>& requests, double duration_s);
+
 // results.full_depth_equivalent, from a reduced-depth run's results (output_throughput,
 // decode_only.tokens_per_s, steady.tokens_per_s): each rate times layers / full_layers, assuming step time
 // linear in the layer count with no fixed part (Fig. 8). Null when layers >= full_layers.

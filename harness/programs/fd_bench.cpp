@@ -2,7 +2,9 @@
 // requests.jsonl); `workload` writes a config's requests as JSONL for drivers outside the harness.
 #include <cstdio>
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
+#include <sstream>
 
 #include "fastdecode/sched/perf_model.h"
 #include "fastdecode/sched/hybrid.h"
@@ -61,6 +63,10 @@ int main(int argc, char** argv) {
                   "missing objects are created; repeatable, applied in order, echoed in summary.json \"overrides\")")
       ->take_all()
       ->allow_extra_args(false);
+  std::string slo;
+  run->add_option("--slo", slo,
+                  "latency limits of a good request, ms: e.g. ttft:2000,tpot:100[,e2e:MS] (= --set workload.slo=...; "
+                  "summary.json results.slo: attainment and goodput, docs/EXPERIMENTS.md)");
   // plan: the paper's performance model on a measured profile (docs/SCHEDULING.md).
   std::string profile_path, model_path, kv_dtype = "fp16", plan_json;
   int64_t seq = 0, layers = 0;
@@ -409,6 +415,23 @@ int main(int argc, char** argv) {
         fd::write_json_file(plan_json, j);
       }
       return 0;
+    }
+    if (!slo.empty()) {  // --slo ttft:MS,tpot:MS,e2e:MS -> --set workload.slo={...}, after the other overrides
+      fd::json lim = fd::json::object();
+      std::stringstream ss(slo);
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        const size_t c = item.find(':');
+        const std::string k = item.substr(0, c);
+        if (c == std::string::npos || (k != "ttft" && k != "tpot" && k != "e2e"))
+          throw fd::ConfigError("--slo " + slo + ": expected ttft:MS, tpot:MS and / or e2e:MS separated by commas, got '" + item + "'");
+        char* end = nullptr;
+        const double v = std::strtod(item.c_str() + c + 1, &end);
+        if (end == item.c_str() + c + 1 || *end != '\0' || !(v > 0))
+          throw fd::ConfigError("--slo " + slo + ": '" + item.substr(c + 1) + "' is not a positive number of ms");
+        lim[k + "_ms"] = v;
+      }
+      sets.push_back("workload.slo=" + lim.dump());
     }
     const fd::ExperimentConfig e = fd::load_experiment(config, sets);
     if (check) {

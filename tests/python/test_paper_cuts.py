@@ -127,3 +127,40 @@ def test_random_tied_embedding_models_repeat_the_last_prompt_token(fd_bin, tmp_p
     for line in (tmp_path / "run" / "requests.jsonl").read_text().splitlines():
         r = json.loads(line)
         assert r["tokens"] == [r["prompt"][-1]] * 4, r
+
+
+def test_goodput_and_slo_attainment_in_the_summary(fd_bin, tmp_path):
+    # Was: no goodput and no SLO attainment. The run's numbers recomputed here from its requests.jsonl with vLLM's
+    # definitions (a request is good when every given limit holds; TPOT = (e2e - ttft) / (n - 1), 0 for one token).
+    import json
+    p = run(fd_bin, tmp_path, "workload.requests=8")
+    args = [fd_bin("fd-bench"), "run", str(QUICKSTART), "--out", str(tmp_path / "slo"), "--quiet", "--slo", "ttft:1e9,tpot:1e9"]
+    assert subprocess.run(args, capture_output=True, text=True, timeout=300).returncode == 0
+    reqs = [json.loads(l) for l in (tmp_path / "slo" / "requests.jsonl").read_text().splitlines()]
+    res = json.loads((tmp_path / "slo" / "summary.json").read_text())["results"]
+    # Limits from this run's own latencies: the median TTFT and the median TPOT, so some requests pass and some fail.
+    tpot = lambda r: (r["e2e_ms"] - r["ttft_ms"]) / (r["output_len"] - 1) if r["output_len"] > 1 else 0.0
+    ttft_lim = sorted(r["ttft_ms"] for r in reqs)[len(reqs) // 2]
+    good = [r for r in reqs if r["ttft_ms"] <= 1e9 and tpot(r) <= 1e9]
+    assert res["slo"]["good_requests"] == len(good) == len(reqs) and res["slo"]["attainment"] == 1.0
+    assert res["slo"]["goodput_requests_per_s"] == pytest.approx(len(good) / res["duration_s"], rel=1e-12)
+    assert res["slo"]["goodput_tokens_per_s"] == pytest.approx(sum(r["output_len"] for r in good) / res["duration_s"], rel=1e-12)
+    # A second run, judged by the config key with the first run's median TTFT as its limit.
+    cfg = json.loads(QUICKSTART.read_text())
+    cfg["model"]["config"] = str(REPO / "experiments" / "models" / "small-llama.json")
+    cfg["workload"]["slo"] = {"ttft_ms": ttft_lim}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    q = subprocess.run([fd_bin("fd-bench"), "run", str(tmp_path / "c.json"), "--out", str(tmp_path / "slo2"), "--quiet"],
+                       capture_output=True, text=True, timeout=300)
+    assert q.returncode == 0, q.stderr
+    reqs = [json.loads(l) for l in (tmp_path / "slo2" / "requests.jsonl").read_text().splitlines()]
+    res = json.loads((tmp_path / "slo2" / "summary.json").read_text())["results"]
+    good = [r for r in reqs if r["ttft_ms"] <= ttft_lim]
+    assert res["slo"]["limits"] == {"ttft_ms": ttft_lim, "tpot_ms": None, "e2e_ms": None}
+    assert res["slo"]["good_requests"] == len(good) and res["slo"]["attainment"] == pytest.approx(len(good) / len(reqs))
+    # Without limits the fields are there and null; a bad --slo is a config error.
+    assert p.returncode == 0
+    plain = json.loads((tmp_path / "run" / "summary.json").read_text())["results"]["slo"]
+    assert plain["limits"] is None and plain["goodput_requests_per_s"] is None
+    bad = subprocess.run(args[:-1] + ["ttft=5"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--slo ttft=5: expected ttft:MS" in bad.stderr

@@ -176,3 +176,23 @@ TEST(StepStats, FullDepthEquivalent) {
   EXPECT_NE(f["basis"].get<std::string>().find("linear"), std::string::npos);
   EXPECT_TRUE(full_depth_equivalent(32, 32, results).is_null());
 }
+
+TEST(SloStats, GoodputAndAttainmentAsVllmDefinesThem) {
+  // TPOT = (e2e - ttft) / (n - 1): 100 ms for the first two, 0 for the one-token request.
+  const std::vector<fd::RequestLatency> reqs = {{100, 1100, 11}, {300, 400, 2}, {50, 50, 1}};
+  const fd::json s = fd::slo_stats(200.0, 100.0, std::nullopt, reqs, 2.0);
+  // ttft <= 200 and tpot <= 100: the first (100, 100) and the third (50, 0); the second's TTFT is 300.
+  EXPECT_EQ(s["good_requests"], 2);
+  EXPECT_DOUBLE_EQ(s["attainment"].get<double>(), 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(s["goodput_requests_per_s"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(s["goodput_tokens_per_s"].get<double>(), 6.0);  // (11 + 1) tokens in 2 s
+  EXPECT_EQ(s["limits"]["tpot_ms"], 100.0);
+  EXPECT_TRUE(s["limits"]["e2e_ms"].is_null());
+  // An end-to-end limit of 1 000 ms drops the first (1 100 ms); a limit is met at equality (tpot 100 <= 100).
+  EXPECT_EQ(fd::slo_stats(200.0, 100.0, 1000.0, reqs, 2.0)["good_requests"], 1);
+  EXPECT_EQ(fd::slo_stats(std::nullopt, 99.9, std::nullopt, reqs, 2.0)["good_requests"], 1);
+  // No limit: nothing judged.
+  const fd::json none = fd::slo_stats(std::nullopt, std::nullopt, std::nullopt, reqs, 2.0);
+  EXPECT_TRUE(none["limits"].is_null() && none["attainment"].is_null() && none["goodput_requests_per_s"].is_null());
+  EXPECT_EQ(none["requests"], 3);
+}
