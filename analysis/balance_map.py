@@ -235,41 +235,52 @@ def measured_points(a, hbm):
 
 def draw(pts, a, eta, hpts=()):
     """One curve per (model, balance), at the GPU-only batch of that group's largest-B point; the measured points in
-    the group's colour (marker by B)."""
-    fig, ax = plt.subplots(figsize=(12, 6))
+    the group's colour (marker by B). The legend, below the plot, names each group once (its colour, its MODELLED
+    crossover) and the styles once; each point's numbers are in BALANCE_MAP.md."""
+    from matplotlib.lines import Line2D
+    fig, ax = plt.subplots(figsize=(12, 9))
     xs = [10 ** (i / 20.0) for i in range(-60, 11)]  # 1e-3 .. 10
     groups = {}
     for p in pts:
         groups.setdefault((p["model"], p["label"].split(", B = ")[0]), []).append(p)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     markers = {16: "v", 64: "s", 256: "o", 1024: "D"}
+    handles, seen_b = [], set()
     for i, ((model, bal), ps) in enumerate(sorted(groups.items())):
         c = colors[i % len(colors)]
         ref = max(ps, key=lambda p: (p["b_go"], p["label"]))
         b, ctx = round(ref["b_go"]), round(ref["ctx"])
         x1 = crossover(model, ctx, b)
-        ax.plot(xs, [modelled_ratio(model, ctx, b, x) for x in xs], "-", lw=1.2, color=c,
-                label="MODELLED roofline, %s, %s (GPU-only B = %d, ctx %d): crossover x* = %.2f" % (model, bal, b, ctx, x1))
+        ax.plot(xs, [modelled_ratio(model, ctx, b, x) for x in xs], "-", lw=1.2, color=c)
+        text = "%s, %s (GPU-only B = %d, ctx %d): MODELLED x* = %.2f" % (model, bal, b, ctx, x1)
         if eta:
-            ax.plot(xs, [modelled_ratio(model, ctx, b, x, eta) for x in xs], "--", lw=0.8, color=c,
-                    label="   the same, GPU-only at η = %.2f per layer (Fig. 8's slope): x* = %.2f" % (eta, crossover(model, ctx, b, eta)))
+            ax.plot(xs, [modelled_ratio(model, ctx, b, x, eta) for x in xs], "--", lw=0.8, color=c)
+            text += " (%.2f at η)" % crossover(model, ctx, b, eta)
+        handles.append(Line2D([], [], color=c, lw=2, label=text))
         for p in ps:
             B = int(p["label"].split("B = ")[1].split(",")[0])
-            cores = p["label"].split(", ")[-1]
-            ax.plot([p["x"]], [p["ratio"]], markers.get(B, "o"), color=c, ms=7, mec="black", mew=0.5,
-                    label="measured %s, %s, B = %d, %s: %.0f GB/s CPU / %.2f TB/s GPU" % (model, bal, B, cores, p["bw_cpu"] / 1e9, p["bw_gpu"] / 1e12))
+            seen_b.add(B)
+            ax.plot([p["x"]], [p["ratio"]], markers.get(B, "o"), color=c, ms=7, mec="black", mew=0.5)
+    style = [Line2D([], [], color="0.3", lw=1.2, ls="-", label="MODELLED roofline (colour: the group)")]
+    if eta:
+        style.append(Line2D([], [], color="0.3", lw=0.8, ls="--", label="MODELLED, GPU-only at η = %.2f per layer (Fig. 8's slope)" % eta))
+    for B in sorted(seen_b):
+        style.append(Line2D([], [], color="0.6", marker=markers.get(B, "o"), mec="black", mew=0.5, ls="none", ms=7,
+                            label="measured FastDecode / GPU-only, B = %d" % B))
     for i, p in enumerate(hpts):
-        c = "black"
         if i == 0:  # one MODELLED hybrid curve, at the first hybrid cell's GPU-only batch and context
             b, ctx = round(p["b_go"]), round(p["ctx"])
-            ax.plot(xs, [modelled_hybrid(p["model"], ctx, b, x) for x in xs], ":", lw=1.4, color=c,
-                    label="MODELLED hybrid / GPU-only = 1 + FastDecode / GPU-only, %s (GPU-only B = %d, ctx %d)" % (p["model"], b, ctx))
-        ax.plot([p["x"]], [p["hybrid_ratio"]], "*", color="gold", ms=11, mec="black", mew=0.6,
-                label="measured hybrid / GPU-only, %s: %.3f (%d seqs on the CPUs)" % (p["label"], p["hybrid_ratio"], p["cpu_seqs_max"] or 0))
+            ax.plot(xs, [modelled_hybrid(p["model"], ctx, b, x) for x in xs], ":", lw=1.4, color="black")
+            style.append(Line2D([], [], color="black", lw=1.4, ls=":", label="MODELLED hybrid / GPU-only, %s (GPU-only B = %d, ctx %d)"
+                                % (p["model"], b, ctx)))
+            style.append(Line2D([], [], color="gold", marker="*", mec="black", mew=0.6, ls="none", ms=11,
+                                label="measured hybrid / GPU-only (%d cells)" % len(hpts)))
+        ax.plot([p["x"]], [p["hybrid_ratio"]], "*", color="gold", ms=11, mec="black", mew=0.6)
     ax.axhline(1.0, color="0.3", lw=0.8)
     paper_x = 8 * SOCKET_BW / 600e9
     ax.axvline(paper_x, color="0.6", ls=":", lw=1)
-    ax.text(paper_x, 0.0015, " paper: A10 + 8 Epyc\n sockets, x ≈ %.1f\n (MODELLED bandwidths)" % paper_x, fontsize=7, color="0.4")
+    ax.text(paper_x, 0.0015, "paper: A10 + 8 Epyc \nsockets, x ≈ %.1f \n(MODELLED bandwidths) " % paper_x, fontsize=7, color="0.4",
+            ha="right")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(xs[0], xs[-1])
@@ -277,14 +288,15 @@ def draw(pts, a, eta, hpts=()):
     ax.set_xlabel("x = CPU side's aggregate KV read bandwidth / GPU's HBM read bandwidth")
     ax.set_ylabel("FastDecode / GPU-only decode tokens/s")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.suptitle("The balance map: where offloading attention to CPUs wins (FastDecode and the hybrid over GPU-only; 2-layer runs, measured)", fontsize=11)
+    fig.legend(handles=handles + style, loc="lower center", bbox_to_anchor=(0.5, 0.06), ncol=2, fontsize=7, frameon=False)
+    fig.suptitle("The balance map: where offloading attention to CPUs wins (FastDecode and the hybrid over GPU-only; 2-layer runs): "
+                 "measured points, MODELLED curves", fontsize=11)
     fig.text(0.01, 0.005, "Measured points: %s (x measured from each run: KV bytes per decode step / the busiest R-worker's compute; "
              "GPU: fd-kernel-bench --only balance). Curves MODELLED (analysis/balance_map.py's docstring); BALANCE_MAP.md checks "
              "each point against the model with that run's own GPU-only efficiency." % ", ".join(
                  sorted({os.path.relpath(r, REPO) for r in a.baselines + ([a.paper] if a.paper else [])})),
              fontsize=6.5, wrap=True, color="0.25")
-    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.3, 1, 0.95))
     path = os.path.join(a.out, "balance_map.png")
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -48,7 +48,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fd_runs import decode_steps, decode_tokens_per_s, jsonl_path, read_jsonl  # noqa: E402
-from fig_common import add_full_depth_axis  # noqa: E402
 
 ENGINES = ("fastdecode", "gpu-only", "paged-swap", "vanilla", "host-offload", "hf-transformers")
 STYLE = {"fastdecode": ("tab:blue", "o"), "gpu-only": ("tab:orange", "s"), "paged-swap": ("tab:green", "^"),
@@ -239,7 +238,7 @@ def grid(models, bals):
 
 def finish(fig, out, name, written, caption):
     fig.text(0.01, 0.005, caption, fontsize=7, ha="left", va="bottom", wrap=True, color="0.25")
-    fig.tight_layout(rect=(0, 0.05, 1, 0.96))
+    fig.tight_layout(rect=(0, 0.075, 1, 0.96))
     path = os.path.join(out, name)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -248,7 +247,37 @@ def finish(fig, out, name, written, caption):
 
 
 def window_note(window):
-    return ", window %s/" % window if window else ""
+    """For captions: which run folders (the window's subfolder) a figure reads."""
+    return ", the runs in <balance>/<model>/%s/" % window if window else ""
+
+
+def depth_note(engines):
+    """', 2 of 32 layers run' for a panel of reduced-layer runs (its tokens/s are those of the layers run), else ''."""
+    for by_b in engines.values():
+        for r in by_b.values():
+            m = r["summary"].get("model", {})
+            if m.get("layers") and m.get("full_layers", 0) > m["layers"]:
+                return ", %d of %d layers run" % (m["layers"], m["full_layers"])
+    return ""
+
+
+def not_measured(ax, title, what):
+    """A panel without a measured run: no axes, the reason in words (no empty plot)."""
+    import textwrap
+    ax.axis("off")
+    ax.text(0.5, 0.5, "%s\n\nnot measured:\n%s" % (title, textwrap.fill(what, 40)), transform=ax.transAxes, ha="center",
+            va="center", fontsize=9, color="0.3")
+
+
+def engine_legend(fig, axes):
+    """One legend for the figure, below the panels (no legend over data): every label drawn, once."""
+    seen = {}
+    for ax in axes:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(l, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen.keys()), loc="lower center", ncol=min(len(seen), 6), fontsize=8,
+                   bbox_to_anchor=(0.5, 0.035), frameon=False)
 
 
 def fig9(a, written):
@@ -261,6 +290,10 @@ def fig9(a, written):
         for j, b in enumerate(bals):
             ax = axes[i][j]
             engines = runs.get((b, m), {})
+            title = "%s, %s%s" % (m, balance_label(b, engines), depth_note(engines))
+            if not engines:
+                not_measured(ax, title, ", ".join(miss[(b, m)]) or "no run")
+                continue
             for e in ENGINES:
                 if e not in engines:
                     continue
@@ -270,22 +303,19 @@ def fig9(a, written):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("batch B (configured)")
-            ax.set_ylabel("decode tokens/s (decode-only steps)")
-            ax.set_title("%s, %s" % (m, balance_label(b, engines)), fontsize=9)
+            ax.set_ylabel("decode tokens/s of the layers run")
+            ax.set_title(title, fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
             if miss[(b, m)]:
-                ax.text(0.02, 0.02, "not measured: " + ", ".join(miss[(b, m)]), transform=ax.transAxes, fontsize=7, color="0.3")
-            if engines:
-                ax.legend(fontsize=7, loc="best")
-                one = next(iter(next(iter(engines.values())).values()))["summary"].get("model", {})
-                if one.get("layers") and one.get("full_layers", 0) > one["layers"]:
-                    add_full_depth_axis(ax, one["layers"] / one["full_layers"], one["layers"], one["full_layers"])
+                ax.text(0.02, 0.98, "not measured: " + ", ".join(miss[(b, m)]), transform=ax.transAxes, fontsize=7, color="0.3",
+                        va="top")
         draw_paper(axes[i][-1], doc, "Fig. 9", "tokens/s", m)
-    fig.suptitle("Fig. 9: decode throughput vs batch, every engine (measured%s), next to the paper's stated numbers"
-                 % window_note(window), fontsize=12)
+    engine_legend(fig, [ax for row in axes for ax in row[:-1]])
+    fig.suptitle("Fig. 9: decode throughput vs batch, every engine (measured), next to the paper's stated numbers", fontsize=12)
     finish(fig, a.out, "fig9_baselines_throughput.png", written,
            "Measured: run folders under %s%s (decode tokens / wall time of the decode-only steps; reduced-layer models, so the tokens/s "
-           "are those of the layers run). Paper: %s, its text's numbers on 1 A10 + up to 4 nodes of 2x AMD Epyc, full-depth models: "
+           "are those of the layers run: for full depth divide by full layers / layers run, which assumes the step linear in layers, "
+           "Fig. 8). Paper: %s, its text's numbers on 1 A10 + up to 4 nodes of 2x AMD Epyc, full-depth models: "
            "a different machine and depth, drawn apart, never joined to measured lines." % (roots_text(a.baselines), window_note(window),
                                                                                os.path.relpath(a.published, REPO)))
 
@@ -300,6 +330,10 @@ def fig10(a, written):
         for j, b in enumerate(bals):
             ax = axes[i][j]
             engines = runs.get((b, m), {})
+            title = "%s, %s%s" % (m, balance_label(b, engines), depth_note(engines))
+            if not engines:
+                not_measured(ax, title, ", ".join(miss[(b, m)]) or "no run")
+                continue
             ticks, x, swap_labelled = [], 0, False
             for e in ENGINES:
                 c, _ = STYLE[e]
@@ -320,15 +354,14 @@ def fig10(a, written):
             ax.set_xticklabels(ticks, fontsize=6.5, rotation=45, ha="right")
             ax.set_yscale("log")
             ax.set_ylabel("token latency = decode step (ms)")
-            ax.set_title("%s, %s" % (m, balance_label(b, engines)), fontsize=9)
+            ax.set_title(title, fontsize=9)
             ax.grid(True, axis="y", which="both", alpha=0.3)
             if miss[(b, m)]:
-                ax.text(0.98, 0.02, "not measured: " + ", ".join(miss[(b, m)]), transform=ax.transAxes, fontsize=7, ha="right", color="0.3")
-            if ticks:
-                ax.legend(fontsize=7, loc="best")
+                ax.text(0.98, 0.98, "not measured: " + ", ".join(miss[(b, m)]), transform=ax.transAxes, fontsize=7, ha="right",
+                        va="top", color="0.3")
         draw_paper(axes[i][-1], doc, "Fig. 10", "ms", m)
-    fig.suptitle("Fig. 10: token latency per engine and batch: mean, p1, p50, p99 of the decode-only steps%s"
-                 % window_note(window), fontsize=12)
+    engine_legend(fig, [ax for row in axes for ax in row[:-1]])
+    fig.suptitle("Fig. 10: token latency per engine and batch: mean, p1, p50, p99 of the decode-only steps (measured)", fontsize=12)
     finish(fig, a.out, "fig10_token_latency.png", written,
            "Measured: step_ms of the decode-only steps in %s/<balance>/<model>/%s<engine>-b<B>/steps.jsonl (every request in a step "
            "gets its next token at the step's end). Paper: %s (A10 + Epyc, full depth; the paper's P0.01/P0.50/P0.99 bars were not "

@@ -78,6 +78,21 @@ def test_point_and_crossover(tmp_path):
     text = (out / "BALANCE_MAP.md").read_text(encoding="utf-8")
     assert "| A10 | llama-2-13b | 1024 | 0 (the weights leave no room) |" in text
     assert (out / "balance_map.png").stat().st_size > 10_000
+    # Issue 45: the title says which parts are measured and which MODELLED, and the legend names each group and each
+    # style once, below the plot, not one line per point running off the figure.
+    import matplotlib.figure
+    figs = []
+    orig = matplotlib.figure.Figure.savefig
+    matplotlib.figure.Figure.savefig = lambda self, *a, **k: figs.append(self)
+    try:
+        a.out = str(tmp_path)
+        bm.draw([p, {**p, "label": p["label"].replace("B = 1024", "B = 256")}], a, 0.9)
+    finally:
+        matplotlib.figure.Figure.savefig = orig
+    (fig,) = figs
+    assert "measured points, MODELLED curves" in fig._suptitle.get_text()
+    labels = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert len(labels) == 1 + 2 + 2 and not any(ax.get_legend() for ax in fig.axes), labels  # 1 group, 2 styles, 2 B
 
 
 def test_committed_balance_map_is_current(tmp_path):
