@@ -75,12 +75,14 @@ def test_progress_shows_when_stderr_is_a_file(fd_bin, tmp_path):
     # Was: a progress line only on a terminal; a run logged to a file showed nothing until it ended.
     import os
     env = {**os.environ, "FD_PROGRESS_INTERVAL_S": "0"}  # a line every step (default: every 10 s)
-    args = [fd_bin("fd-bench"), "run", str(QUICKSTART), "--out", str(tmp_path / "run")]
+    args = [fd_bin("fd-bench"), "run", str(QUICKSTART), "--set", "workload.requests=4", "--set", "workload.gen_len=16", "--out",
+            str(tmp_path / "run")]
     p = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr
     lines = [l for l in p.stderr.splitlines() if re.match(r"^\s+step\s+\d+ \| running\s+\d+ \| tokens\s+\d+ / \d+ \|", l)]
     assert len(lines) >= 2 and "\r" not in p.stderr, p.stderr[-2000:]
-    q = subprocess.run(args[:-1] + [str(tmp_path / "quiet"), "--quiet"], capture_output=True, text=True, timeout=300, env=env)
+    q = subprocess.run(args[:-1] + [str(tmp_path / "quiet"), "--quiet", "--set", "workload.requests=2", "--set", "workload.gen_len=8"],
+                       capture_output=True, text=True, timeout=300, env=env)
     assert q.returncode == 0 and not re.search(r"\| tokens\s+\d+ /", q.stderr)
 
 
@@ -133,8 +135,9 @@ def test_goodput_and_slo_attainment_in_the_summary(fd_bin, tmp_path):
     # Was: no goodput and no SLO attainment. The run's numbers recomputed here from its requests.jsonl with vLLM's
     # definitions (a request is good when every given limit holds; TPOT = (e2e - ttft) / (n - 1), 0 for one token).
     import json
-    p = run(fd_bin, tmp_path, "workload.requests=8")
-    args = [fd_bin("fd-bench"), "run", str(QUICKSTART), "--out", str(tmp_path / "slo"), "--quiet", "--slo", "ttft:1e9,tpot:1e9"]
+    short = ["--set", "workload.requests=4", "--set", "workload.gen_len=16"]
+    p = run(fd_bin, tmp_path, "workload.requests=4", "workload.gen_len=16")
+    args = [fd_bin("fd-bench"), "run", str(QUICKSTART), "--out", str(tmp_path / "slo"), "--quiet", *short, "--slo", "ttft:1e9,tpot:1e9"]
     assert subprocess.run(args, capture_output=True, text=True, timeout=300).returncode == 0
     reqs = [json.loads(l) for l in (tmp_path / "slo" / "requests.jsonl").read_text().splitlines()]
     res = json.loads((tmp_path / "slo" / "summary.json").read_text())["results"]
@@ -148,7 +151,7 @@ def test_goodput_and_slo_attainment_in_the_summary(fd_bin, tmp_path):
     # A second run, judged by the config key with the first run's median TTFT as its limit.
     cfg = json.loads(QUICKSTART.read_text())
     cfg["model"]["config"] = str(REPO / "experiments" / "models" / "small-llama.json")
-    cfg["workload"]["slo"] = {"ttft_ms": ttft_lim}
+    cfg["workload"].update(slo={"ttft_ms": ttft_lim}, requests=4, gen_len=16)
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     q = subprocess.run([fd_bin("fd-bench"), "run", str(tmp_path / "c.json"), "--out", str(tmp_path / "slo2"), "--quiet"],
                        capture_output=True, text=True, timeout=300)
