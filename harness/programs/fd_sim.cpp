@@ -150,6 +150,7 @@ int main(int argc, char** argv) {
   std::string mode_s, out, gen_len_s, prompt_len_s = "0", arrival_s = "offline", trace, profile_path, t_b_ms,
                                       kv_dtype = "fp16", experiment;
   std::vector<std::string> sets;
+  std::string slo_s;
   int64_t batch = 0, seq = 0, interval = fd::SchedulerConfig{}.interval, w_lim = 0, micro_batch = 0, max_running = -1, min_gap = 0, kv_cap = 0, requests = 0,
           steps_cap = 0, layers = 0;
   uint64_t seed = 0;
@@ -189,6 +190,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(0), int64_t(1) << 16));
   app.add_option("--profile", profile_path, "profile.json: {t_b: [[B, s/layer]..], r_s_per_token_layer: {dtype: s}, layers}");
   app.add_option("--kv-dtype", kv_dtype, "which R of the profile (default fp16)");
+  app.add_option("--slo", slo_s, "latency limits of a good request, ms: ttft:MS,tpot:MS,e2e:MS (results.slo, as fd-bench's; "
+                 "with --experiment its workload.slo is the default)");
   app.add_option("--out", out, "output folder (steps.jsonl, summary.json)")->required();
 
   return fd::guarded_main(app, argc, argv, [&]() -> int {
@@ -283,6 +286,20 @@ int main(int argc, char** argv) {
     }
     if (workers < 0) workers = 0;
     const bool timed = cost.has_s || cost.has_r;
+    // --slo (or the experiment's workload.slo): the limits results.slo judges each request by.
+    std::optional<double> slo_lim[3];
+    if (exp) slo_lim[0] = exp->workload.slo.ttft_ms, slo_lim[1] = exp->workload.slo.tpot_ms, slo_lim[2] = exp->workload.slo.e2e_ms;
+    if (!slo_s.empty()) {
+      slo_lim[0] = slo_lim[1] = slo_lim[2] = std::nullopt;
+      for (const std::string& item : split(slo_s, ',')) {
+        const auto kv = split(item, ':');
+        const int k = kv.size() != 2 ? -1 : kv[0] == "ttft" ? 0 : kv[0] == "tpot" ? 1 : kv[0] == "e2e" ? 2 : -1;
+        if (k < 0) usage("--slo " + slo_s + ": expected ttft:MS, tpot:MS and / or e2e:MS separated by commas, got '" + item + "'");
+        const double v = parse_double(kv[1], "--slo");
+        if (!(v > 0)) usage("--slo " + slo_s + ": '" + kv[1] + "' is not a positive number of ms");
+        slo_lim[k] = v;
+      }
+    }
 
     // ---------------- workload ----------------
     std::vector<SimRequest> reqs;
@@ -454,6 +471,7 @@ int main(int argc, char** argv) {
       }
     }
     std::vector<double> ttft, tpot, queue_delay, e2e;
+    std::vector<fd::RequestLatency> latencies;
     int64_t finished_requests = 0;
     for (const auto& r : reqs) {
       if (r.finish_step < 0) continue;
@@ -462,6 +480,7 @@ int main(int argc, char** argv) {
       queue_delay.push_back((r.admit_s - r.arrival_s) * 1e3);
       e2e.push_back((r.last_token_s - r.arrival_s) * 1e3);
       if (r.produced > 1) tpot.push_back((r.last_token_s - r.first_token_s) * 1e3 / double(r.produced - 1));
+      latencies.push_back({(r.first_token_s - r.arrival_s) * 1e3, (r.last_token_s - r.arrival_s) * 1e3, r.produced});
     }
     const double duration = recs.empty() ? 0 : end_s - first_start;
     auto timed_or_null = [&](const json& v) { return timed ? v : json(nullptr); };
@@ -495,6 +514,8 @@ int main(int argc, char** argv) {
         {"steady", fd::steady_stats(recs)},
     };
     if (json imb = fd::worker_imbalance_stats(recs, imbalance); !imb.is_null()) results["worker_kv_imbalance"] = imb;
+    // Goodput and SLO attainment (harness/step_stats.h), as fd-bench's; time-based, so null without a cost model.
+    results["slo"] = timed ? fd::slo_stats(slo_lim[0], slo_lim[1], slo_lim[2], latencies, duration) : json(nullptr);
     // Closed-form predictions (fixed lengths only): context convention ctx = prompt + tokens so far.
     json pred = json::object();
     // The workload's fixed lengths, when they are: {prompt, generated}.

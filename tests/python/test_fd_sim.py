@@ -330,3 +330,23 @@ def test_paced_load_control_is_fixed_interval_only_when_the_slots_are_whole(fd_b
         "--w-lim", b * (s + f) // 2, "--min-gap", f)
     key = lambda out: [(x["step"], x["admitted"], x["total_context"]) for x in load(out)[0]]
     assert (key(tmp_path / "fi") == key(tmp_path / "lc")) == same
+
+
+def test_goodput_as_fd_bench_reports_it(fd_bin, tmp_path):
+    # All-at-once, B = 4, 10 tokens each, 10 ms a step, 8 requests: the first batch's TTFT is 10 ms (e2e 100 ms), the
+    # second's 110 ms (e2e 200 ms). With TTFT <= 50 ms: 4 of 8 good, 4 requests and 40 tokens over 0.2 s.
+    sim(fd_bin, tmp_path / "a", "--mode", "all-at-once", "--batch", 4, "--seq", 10, "--requests", 8,
+        "--t-ms-per-step-s-part", 10, "--slo", "ttft:50")
+    slo = load(tmp_path / "a")[1]["results"]["slo"]
+    assert slo["limits"] == {"ttft_ms": 50.0, "tpot_ms": None, "e2e_ms": None}
+    assert slo["good_requests"] == 4 and slo["attainment"] == 0.5
+    assert slo["goodput_requests_per_s"] == pytest.approx(20.0) and slo["goodput_tokens_per_s"] == pytest.approx(200.0)
+    # TPOT is 10 ms for every request: a 9.9 ms limit fails them all; e2e <= 150 ms keeps the first batch.
+    sim(fd_bin, tmp_path / "b", "--mode", "all-at-once", "--batch", 4, "--seq", 10, "--requests", 8,
+        "--t-ms-per-step-s-part", 10, "--slo", "tpot:9.9")
+    assert load(tmp_path / "b")[1]["results"]["slo"]["good_requests"] == 0
+    sim(fd_bin, tmp_path / "c", "--mode", "all-at-once", "--batch", 4, "--seq", 10, "--requests", 8,
+        "--t-ms-per-step-s-part", 10, "--slo", "e2e:150")
+    assert load(tmp_path / "c")[1]["results"]["slo"]["good_requests"] == 4
+    bad = sim(fd_bin, tmp_path / "d", "--mode", "all-at-once", "--batch", 4, "--seq", 10, "--slo", "ttft=5", check=False)
+    assert bad.returncode == 2 and "expected ttft:MS" in bad.stderr and not (tmp_path / "d").exists()
