@@ -77,4 +77,4 @@ def fig3(a, written):
                 "Balance: the SMs named in each label (a green context when fewer than the GPU's)."
                 % ("; ".join(machines) or "not recorded", ", ".join(os.path.basename(x[0]) for x in loaded), ", ".join(commits) or "?"))
     fig.tight_layout(rect=(0, 0.05, 1, 0.95))
-    save(fig, a.out, "fig3_spart_vs_gemm.png", written, a.formats)
+    save(fig, a.out, "spart_vs_gemm.png", written, a.formats)

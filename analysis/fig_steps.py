@@ -117,7 +117,7 @@ def fig11_sim(a, written):
         parts.append("measured series: fd-bench runs, machine and balance in each label")
     add_caption(fig, "%s. Numbers from summary.json + steps.jsonl of %s in %s." % (". ".join(parts), ", ".join(used), a.sim_dir))
     fig.tight_layout(rect=(0, 0.04, 1, 0.95 - 0.022 * ((len(labs) + 1) // 2)))
-    save(fig, a.out, "fig11_per_step_latency.png", written, a.formats)
+    save(fig, a.out, "per_step_latency.png", written, a.formats)
 
 
 def fig11_e2e(a, written):
@@ -160,7 +160,7 @@ def fig11_e2e(a, written):
                 % (machine_of(runs[0][1].get("provenance")) or "not recorded", len(runs), os.path.join(a.artifacts, "e2e"),
                    m.get("layers", "?"), m.get("full_layers", "?")))
     fig.tight_layout(rect=(0, 0.04, 1, 0.96))
-    save(fig, a.out, "fig11_per_step_latency.png", written, a.formats)
+    save(fig, a.out, "per_step_latency.png", written, a.formats)
 
 
 def fig11(a, written):

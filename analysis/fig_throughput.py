@@ -88,7 +88,7 @@ def fig9(a, written):
                 "'full-depth' = tokens/s × N/L. Balance under each pair: full = the whole GPU; A10-like = 24 GB budget and "
                 "a 16-SM green context." % (machine, depth_text))
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    save(fig, a.out, "fig9_throughput.png", written, a.formats)
+    save(fig, a.out, "e2e_throughput.png", written, a.formats)
 
 
 FIG13_RUNS = ("llama-2-7b-fastdecode-p6", "llama-2-7b-fastdecode-full")
@@ -147,4 +147,4 @@ def fig13(a, written):
                 "predicted = the performance model with T(B) and R from profile_*_cuda_r{1,6,12}.json (MODELLED). "
                 "%s of %s layers run (N = %s); right axis: full-depth equiv. %s." % (machine, n, full or "?", n, FULL_DEPTH_NOTE))
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    save(fig, a.out, "fig13_rworker_scaling.png", written, a.formats)
+    save(fig, a.out, "rworker_scaling_model.png", written, a.formats)

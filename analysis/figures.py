@@ -5,15 +5,15 @@ Reads the JSON under --artifacts (default artifacts/sworker/gpu-machine; see its
 
   fig1_kv_memory              experiments/models/*.json: KV-cache GB vs batch and sequence, GPU capacities
                               minus the weights marked (COMPUTED, not measured; analysis/fig_kv_memory.py)
-  fig3_spart_vs_gemm          spart_*.json: one layer's S-Part and its cuBLAS GEMMs alone vs B, and per token,
+  spart_vs_gemm          spart_*.json: one layer's S-Part and its cuBLAS GEMMs alone vs B, and per token,
                               each series labelled with its dtype and SMs (analysis/fig_spart.py)
-  fig9_throughput             e2e.json: decode tokens/s, FastDecode vs GPU-only, per model x balance (*-full, *-a10),
+  e2e_throughput             e2e.json: decode tokens/s, FastDecode vs GPU-only, per model x balance (*-full, *-a10),
                               raw and full-depth equivalent (analysis/fig_throughput.py)
   fig15_step_breakdown        e2e.json: mean decode step of each FastDecode run and where it goes; with a trace.json
                               (--trace, or e2e/<run>/trace.json) one decode iteration as a timeline (analysis/fig_breakdown.py)
-  fig13_rworker_scaling       validation.json: measured tokens/s vs R-worker CPUs P next to the performance
+  rworker_scaling_model       validation.json: measured tokens/s vs R-worker CPUs P next to the performance
                               model's predictions (MODELLED), raw and full-depth equivalent (analysis/fig_throughput.py)
-  fig11_per_step_latency      step_ms per step: of the folders under --sim-dir (fd-sim output: MODELLED; fd-bench run
+  per_step_latency      step_ms per step: of the folders under --sim-dir (fd-sim output: MODELLED; fd-bench run
                               folders: measured), else of the e2e FastDecode runs (analysis/fig_steps.py)
 
 With --paper ROOT (the sweep folders scripts/reproduce.sh writes; analysis/fig_paper.py, imported only then):

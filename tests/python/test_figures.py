@@ -50,11 +50,11 @@ ARTIFACTS = REPO_ROOT / "artifacts" / "sworker" / "gpu-machine"
 PROFILE = ARTIFACTS / "profile_llama-2-7b_cuda_r12.json"
 FIGS = {
     "fig1": "fig1_kv_memory.png",
-    "fig3": "fig3_spart_vs_gemm.png",
-    "fig9": "fig9_throughput.png",
+    "fig3": "spart_vs_gemm.png",
+    "fig9": "e2e_throughput.png",
     "fig15": "fig15_step_breakdown.png",
-    "fig13": "fig13_rworker_scaling.png",
-    "fig11": "fig11_per_step_latency.png",
+    "fig13": "rworker_scaling_model.png",
+    "fig11": "per_step_latency.png",
 }
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MEASURED_FIGS = [f for f in FIGS if f != "fig1"]  # fig1 is computed from experiments/models, always drawable

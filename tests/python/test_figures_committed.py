@@ -24,8 +24,8 @@ except ImportError as e:  # same rule as test_figures.py
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BASELINES = ["artifacts/baselines/run1-a40a146", "artifacts/baselines/run3-4bf4e28"]
 PAPER = "artifacts/paper/runs"  # the GPU machine's runs (its README: which call measured which folder)
-EXPECTED = ["fig1_kv_memory", "fig3_spart_vs_gemm", "fig9_throughput", "fig15_step_breakdown", "fig13_rworker_scaling",
-            "fig11_per_step_latency", "fig9_baselines_throughput", "fig10_token_latency",
+EXPECTED = ["fig1_kv_memory", "spart_vs_gemm", "e2e_throughput", "fig15_step_breakdown", "rworker_scaling_model",
+            "per_step_latency", "fig9_baselines_throughput", "fig10_token_latency",
             "fig3_dilemma", "fig8_layers", "fig11_sls_measured", "fig13_scaling"]
 MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "pdf": b"%PDF-"}
 
