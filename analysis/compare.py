@@ -12,7 +12,9 @@ configs (summary.json "config" without "output") are identical are one row, as r
 Columns: name, engine, balance (hardware.gpu memory_gb / sm_count: "full" = no cap), layers run / full depth,
 B (mean decode tokens per step: the steady window's, else the decode-only steps'), decode-only tok/s, steady
 tok/s, whole-run tok/s (output_throughput), decode-only step p50 / p99, the steady window's decode step p99, the
-busiest R-worker's KV over the mean (steady p50, engines with R-workers), TTFT p50, and the full-depth
+busiest R-worker's KV over the mean (steady p50, engines with R-workers), TTFT p50, the SLO attainment and goodput
+(the good requests' output tokens / duration: runs given workload.slo or --slo; docs/EXPERIMENTS.md, "Goodput"), and
+the full-depth
 equivalent of each rate, "full-depth equiv. (×L/N)": the rate × N/L (N layers run of L; the step taken as
 L/N times the measured one, which assumes the step linear in layers with no fixed part, as Fig. 8 measures).
 
@@ -53,11 +55,13 @@ METRICS = (  # key, column header, format
     ("steady_p99_ms", "steady decode step p99 (ms)", "%.2f"),
     ("kv_imbalance", "busiest / mean worker KV (steady p50)", "%.3f"),
     ("ttft_p50_ms", "TTFT p50 (ms)", "%.1f"),
+    ("slo_attainment", "SLO attainment", "%.3f"),
+    ("goodput_tps", "goodput tok/s (SLO met)", "%.0f"),
     ("fd_decode_tps", "full-depth equiv. (×L/N) decode-only tok/s", "%.0f"),
     ("fd_steady_tps", "full-depth equiv. (×L/N) steady tok/s", "%.0f"),
     ("fd_run_tps", "full-depth equiv. (×L/N) whole-run tok/s", "%.0f"),
 )
-RATIO_METRICS = ("decode_tps", "steady_tps", "run_tps", "decode_p99_ms", "steady_p99_ms")
+RATIO_METRICS = ("decode_tps", "steady_tps", "run_tps", "decode_p99_ms", "steady_p99_ms", "goodput_tps")
 
 
 class CompareError(Exception):
@@ -93,7 +97,8 @@ def run_metrics(d):
     fde = res.get("full_depth_equivalent") or {}
     m = {"B": None, "decode_tps": None, "steady_tps": None, "run_tps": res.get("output_throughput"),
          "decode_p50_ms": None, "decode_p99_ms": None, "ttft_p50_ms": (res.get("ttft_ms") or {}).get("p50"),
-         "steady_p99_ms": None, "kv_imbalance": ((res.get("worker_kv_imbalance") or {}).get("steady") or {}).get("p50")}
+         "steady_p99_ms": None, "kv_imbalance": ((res.get("worker_kv_imbalance") or {}).get("steady") or {}).get("p50"),
+         "slo_attainment": (res.get("slo") or {}).get("attainment"), "goodput_tps": (res.get("slo") or {}).get("goodput_tokens_per_s")}
     do, st = res.get("decode_only"), res.get("steady")
     source = "summary.json"
     if do:

@@ -71,7 +71,8 @@ def test_runs_from_steps_and_from_summary(tmp_path):
     write_run(tmp_path / "a", ms, B=8, name="from-steps", gz=True, hw={"memory_gb": 24.0, "sm_count": 16})
     summary = {"decode_only": {"steps": 5, "tokens": 40, "tokens_per_s": 777.0, "step_ms": {"p50": 9.0, "p99": 29.0}},
                "steady": {"first_step": 2, "last_step": 4, "tokens_per_s": 555.0, "mean_batch": 7.5},
-               "full_depth_equivalent": {"layers": 4, "full_layers": 40, "factor": 0.1}}
+               "full_depth_equivalent": {"layers": 4, "full_layers": 40, "factor": 0.1},
+               "slo": {"attainment": 0.75, "goodput_tokens_per_s": 333.0}}
     write_run(tmp_path / "b", ms, B=8, name="from-summary", results=summary)
     md, doc, rows = table(tmp_path, tmp_path / "a", tmp_path / "b")
     a = rows["from-steps"]["metrics"]
@@ -89,6 +90,8 @@ def test_runs_from_steps_and_from_summary(tmp_path):
     assert (b["steady_tps"]["median"], b["B"]["median"]) == (555.0, 7.5)
     assert (b["fd_decode_tps"]["median"], b["fd_steady_tps"]["median"]) == (pytest.approx(77.7), pytest.approx(55.5))
     assert (rows["from-summary"]["layers"], rows["from-summary"]["full_layers"], rows["from-summary"]["balance"]) == (4, 40, "full")
+    assert (b["slo_attainment"]["median"], b["goodput_tps"]["median"]) == (0.75, 333.0)  # results.slo, when the run had one
+    assert a["slo_attainment"] is None and a["goodput_tps"] is None
     cells = md_row(md, "from-steps")
     assert cells[1:4] == ["fastdecode", "24 GB / 16 SMs", "2 / 32"]
     assert cells[5] == "%.0f" % tps and cells[6] == "-"
