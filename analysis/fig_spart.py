@@ -71,7 +71,7 @@ def fig3(a, written):
     ax2.set_title("Per-token cost falls ~B-fold: batching pays for the S-Part", fontsize=10)
     ax1.legend(fontsize=7, loc="upper left", title="measured on " + ("; ".join(machines) or "machine not recorded"), title_fontsize=7)
     ax2.legend(fontsize=7, loc="upper right")
-    fig.suptitle("Fig. 3: S-Part (%s GEMMs + elementwise kernels) vs cuBLAS GEMMs alone, by batch size"
+    fig.suptitle("Beside Fig. 3: S-Part (%s GEMMs + elementwise kernels) vs cuBLAS GEMMs alone, by batch size"
                  % " / ".join(dtypes or ["16-bit"]), fontsize=12)
     add_caption(fig, "Machine: %s. Measured: numbers from %s (fd-spart-bench, commit %s; CUDA events; no host transfers). "
                 "Balance: the SMs named in each label (a green context when fewer than the GPU's)."

@@ -109,7 +109,7 @@ def fig11_sim(a, written):
     ax2.grid(True, alpha=0.3)
     what = {frozenset(["MODELLED"]): "MODELLED, fd-sim", frozenset(["measured"]): "measured, fd-bench"}.get(
         frozenset(kinds), "measured (fd-bench) and MODELLED (fd-sim)")
-    fig.suptitle("Fig. 11: per-step latency under different admission schedules (%s)" % what, fontsize=12)
+    fig.suptitle("Beside Fig. 11: per-step latency under different admission schedules (%s)" % what, fontsize=12)
     parts = []
     if "MODELLED" in kinds:
         parts.append("MODELLED series: no hardware, fd-sim's cost model (step = max(N·T(n), N·W·R/P); %s)" % "; ".join(costs))
@@ -153,7 +153,7 @@ def fig11_e2e(a, written):
     ax2.set_ylabel("decode tokens in the step (B)")
     ax2.set_xlabel("step (engine iteration)")
     ax2.grid(True, alpha=0.3)
-    fig.suptitle("Fig. 11: per-step latency of the measured FastDecode runs", fontsize=12)
+    fig.suptitle("Beside Fig. 11: per-step latency of the measured FastDecode runs", fontsize=12)
     m = runs[0][1].get("model") or {}
     add_caption(fig, "Machine: %s. Measured: numbers from e2e/<run>/steps.jsonl (and summary.json) of %d FastDecode runs in %s; "
                 "%s of %s layers run; all requests offered at once (no SLS: pass --sim-dir for fd-sim schedules)."

@@ -9,7 +9,7 @@ import os
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
-from fig_common import (FULL_DEPTH_NOTE, Skip, add_caption, add_full_depth_axis, depth_factor, e2e_machine, full_layers,
+from fig_common import (FULL_DEPTH_NOTE, Skip, add_caption, depth_factor, e2e_machine, full_layers,
                         load_json, machine_of, save)
 
 
@@ -74,13 +74,10 @@ def fig9(a, written):
     ax.set_ylim(10 ** int(math.floor(math.log10(min(vals) / 3))), max(vals) * 12)
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: format(v, ",.0f").replace(",", " ")))
     ax.set_ylabel("decode throughput of the layers run (tokens/s, log scale)")
-    reduced = sorted(d for d in depths if d[2])
-    if len(depths) == 1 and reduced:  # one factor for every bar: a second axis reads them all
-        n, full, factor = reduced[0]
-        add_full_depth_axis(ax, factor, n, full)
+    # One unit on the axis (issue 45): the full-depth equivalent is in each bar's label, not on a second axis.
     ax.legend(fontsize=9, loc="upper right", title="machine: " + machine, title_fontsize=8)
     ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.set_title("Fig. 9: decode throughput, FastDecode vs GPU-only (label: tokens/s, mean batch B over decode-only steps,\n"
+    ax.set_title("Beside Fig. 9: decode throughput, FastDecode vs GPU-only (label: tokens/s, mean batch B over decode-only steps,\n"
                  "full-depth equiv. %s)" % FULL_DEPTH_NOTE, fontsize=10)
     depth_text = "; ".join("%s of %s layers run" % (n, full) for n, full, _ in sorted(depths, key=str))
     add_caption(fig, "Machine: %s. Measured: numbers from e2e.json (analysis/e2e_report.py over e2e/*/: decode-only steps). "
@@ -133,18 +130,17 @@ def fig13(a, written):
     n = rows[0]["N"]
     full = full_layers(rows[0].get("model"), summary)
     factor = depth_factor(n, full)
-    if factor:
-        add_full_depth_axis(ax, factor, n, full)
     ax.set_xlim(0, pmax)
     ax.set_ylim(0, None)
     ax.set_xlabel("R-worker CPUs P (cores, pinned)")
     ax.set_ylabel("decode throughput (tokens/s, %s-layer model)" % n)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, 0.93))
-    ax.set_title("Fig. 13: R-worker scaling, Llama-2-7b, B ≈ %.0f, W ≈ %.0f tokens: measured vs MODELLED\n"
+    ax.set_title("Beside Fig. 13: R-worker scaling, Llama-2-7b, B ≈ %.0f, W ≈ %.0f tokens: measured vs MODELLED\n"
                  "(dashed: model tokens/s = B / (N·max(2·T(B/2), W·R/P)) over P)" % (rows[0]["B"], rows[0]["W"]), fontsize=11)
     add_caption(fig, "Machine: %s. Numbers from validation.json (analysis/perf_model_validation.py): measured = the e2e runs, "
                 "predicted = the performance model with T(B) and R from profile_*_cuda_r{1,6,12}.json (MODELLED). "
-                "%s of %s layers run (N = %s); right axis: full-depth equiv. %s." % (machine, n, full or "?", n, FULL_DEPTH_NOTE))
+                "%s of %s layers run (N = %s): full-depth equiv. = tokens/s × N/L%s %s." % (
+                    machine, n, full or "?", n, " (× %.4g here)" % factor if factor else "", FULL_DEPTH_NOTE))
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     save(fig, a.out, "rworker_scaling_model.png", written, a.formats)
