@@ -263,7 +263,7 @@ def fig11(a, written):
     names = present(a.paper, ["fig11-sls-s1024", "fig11-sls-s768"])
     if not names:
         raise Skip("no fig11-sls-s1024 / fig11-sls-s768 sweep under %s" % a.paper)
-    fig, axes = plt.subplots(len(names), 1, figsize=(13, 4.6 * len(names)), squeeze=False)
+    fig, axes = plt.subplots(len(names), 1, figsize=(13, 6.4 * len(names)), squeeze=False)
     machines = []
     for ax, name in zip(axes[:, 0], names):
         d = sls_data(a.paper, name)
@@ -295,8 +295,9 @@ def fig11(a, written):
         ax.set_ylabel("step latency (ms)")
         ax.set_title("%s (paper: SLS at 66-70 %% of the peak, +8-11 %% throughput; +13 %% at S = 768)" % name, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
-    fig.suptitle("Figs. 11/12: per-step latency under admission schedules, measured end to end (FastDecode)", fontsize=12)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)  # below the axes, not over the steps
+    fig.suptitle("Figs. 11/12: per-step latency under admission schedules, FastDecode measured end to end (solid) and "
+                 "MODELLED by fd-sim (dashed)", fontsize=12)
     save(fig, a, "fig11_sls_measured", written,
          "Measured on %s, real generation. Every schedule judged the same way: %s. Dashed: fd-sim on each run's "
          "experiment with the profile measured on the same machine (analysis/sls_predict.py; MODELLED)." % (
