@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 
 namespace fd {
 
@@ -433,6 +435,25 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
     for (int64_t i = 0; i < e.workload.requests; ++i) e.logits.requests.push_back(uint64_t(i));
   top.finish();
   return e;
+}
+
+SloLimits parse_slo_flag(const std::string& spec) {
+  SloLimits l;
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t c = item.find(':');
+    const std::string k = item.substr(0, c);
+    std::optional<double>* slot = k == "ttft" ? &l.ttft_ms : k == "tpot" ? &l.tpot_ms : k == "e2e" ? &l.e2e_ms : nullptr;
+    if (c == std::string::npos || !slot)
+      throw ConfigError("--slo " + spec + ": expected ttft:MS, tpot:MS and / or e2e:MS separated by commas, got '" + item + "'");
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str() + c + 1, &end);
+    if (end == item.c_str() + c + 1 || *end != '\0' || !(v > 0))
+      throw ConfigError("--slo " + spec + ": '" + item.substr(c + 1) + "' is not a positive number of ms");
+    *slot = v;
+  }
+  return l;
 }
 
 ExperimentConfig load_experiment(const std::string& path, const std::vector<std::string>& overrides) {

@@ -44,6 +44,8 @@ struct SloLimits {
   std::optional<double> ttft_ms, tpot_ms, e2e_ms;
   bool any() const { return ttft_ms || tpot_ms || e2e_ms; }
 };
+// The --slo flag of fd-bench run and fd-sim: "ttft:MS,tpot:MS,e2e:MS" (any of them). ConfigError naming the flag.
+SloLimits parse_slo_flag(const std::string& spec);
 
 struct WorkloadConfig {
   int64_t requests = 1;

@@ -2,9 +2,7 @@
 // requests.jsonl); `workload` writes a config's requests as JSONL for drivers outside the harness.
 #include <cstdio>
 #include <filesystem>
-#include <cstdlib>
 #include <fstream>
-#include <sstream>
 
 #include "fastdecode/sched/perf_model.h"
 #include "fastdecode/sched/hybrid.h"
@@ -417,20 +415,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (!slo.empty()) {  // --slo ttft:MS,tpot:MS,e2e:MS -> --set workload.slo={...}, after the other overrides
+      const fd::SloLimits l = fd::parse_slo_flag(slo);
       fd::json lim = fd::json::object();
-      std::stringstream ss(slo);
-      std::string item;
-      while (std::getline(ss, item, ',')) {
-        const size_t c = item.find(':');
-        const std::string k = item.substr(0, c);
-        if (c == std::string::npos || (k != "ttft" && k != "tpot" && k != "e2e"))
-          throw fd::ConfigError("--slo " + slo + ": expected ttft:MS, tpot:MS and / or e2e:MS separated by commas, got '" + item + "'");
-        char* end = nullptr;
-        const double v = std::strtod(item.c_str() + c + 1, &end);
-        if (end == item.c_str() + c + 1 || *end != '\0' || !(v > 0))
-          throw fd::ConfigError("--slo " + slo + ": '" + item.substr(c + 1) + "' is not a positive number of ms");
-        lim[k + "_ms"] = v;
-      }
+      if (l.ttft_ms) lim["ttft_ms"] = *l.ttft_ms;
+      if (l.tpot_ms) lim["tpot_ms"] = *l.tpot_ms;
+      if (l.e2e_ms) lim["e2e_ms"] = *l.e2e_ms;
       sets.push_back("workload.slo=" + lim.dump());
     }
     const fd::ExperimentConfig e = fd::load_experiment(config, sets);

@@ -287,19 +287,8 @@ int main(int argc, char** argv) {
     if (workers < 0) workers = 0;
     const bool timed = cost.has_s || cost.has_r;
     // --slo (or the experiment's workload.slo): the limits results.slo judges each request by.
-    std::optional<double> slo_lim[3];
-    if (exp) slo_lim[0] = exp->workload.slo.ttft_ms, slo_lim[1] = exp->workload.slo.tpot_ms, slo_lim[2] = exp->workload.slo.e2e_ms;
-    if (!slo_s.empty()) {
-      slo_lim[0] = slo_lim[1] = slo_lim[2] = std::nullopt;
-      for (const std::string& item : split(slo_s, ',')) {
-        const auto kv = split(item, ':');
-        const int k = kv.size() != 2 ? -1 : kv[0] == "ttft" ? 0 : kv[0] == "tpot" ? 1 : kv[0] == "e2e" ? 2 : -1;
-        if (k < 0) usage("--slo " + slo_s + ": expected ttft:MS, tpot:MS and / or e2e:MS separated by commas, got '" + item + "'");
-        const double v = parse_double(kv[1], "--slo");
-        if (!(v > 0)) usage("--slo " + slo_s + ": '" + kv[1] + "' is not a positive number of ms");
-        slo_lim[k] = v;
-      }
-    }
+    fd::SloLimits slo = exp ? exp->workload.slo : fd::SloLimits{};
+    if (!slo_s.empty()) slo = fd::parse_slo_flag(slo_s);
 
     // ---------------- workload ----------------
     std::vector<SimRequest> reqs;
@@ -515,7 +504,7 @@ int main(int argc, char** argv) {
     };
     if (json imb = fd::worker_imbalance_stats(recs, imbalance); !imb.is_null()) results["worker_kv_imbalance"] = imb;
     // Goodput and SLO attainment (harness/step_stats.h), as fd-bench's; time-based, so null without a cost model.
-    results["slo"] = timed ? fd::slo_stats(slo_lim[0], slo_lim[1], slo_lim[2], latencies, duration) : json(nullptr);
+    results["slo"] = timed ? fd::slo_stats(slo.ttft_ms, slo.tpot_ms, slo.e2e_ms, latencies, duration) : json(nullptr);
     // Closed-form predictions (fixed lengths only): context convention ctx = prompt + tokens so far.
     json pred = json::object();
     // The workload's fixed lengths, when they are: {prompt, generated}.
