@@ -233,14 +233,6 @@ def sls_data(root, name, sim=False):
     return out
 
 
-def pctl(v, q):
-    """numpy's default percentile (linear between order statistics), as summary.json's distributions."""
-    v = sorted(v)
-    k = (len(v) - 1) * q / 100.0
-    i = int(k)
-    return v[i] + (v[min(i + 1, len(v) - 1)] - v[i]) * (k - i)
-
-
 def paired_ratio(num, den):
     """The median over repeats of num[k] / den[k] when both have the same number of repeats (a sweep interleaves
     repeat k of every point side by side: analysis/compare.py pairs them the same way), else median / median."""
