@@ -231,18 +231,12 @@ json measure_profile(const ModelConfig& model, const ProfileOptions& o) {
   if (o.backend == "cuda") j["sm_count"] = o.sm_count;  // 0: the whole GPU
   if (o.service) {
     j["r_service"] = measure_service_profile(model, o.svc);
-    // The kernel alone on the busiest worker's bytes: R of the kernel measured above (per CPU) x its tokens / its
-    // threads, beside what the kernel and the whole request cost in service (issue 43: service / kernel alone).
+    // The model's view of the same rows: R of the kernel measured above (per CPU, at --context) x the busiest worker's
+    // tokens / its threads, beside the replay's kernel alone on the rows' own bytes (kernel_alone_s_per_layer).
     for (json& row : j["r_service"]["rows"]) {
       const std::string dt = row["kv_dtype"].get<std::string>();
-      if (!r_map.contains(dt) || !row.contains("busiest_parts_s_per_layer")) continue;
-      const double alone = r_map[dt].get<double>() / double(o.svc.threads) * row["busiest_worker_tokens"].get<double>();
-      row["kernel_alone_s_per_layer"] = alone;
-      const json& p = row["busiest_parts_s_per_layer"];
-      if (alone > 0 && p.contains("kernel")) {
-        row["kernel_in_service_over_alone"] = p["kernel"].get<double>() / alone;
-        row["compute_over_kernel_alone"] = p["compute"].get<double>() / alone;
-      }
+      if (!r_map.contains(dt) || !row.contains("busiest_worker_tokens")) continue;
+      row["r_kernel_s_per_layer"] = r_map[dt].get<double>() / double(o.svc.threads) * row["busiest_worker_tokens"].get<double>();
     }
   }
   return j;

@@ -1,17 +1,22 @@
 #include "harness/profile_service.h"
 
+#include <omp.h>
 #include <sched.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
+#include <thread>
 
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/error.h"
 #include "fastdecode/core/stats.h"
+#include "fastdecode/rworker/server.h"
 #include "fastdecode/sworker/rworker_spawn.h"
 #include "fastdecode/wire/rworker_client.h"
 #include "kernels/cpu/decode_attention.h"
@@ -56,6 +61,93 @@ std::vector<uint16_t> random_f16(size_t n, uint32_t seed) {
 }
 
 }  // namespace
+
+KernelAlone replay_kernel_alone(const ModelConfig& model, const ServiceProfileOptions& o, const std::string& dtype,
+                                int64_t batch, int64_t context) {
+  FD_CHECK(batch >= o.workers && context >= 1, "replay_kernel_alone: B " << batch << " on " << o.workers << " workers");
+  const KVDType dt = kv_dtype_from_name(dtype);
+  const int H = int(model.num_heads), K = int(model.num_kv_heads), D = int(model.head_dim), L = o.layers, V = 2 * L;
+  const int n_full = int(context / kKVBlockTokens), n_tail = int(context % kKVBlockTokens);
+  const size_t blk = kv_block_bytes(dt, K, D), tail_bytes = kv_fp16_block_bytes(K, D);
+  // One block's bytes (random fp16 quantized to the dtype) and an fp16 tail, copied everywhere: the kernel's time does
+  // not depend on the values, only on where they lie.
+  std::vector<uint16_t> f16(tail_bytes / 2);
+  {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (auto& e : f16) e = fp32_to_fp16(nd(rng));
+  }
+  std::vector<uint8_t> one(blk);
+  kv_quantize_block(dt, f16.data(), one.data(), K, D);
+  std::vector<double> busy(size_t(o.workers), 0.0);
+  std::barrier sync(o.workers);
+  std::exception_ptr failed;
+  std::mutex failed_mu;
+  const auto worker = [&](int w) {
+    try {
+      if (o.pin) {
+        std::vector<int> cpus;
+        for (int c = 0; c < o.threads; ++c) cpus.push_back(o.first_cpu + w * o.threads + c);
+        pin_openmp_threads(cpus, o.threads);
+      }
+      // This worker's sequences (i mod P == w) by mini-batch ((i / P) mod 2), as the service places them.
+      int n_mb[2] = {0, 0};
+      for (int64_t i = w; i < batch; i += o.workers) ++n_mb[(i / o.workers) % 2];
+      const int n_seq = n_mb[0] + n_mb[1];
+      const size_t seq_bytes = size_t(n_full) * blk + (n_tail ? tail_bytes : 0);
+      const size_t total = size_t(L) * size_t(n_seq) * seq_bytes;
+      std::unique_ptr<uint8_t[]> mem(new uint8_t[std::max<size_t>(total, 1)]);
+      // First touch by this worker's own threads (as a worker's store is written by its own appends).
+#pragma omp parallel for num_threads(o.threads) schedule(static)
+      for (int64_t u = 0; u < int64_t(L) * n_seq; ++u) {
+        uint8_t* at = mem.get() + size_t(u) * seq_bytes;
+        for (int b = 0; b < n_full; ++b) std::memcpy(at + size_t(b) * blk, one.data(), blk);
+        if (n_tail) std::memcpy(at + size_t(n_full) * blk, f16.data(), tail_bytes);
+      }
+      std::vector<const void*> ptrs(size_t(L) * size_t(n_seq) * size_t(std::max(n_full, 1)));
+      std::vector<SeqKVView> views(size_t(L) * size_t(n_seq));
+      for (int64_t u = 0; u < int64_t(L) * n_seq; ++u) {
+        uint8_t* at = mem.get() + size_t(u) * seq_bytes;
+        const void** pp = &ptrs[size_t(u) * size_t(std::max(n_full, 1))];
+        for (int b = 0; b < n_full; ++b) pp[b] = at + size_t(b) * blk;
+        views[size_t(u)] = {pp, n_full, n_tail ? reinterpret_cast<const uint16_t*>(at + size_t(n_full) * blk) : nullptr,
+                            n_tail};
+      }
+      std::vector<float> q(size_t(std::max(n_mb[0], n_mb[1])) * size_t(H) * size_t(D), 0.1f), out(q.size());
+      DecodeAttentionWorkspace ws;
+      double mine = 0;
+      for (int step = 0; step < o.reps + 1; ++step)
+        for (int visit = 0; visit < V; ++visit) {
+          sync.arrive_and_wait();  // the visit's requests reach every worker together
+          const int l = visit % L;
+          for (int mb = 0, first = 0; mb < 2; first += n_mb[mb], ++mb) {
+            if (n_mb[mb] == 0) continue;
+            DecodeAttentionParams p;
+            p.dtype = dt, p.n_seq = n_mb[mb], p.n_heads = H, p.n_kv_heads = K, p.head_dim = D;
+            p.scale = 1.0f / std::sqrt(float(D));
+            p.seqs = &views[size_t(l) * size_t(n_seq) + size_t(first)];
+            p.q = q.data(), p.o = out.data();
+            const int64_t t0 = now_ns();
+            decode_attention(p, best_isa(), o.threads, ws);
+            if (step > 0) mine += double(now_ns() - t0) / 1e9;
+          }
+        }
+      busy[size_t(w)] = mine / double(o.reps * V);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failed_mu);
+      if (!failed) failed = std::current_exception();
+      sync.arrive_and_drop();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int w = 0; w < o.workers; ++w) threads.emplace_back(worker, w);
+  for (auto& t : threads) t.join();
+  if (failed) std::rethrow_exception(failed);
+  KernelAlone r;
+  r.busiest_s_per_layer = *std::max_element(busy.begin(), busy.end());
+  for (double b : busy) r.mean_s_per_layer += b / double(busy.size());
+  return r;
+}
 
 ServiceFit fit_service(const std::vector<double>& x1, const std::vector<double>& x2, const std::vector<double>& y) {
   const size_t n = y.size();
@@ -244,6 +336,9 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
         for (auto it = parts1[busiest_w].begin(); it != parts1[busiest_w].end(); ++it)
           parts[it.key()] = (it.value().get<double>() - parts0[busiest_w].value(it.key(), 0.0)) / double(o.reps * V);
         for (int w = 0; w < o.workers; ++w) client.free_seqs(size_t(w), ids[size_t(w)]);
+        // The kernel alone on the same bytes and cores (the workers idle meanwhile): contexts of S + the tokens the
+        // measured steps appended, on average (2 a step and layer: a layer is visited twice a step).
+        const KernelAlone alone = replay_kernel_alone(model, o, dtype, B, S + 2 + o.reps);
         const double per_worker = double(B) / double(o.workers);
         json row = {{"kv_dtype", dtype},
                     {"batch", B},
@@ -254,17 +349,24 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
                     {"first_layer_s", median(first_s)},
                     {"append_s", append_s},
                     {"busiest_worker_tokens", double((B + o.workers - 1) / o.workers) * double(S + o.reps + 1)},
-                    {"busiest_parts_s_per_layer", parts}};
+                    {"busiest_parts_s_per_layer", parts},
+                    {"kernel_alone_s_per_layer", alone.busiest_s_per_layer},
+                    {"kernel_alone_mean_s_per_layer", alone.mean_s_per_layer}};
+        if (alone.busiest_s_per_layer > 0) {
+          row["kernel_in_service_over_alone"] = parts.value("kernel", 0.0) / alone.busiest_s_per_layer;
+          row["compute_over_kernel_alone"] = parts.value("compute", 0.0) / alone.busiest_s_per_layer;
+          row["round_over_kernel_alone"] = median(round_s) / alone.busiest_s_per_layer;
+        }
         rows.push_back(row);
         fx1.push_back(per_worker), fx2.push_back(per_worker * double(S)), fy.push_back(median(round_s));
         const auto ms = [&](const char* k) { return 1e3 * parts.value(k, 0.0); };
         std::fprintf(stderr,
                      "fd-bench profile --service: %s B %lld context %lld: %.3f ms a layer (busiest worker %.3f ms: kernel %.3f, "
                      "append %.3f, query %.3f, prepare %.3f, output %.3f; its loop: handle %.3f, receive %.3f, send %.3f, "
-                     "idle %.3f)\n",
+                     "idle %.3f); the kernel alone on the same bytes and cores %.3f ms (busiest), %.3f (mean)\n",
                      dtype.c_str(), (long long)B, (long long)S, 1e3 * median(round_s), 1e3 * median(busiest_s), ms("kernel"),
                      ms("append"), ms("query"), ms("prepare"), ms("output"), ms("loop_handle"), ms("loop_receive"),
-                     ms("loop_send"), ms("loop_wait"));
+                     ms("loop_send"), ms("loop_wait"), 1e3 * alone.busiest_s_per_layer, 1e3 * alone.mean_s_per_layer);
       }
     }
     for (int w = 0; w < o.workers; ++w) {
@@ -304,7 +406,12 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
                          "their sum; and its socket loop's attend_loop_s: loop_wait = idle before each ATTEND came, "
                          "loop_receive, loop_handle = the handler with the shared-memory lane's work, loop_send) over the "
                          "measured steps, per layer; busiest_worker_tokens: its sequences x their mean "
-                         "context over the measured steps; fit: "
+                         "context over the measured steps; kernel_alone_s_per_layer: the kernel alone on the same bytes and "
+                         "cores (this process, a thread per worker whose OpenMP team is pinned as that worker's threads, "
+                         "holding its share's KV at every layer in the worker's dtype, contexts of context + 2 + reps tokens, "
+                         "running decode_attention on each visit's two mini-batches as the worker does, the workers' "
+                         "threads meeting at a barrier before each visit), the busiest's seconds a visit over the measured "
+                         "steps (kernel_alone_mean_s_per_layer: the mean worker's); fit: "
                          "round = a + per_seq * B/P + per_token * B*S/P (relative least squares); r_s_per_token_layer_cpu = per_token x "
                          "threads"}};
 }

@@ -44,6 +44,16 @@ struct ServiceProfileOptions {
 json measure_service_profile(const ModelConfig& model, const ServiceProfileOptions& o);
 void check_service_options(const ServiceProfileOptions& o);  // ConfigError naming the flag
 
+// The kernel alone on the bytes and cores a service grid point gives each worker (issue 43: what service adds to it):
+// P threads of this process, each pinned as worker w's threads are, holding worker w's share of B sequences of
+// `context` tokens at every layer, running decode_attention over the visits of reps + 1 steps (the first a warm-up)
+// as the worker does; seconds a visit of the busiest and of the mean worker.
+struct KernelAlone {
+  double busiest_s_per_layer = 0, mean_s_per_layer = 0;
+};
+KernelAlone replay_kernel_alone(const ModelConfig& model, const ServiceProfileOptions& o, const std::string& dtype,
+                                int64_t batch, int64_t context);
+
 // Relative least squares of y = a + c·x1 + b·x2 over the points (x1, x2, y) (minimises the sum of ((fit - y) / y)²):
 // {a, c, b, R², the largest |fit/y - 1|}.
 struct ServiceFit {

@@ -2,14 +2,16 @@
 # On the GPU machine: builds with the `cuda` preset (Debian packages unpacked in .deps/, see
 # scripts/device-deps.sh) and runs the S-worker stages named on the command line (default: all):
 #   build      cmake --preset cuda + build
-#   tests      the gpu-labelled tests (CUDA S-Part, attention kernels, green contexts, GPU-only, FastDecode-CUDA)
+#   tests      the gpu-labelled tests (CUDA S-Part, attention kernels, green contexts, GPU-only, FastDecode-CUDA, paged-swap,
+#              host-offload, vanilla; GTEST_FILTER narrows them)
 #              with FD_REQUIRE_GPU=1 (device-env.sh): no device is a failure, not a skip; prints the counts
 #   kernels    fd-kernel-bench: decode/prefill attention and sampling kernels vs their ceilings
 #   spart      fd-spart-bench: S-Part layer vs cuBLAS GEMMs alone, Llama-2-7b and Llama-3-8B, all SMs and 16 SMs,
 #              and Llama-2-7b with bf16
 #   profile    fd-bench profile --backend cuda (T(B) of the GPU S-Part with host transfers; R of the CPU kernel
 #              per CPU, measured with 1, 6 and 12 CPUs together)
-#   hf         tests/gpu/hf_engine_check.py: FastDecode-CUDA and GPU-only greedy tokens vs transformers
+#   hf         tests/gpu/hf_engine_check.py: the engines' greedy tokens vs transformers (HF_MODELS, HF_ENGINES: its
+#              --models and --engines; default FastDecode-CUDA and GPU-only)
 #   quickstart the README's main job (CUDA S-Part when a GPU answers)
 #   e2e        experiments/gpu/*.json: FastDecode vs GPU-only, full GPU and A10-like balance; then
 #              analysis/e2e_report.py and analysis/perf_model_validation.py over the runs
@@ -31,13 +33,19 @@ if has build; then
   echo "build ok"
 fi
 if has tests; then
-  build/cuda/tests/fd_gpu_tests >"$out/gpu_tests.log" 2>&1 || rc=1
+  # Every gpu-labelled executable (GTEST_FILTER, read by GoogleTest itself, narrows them); counts summed over them.
+  : >"$out/gpu_tests.log"
+  for t in fd_gpu_tests fd_gpu_paged_swap_tests fd_gpu_host_offload_tests fd_gpu_vanilla_tests; do
+    [ -x build/cuda/tests/$t ] || { echo "no build/cuda/tests/$t" | tee -a "$out/gpu_tests.log"; rc=1; continue; }
+    build/cuda/tests/$t >>"$out/gpu_tests.log" 2>&1 || rc=1
+  done
   grep -E "^\[  (PASSED|FAILED)|FAILED|rel err|divergence|not the reference|GB/s|SMs" "$out/gpu_tests.log" | head -60
-  n_run=$(sed -n 's/^\[==========\] \([0-9]*\) tests\? from .* ran\..*/\1/p' "$out/gpu_tests.log")
-  n_pass=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$out/gpu_tests.log")
-  n_skip=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\?, listed below.*/\1/p' "$out/gpu_tests.log")
-  n_fail=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) tests\?, listed below.*/\1/p' "$out/gpu_tests.log")
-  echo "gpu tests (FD_REQUIRE_GPU=${FD_REQUIRE_GPU:-}): ${n_run:-0} run, ${n_pass:-0} passed, ${n_skip:-0} skipped, ${n_fail:-0} failed"
+  sum() { sed -n "$1" "$out/gpu_tests.log" | awk '{s += $1} END {print s + 0}'; }
+  n_run=$(sum 's/^\[==========\] \([0-9]*\) tests\? from .* ran\..*/\1/p')
+  n_pass=$(sum 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p')
+  n_skip=$(sum 's/^\[  SKIPPED \] \([0-9]*\) tests\?, listed below.*/\1/p')
+  n_fail=$(sum 's/^\[  FAILED  \] \([0-9]*\) tests\?, listed below.*/\1/p')
+  echo "gpu tests (FD_REQUIRE_GPU=${FD_REQUIRE_GPU:-}${GTEST_FILTER:+, GTEST_FILTER=$GTEST_FILTER}): $n_run run, $n_pass passed, $n_skip skipped, $n_fail failed"
   grep -E "^\[  SKIPPED \] [^0-9]" "$out/gpu_tests.log" | sort -u | head -10
 fi
 if has kernels; then
@@ -60,7 +68,7 @@ if has profile; then
   done
 fi
 if has hf; then
-  python3 tests/gpu/hf_engine_check.py --bin-dir $bin --out "$out/hf_engine_check.json" >"$out/hf_engine_check.log" 2>&1 || rc=1
+  python3 tests/gpu/hf_engine_check.py --bin-dir $bin ${HF_MODELS:+--models $HF_MODELS} ${HF_ENGINES:+--engines $HF_ENGINES} --out "$out/hf_engine_check.json" >"$out/hf_engine_check.log" 2>&1 || rc=1
   tail -12 "$out/hf_engine_check.log"
 fi
 if has quickstart; then

@@ -16,6 +16,8 @@
 #   pack     everything under OUT into PACK (a .tar.gz; for a machine that returns few files)
 # Results: OUT/profile_*.json, OUT/runs/ (the run folders, traces dropped), OUT/*.log. A tree copied without git history
 # records its commit from FD_GIT_COMMIT.
+#   MODEL: the model config profiled (default experiments/models/llama-2-7b.json; files are named after it), SVC_TAG: a
+#   suffix for the service profiles' file names (e.g. a second grid of the same model)
 #   usage: [PACK=FILE] scripts/model-validation.sh OUT [stage...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +28,8 @@ mkdir -p "$out"
 [ -f scripts/device-env.sh ] && [ -d .deps ] && source scripts/device-env.sh
 export CUDACXX="${CUDACXX:-/usr/local/cuda/bin/nvcc}" OMP_WAIT_POLICY=PASSIVE
 bin=build/cuda/bin
-model=experiments/models/llama-2-7b.json
+model="${MODEL:-experiments/models/llama-2-7b.json}"
+mname=$(basename "$model" .json)
 service_configs="${SERVICE_CONFIGS:-4x3 5x3 4x1}"
 service_batches="${SERVICE_BATCHES:-16 64 256 1024}"
 service_contexts="${SERVICE_CONTEXTS:-128 512 1024}"
@@ -47,13 +50,13 @@ if has profile; then
     $bin/fd-bench profile --backend cuda --model "$model" --kv-dtypes $service_kv --r-threads $((w * t)) \
       --batches 1 8 16 32 64 128 256 512 1024 --service --rworkers "$w" --rworker-threads "$t" --first-cpu 0 \
       --service-batches $service_batches --contexts $service_contexts --reps 5 \
-      --out "$out/profile_llama-2-7b_cuda_svc${cfg}.json" >"$out/profile_svc${cfg}.log" 2>&1 || { rc=1; tail -5 "$out/profile_svc${cfg}.log"; }
-    grep -E "service: |wrote" "$out/profile_svc${cfg}.log" | tail -14
+      --out "$out/profile_${mname}_cuda_svc${cfg}${SVC_TAG:-}.json" >"$out/profile_${mname}_svc${cfg}${SVC_TAG:-}.log" 2>&1 || { rc=1; tail -5 "$out/profile_${mname}_svc${cfg}${SVC_TAG:-}.log"; }
+    grep -E "service: |wrote" "$out/profile_${mname}_svc${cfg}${SVC_TAG:-}.log" | tail -24
     first=0
   done
   for sm in $sm_counts; do
     $bin/fd-bench profile --backend cuda --sm-count "$sm" --model "$model" --kv-dtypes fp16 --r-threads 12 \
-      --batches 1 8 16 32 64 128 256 512 1024 --reps 5 --out "$out/profile_llama-2-7b_cuda_sm${sm}.json" \
+      --batches 1 8 16 32 64 128 256 512 1024 --reps 5 --out "$out/profile_${mname}_cuda_sm${sm}.json" \
       >"$out/profile_sm${sm}.log" 2>&1 || { rc=1; tail -5 "$out/profile_sm${sm}.log"; }
   done
   echo "profile done ($SECONDS s)"

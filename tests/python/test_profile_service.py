@@ -1,6 +1,7 @@
 """fd-bench profile --service end to end on the CPU (spawned R-workers, real ATTEND rounds): every grid row says where
 the busiest worker's ATTEND time goes (its STATS attend_parts_s over the measured steps) and sets it beside the kernel
-alone on the same bytes (issue 43): the parts add up to the worker's compute, and the ratios are those numbers'.
+alone on the same bytes and cores (issue 43: a replay in the profiling process, pinned as the workers are): the parts
+add up to the worker's compute, and the ratios are those numbers'.
 """
 
 from __future__ import annotations
@@ -40,7 +41,16 @@ def test_each_row_splits_the_busiest_workers_time(profile):
         assert parts["loop_handle"] >= parts["compute"]
         # The busiest worker holds ceil(B / 2) sequences; their mean context over the 2 measured steps is S + 3.
         assert row["busiest_worker_tokens"] == -(-row["batch"] // 2) * (row["context"] + 3)
-        alone = r / 1 * row["busiest_worker_tokens"]
-        assert row["kernel_alone_s_per_layer"] == pytest.approx(alone, rel=1e-12)
+        # The model's view: the profile's kernel R (per CPU, one context) x the worker's tokens / its threads.
+        assert row["r_kernel_s_per_layer"] == pytest.approx(r / 1 * row["busiest_worker_tokens"], rel=1e-12)
+        # The replay's kernel alone: its busiest worker at least its mean, and the ratios are those numbers'.
+        alone = row["kernel_alone_s_per_layer"]
+        assert alone > 0 and alone >= row["kernel_alone_mean_s_per_layer"] > 0
         assert row["kernel_in_service_over_alone"] == pytest.approx(parts["kernel"] / alone, rel=1e-12)
         assert row["compute_over_kernel_alone"] == pytest.approx(parts["compute"] / alone, rel=1e-12)
+        assert row["round_over_kernel_alone"] == pytest.approx(row["round_s_per_layer"] / alone, rel=1e-12)
+    # The replay reads the row's bytes: at B = 8 the busiest worker holds twice B = 4's sequences, and at context 128
+    # about twice the tokens of 64, so its kernel alone takes longer (no timed bound: only the order, which a replay of
+    # the wrong shapes, e.g. always the first row's, would not keep).
+    by = {(row["batch"], row["context"]): row["kernel_alone_s_per_layer"] for row in svc["rows"]}
+    assert by[(8, 128)] > by[(4, 64)]
