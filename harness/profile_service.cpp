@@ -387,6 +387,7 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
     }
   }
   return {{"workers", o.workers},
+          {"rworker_binary", bin},
           {"threads", o.threads},
           {"pinned", o.pin},
           {"layers", o.layers},

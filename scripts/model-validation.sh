@@ -17,7 +17,8 @@
 # Results: OUT/profile_*.json, OUT/runs/ (the run folders, traces dropped), OUT/*.log. A tree copied without git history
 # records its commit from FD_GIT_COMMIT.
 #   MODEL: the model config profiled (default experiments/models/llama-2-7b.json; files are named after it), SVC_TAG: a
-#   suffix for the service profiles' file names (e.g. a second grid of the same model)
+#   suffix for the service profiles' file names (e.g. a second grid of the same model), RWORKER_BINARY: the fd-rworker
+#   the service profile spawns (another build's, for an A/B)
 #   usage: [PACK=FILE] scripts/model-validation.sh OUT [stage...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,7 +50,7 @@ if has profile; then
     # The whole GPU's T(B) once (with the first service config); the kernel R on the config's CPUs.
     $bin/fd-bench profile --backend cuda --model "$model" --kv-dtypes $service_kv --r-threads $((w * t)) \
       --batches 1 8 16 32 64 128 256 512 1024 --service --rworkers "$w" --rworker-threads "$t" --first-cpu 0 \
-      --service-batches $service_batches --contexts $service_contexts --reps 5 \
+      --service-batches $service_batches --contexts $service_contexts --reps 5 ${RWORKER_BINARY:+--rworker-binary $RWORKER_BINARY} \
       --out "$out/profile_${mname}_cuda_svc${cfg}${SVC_TAG:-}.json" >"$out/profile_${mname}_svc${cfg}${SVC_TAG:-}.log" 2>&1 || { rc=1; tail -5 "$out/profile_${mname}_svc${cfg}${SVC_TAG:-}.log"; }
     grep -E "service: |wrote" "$out/profile_${mname}_svc${cfg}${SVC_TAG:-}.log" | tail -24
     first=0

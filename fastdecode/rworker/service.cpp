@@ -11,6 +11,7 @@
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/fault.h"
 #include "fastdecode/rworker/intake.h"
+#include "kernels/cpu/convert.h"
 
 namespace fd {
 
@@ -22,6 +23,8 @@ using proto::ProtocolError;
 using proto::WireDType;
 
 namespace {
+// An ATTEND's appends go to the worker's threads from this many sequences on (fewer: the team's wake-up costs more).
+constexpr int kParallelAppendSeqs = 8;
 // memcpy of n bytes; nothing for n = 0 (an empty vector's data() may be null, which memcpy may not be given).
 void copy_bytes(void* dst, const void* src, size_t n) {
   if (n) std::memcpy(dst, src, n);
@@ -297,13 +300,26 @@ std::vector<zmq::message_t> RWorkerService::on_attend(Session& s, const Message&
   const WireDType wd = WireDType(h.dtype);
   // Append this step's k, v (one token per sequence), then attend over the whole cache.
   if (wd == WireDType::F16) {
-    for (size_t i = 0; i < ns; ++i)
-      store.append_f16(ids[i], int(h.layer), m.frames[2].data + i * kvrow * 2, m.frames[3].data + i * kvrow * 2, 1);
+    // The appends, then the query's conversion (F16C), each spread over the worker's threads when there is enough
+    // to share (kernels/cpu/convert.h; issue 43: one thread's scalar conversions and appends cost up to a fifth of a
+    // request's compute at short contexts).
+    const int T = std::max(1, cfg_.threads);
+    std::exception_ptr failed;
+    std::mutex failed_mu;
+#pragma omp parallel for num_threads(T) schedule(static) if (ns >= size_t(kParallelAppendSeqs) && T > 1)
+    for (int64_t i = 0; i < int64_t(ns); ++i) {
+      try {
+        store.append_f16(ids[size_t(i)], int(h.layer), m.frames[2].data + size_t(i) * kvrow * 2,
+                         m.frames[3].data + size_t(i) * kvrow * 2, 1);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(failed_mu);
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    if (failed) std::rethrow_exception(failed);
     part(AttendPart::Append);
     q32_.resize(ns * qrow);
-    std::vector<uint16_t> qq(ns * qrow);
-    copy_bytes(qq.data(), m.frames[1].data, qq.size() * 2);
-    convert_to_f32(DType::F16, qq.data(), q32_.data(), qq.size());
+    convert_f16_to_f32(m.frames[1].data, q32_.data(), ns * qrow, cfg_.isa, T);
   } else {
     std::vector<float> kk(ns * kvrow), vv(ns * kvrow);
     copy_bytes(kk.data(), m.frames[2].data, kk.size() * 4);
@@ -337,7 +353,7 @@ std::vector<zmq::message_t> RWorkerService::on_attend(Session& s, const Message&
 #endif
   // o goes straight into the reply message's buffer.
   zmq::message_t o(ns * qrow * proto::wire_dtype_size(wd));
-  if (wd == WireDType::F16) convert_from_f32(DType::F16, o32_.data(), o.data(), o32_.size());
+  if (wd == WireDType::F16) convert_f32_to_f16(o32_.data(), o.data(), o32_.size(), cfg_.isa, std::max(1, cfg_.threads));
   else copy_bytes(o.data(), o32_.data(), o32_.size() * 4);
   part(AttendPart::Output);
   const uint64_t dt = uint64_t(t_prev - t0);

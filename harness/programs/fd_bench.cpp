@@ -174,6 +174,9 @@ int main(int argc, char** argv) {
   profile->add_option("--service-layers", po.svc.layers, "--service: layers each sequence holds (the runs' depth)")
       ->capture_default_str()->check(CLI::Range(1, 1024));
   profile->add_flag("!--no-shm", po.svc.shm, "--service: ZeroMQ only (no shared-memory lane)");
+  profile->add_option("--rworker-binary", po.svc.binary,
+                      "--service: the fd-rworker program to spawn (default: the one beside fd-bench; e.g. another build's, "
+                      "to compare two workers with the same profiler)")->check(CLI::ExistingFile);
   // workload: the requests `run` would make, as JSONL, for drivers outside the harness (baselines/hf).
   std::string wl_config, wl_out;
   std::vector<std::string> wl_sets;
