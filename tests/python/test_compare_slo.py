@@ -243,10 +243,10 @@ def test_the_figure_is_written_with_its_legend_and_caption_apart(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "compare: wrote %s" % png in proc.stderr
     # The figure itself: two panels, every series on both, the legends and the caption inside the figure and clear
     # of the panels (tick labels and axis labels included) and of each other.
-    cmp = load_analysis("compare")
-    lim = cmp.parse_slo("ttft:100")
+    cmp, slo = load_analysis("compare"), load_analysis("compare_slo")
+    lim = slo.parse_slo("ttft:100")
     rows = cmp.collect([str(tmp_path / "sw")], False, lim)
-    fig = cmp.slo_figure(cmp.slo_section(rows, lim, "rate", 0.9), rows)
+    fig = slo.slo_figure(slo.slo_section(rows, lim, "rate", 0.9), rows)
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     a1, a2 = fig.axes
