@@ -13,6 +13,9 @@ PACKAGES=(
   libtorch-dev                                            # the vanilla baseline (LibTorch 1.13, CPU)
   libgloo-dev                                             # the CPU communicator between S-ranks (issue 14)
   iproute2                                                # ip, tc: multi-host emulation (hardware.network)
+  slurmctld slurmd slurm-client munge                     # a real Slurm on this host for the launcher tests (docs/CLUSTER.md)
+  openmpi-bin                                             # mpirun for the launcher tests (docs/CLUSTER.md)
+  python3-yaml                                            # the Kubernetes manifest parsed by the launcher tests
 )
 
 missing=()

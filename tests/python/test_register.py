@@ -76,7 +76,8 @@ def test_nobody_registering_is_a_config_error(fd_bin, tmp_path):
 
 def test_the_launcher_examples_are_well_formed(fd_bin):
     """examples/: the registered-workers experiment passes --check; the Slurm script parses (bash -n); the Kubernetes
-    manifest parses when PyYAML is installed. Neither launcher runs here."""
+    manifest parses when PyYAML is installed. test_cluster_launchers.py runs the Slurm script under a real Slurm and
+    examples/mpi under mpirun; the Kubernetes manifest has not run on a cluster (docs/CLUSTER.md)."""
     p = subprocess.run([fd_bin("fd-bench"), "run", str(REPO / "examples" / "registered.json"), "--check"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
