@@ -137,6 +137,12 @@ int main(int argc, char** argv) {
                  "bytes; docs/RWORKER.md); 0: refuse every offer, everything over ZeroMQ")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
+  int spin_us = 0;
+  app.add_option("--spin-us", spin_us,
+                 "Poll the socket without sleeping this many microseconds after each reply before blocking: a request "
+                 "arriving then skips the thread's wake-up, at the cost of that much of a core per idle spell (0: block)")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   return fd::guarded_main(app, argc, argv, [&]() {
     fd::RWorkerConfig cfg;
     cfg.kv_dtype = fd::kv_dtype_from_name(kv_dtype);
@@ -167,6 +173,7 @@ int main(int argc, char** argv) {
     }
     opt.serve_once = serve_once;
     opt.shm_max_bytes = size_t(shm_max_mb * 1e6);
+    opt.spin_us = spin_us;
     opt.intake_bytes = intake_mb > 0 ? size_t(intake_mb * 1e6) : 2 * cfg.limits.max_message_bytes;
     if (opt.intake_bytes < cfg.limits.max_message_bytes)
       throw fd::ConfigError("--intake-mb " + std::to_string(intake_mb) + ": under --max-message-mb (" +

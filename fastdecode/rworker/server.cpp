@@ -276,7 +276,11 @@ void run_router_loop(const RouterLoop& loop) {
   while (!loop.done()) {
     zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
     try {
-      zmq::poll(&item, 1, std::chrono::milliseconds(100));
+      bool ready = false;
+      if (loop.spin_us > 0)  // spin_us: poll without sleeping for a while after the loop became free
+        for (const int64_t until = wait_from + int64_t(loop.spin_us) * 1000; !ready && now_ns() < until;)
+          ready = zmq::poll(&item, 1, std::chrono::milliseconds(0)) > 0;
+      if (!ready) zmq::poll(&item, 1, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       throw;  // the loop's own fault (its context terminated): the worker stops
@@ -448,6 +452,7 @@ void run_rworker_server(RWorkerService& service, const RWorkerServerOptions& opt
   loop.curve_clients = opt.curve_clients;
   loop.on_refused = log_error;
   loop.shm_max_bytes = opt.shm_max_bytes;
+  loop.spin_us = opt.spin_us;
   run_router_loop(loop);
   const uint64_t cuts = counters.cut_intake + counters.cut_rss + counters.cut_connections;
   if (counters.untracked_dropped + counters.peer_faults + counters.replies_lost + cuts > 0)

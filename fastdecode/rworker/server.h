@@ -30,6 +30,7 @@ struct RWorkerServerOptions {
   // message) and the most connections (0: unbounded). Resident memory is watched against the service's memory limit.
   size_t intake_bytes = 0;
   size_t max_connections = 256;
+  int spin_us = 0;  // RouterLoop::spin_us
 };
 
 // The ROUTER loop every R-worker process runs (fd-rworker; the benchmark's echo R-worker): bind, then
@@ -81,6 +82,10 @@ struct RouterLoop {
   // Optional: one line about a peer the loop dropped, cut or could not answer (may be called from the guard's thread;
   // fd-rworker's rate-limits them).
   std::function<void(const std::string&)> log;
+  // > 0: for this many microseconds after the loop became free (it answered a request, or started), poll the socket
+  // without sleeping before blocking on it: a request arriving then is taken without the thread's wake-up (the small-
+  // message floor, issue 43), at the cost of that much of a core per idle spell. 0: block at once.
+  int spin_us = 0;
 };
 
 // The most frames one message may have (a valid request has at most 5); more is refused as it arrives.

@@ -36,7 +36,7 @@ RWorkerClient::RWorkerClient(std::vector<std::string> endpoints, int timeout_ms,
     : RWorkerClient(std::move(endpoints), RWorkerClientOptions{timeout_ms, io_threads, 0, 0, "", {}}) {}
 
 RWorkerClient::RWorkerClient(std::vector<std::string> endpoints, const RWorkerClientOptions& o)
-    : ctx_(o.io_threads), endpoints_(std::move(endpoints)), timeout_ms_(o.timeout_ms), shm_bytes_(o.shm_bytes) {
+    : ctx_(o.io_threads), endpoints_(std::move(endpoints)), timeout_ms_(o.timeout_ms), spin_us_(o.spin_us), shm_bytes_(o.shm_bytes) {
   FD_CHECK(!endpoints_.empty(), "no R-worker endpoints");
   static std::atomic<uint64_t> clients{0};
   const uint64_t me = clients++;
@@ -260,7 +260,11 @@ std::vector<RWorkerReply> RWorkerClient::wait(const std::vector<std::pair<size_t
       throw RWorkerLost(ws, late);
     }
     try {
-      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(std::min<int64_t>(left_ms, 100)));
+      bool ready = false;
+      if (spin_us_ > 0)  // spin_us: poll without sleeping for a while before blocking
+        for (const int64_t until = std::min(deadline, now_ns() + int64_t(spin_us_) * 1000); !ready && now_ns() < until;)
+          ready = zmq::poll(items.data(), items.size(), std::chrono::milliseconds(0)) > 0;
+      if (!ready) zmq::poll(items.data(), items.size(), std::chrono::milliseconds(std::min<int64_t>(left_ms, 100)));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;
     }

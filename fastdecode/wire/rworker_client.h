@@ -55,6 +55,9 @@ struct RWorkerClientOptions {
   // first message to it; a worker on this host that accepts it gets ATTEND and APPEND_KV through it (ZeroMQ carries
   // their headers), one that refuses (another host, --shm-max-mb 0, ...) everything over ZeroMQ as before.
   size_t shm_bytes = 0;
+  // > 0: each wait polls its sockets without sleeping for up to this many microseconds before it blocks (a reply
+  // arriving then is taken without the thread's wake-up: the small-message floor, issue 43). 0: block at once.
+  int spin_us = 0;
 };
 
 // The region the engines offer each worker (engine.rworkers.shm): room for a few steps' requests and replies of a
@@ -220,6 +223,7 @@ class RWorkerClient {
   std::vector<bool> dead_;               // per worker: marked dead (socket closed)
   std::vector<size_t> max_message_;      // per worker: the largest request it takes (from its HELLO; 0: unknown)
   int timeout_ms_;
+  int spin_us_ = 0;  // RWorkerClientOptions::spin_us
   uint64_t next_id_ = 1;
   std::map<std::pair<size_t, uint64_t>, RWorkerReply> stash_;  // replies received while waiting for others
   std::set<std::pair<size_t, uint64_t>> outstanding_;          // sent, reply not yet waited for

@@ -49,6 +49,7 @@ struct Options {
   std::vector<std::string> sizes{"64K", "256K", "1M", "4M", "16M", "32M"};
   std::vector<std::string> transports{"tcp", "ipc"};
   std::vector<int> io_threads{1, 4};
+  std::vector<int> spin_us{0};
   std::vector<int> links{1, 2, 4};
   fd::bench::WireShape shape;
   std::string wire_dtype = "fp16";
@@ -130,6 +131,7 @@ void round_trip(benchmark::State& st, const TransportCase& c, int index) {
   auto& k = st.counters;
   k["links"] = c.links;
   k["io_threads"] = c.io_threads;
+  k["spin_us"] = c.spin_us;
   k["size_bytes"] = double(c.size);
   k["n_seq"] = c.n_seq;
   k["request_bytes"] = double(c.request_bytes());
@@ -171,7 +173,10 @@ void register_all(CLI::App& app) {
     for (int io : o.io_threads)
       for (int nl : o.links)
         for (const auto& s : o.sizes)
-          cases.push_back(fd::bench::make_case(tr, io, nl, fd::bench::parse_size(s), o.shape));
+          for (int spin : o.spin_us) {
+            cases.push_back(fd::bench::make_case(tr, io, nl, fd::bench::parse_size(s), o.shape));
+            cases.back().spin_us = spin;
+          }
   if (std::any_of(o.transports.begin(), o.transports.end(), [](const std::string& t) { return t != "tcp"; }))
     g_ipc_dir = fd::bench::make_ipc_dir();
 
@@ -218,6 +223,7 @@ void register_all(CLI::App& app) {
   benchmark::AddCustomContext("fd_params", fd::json{{"sizes", o.sizes},
                                                     {"transports", o.transports},
                                                     {"io_threads", o.io_threads},
+                                                    {"spin_us", o.spin_us},
                                                     {"links", o.links},
                                                     {"time_s", o.time_s},
                                                     {"warmup_s", o.warmup_s},
@@ -265,6 +271,12 @@ int main(int argc, char** argv) {
   app.add_option("--io-threads", o.io_threads, "zmq I/O threads of the client and of each echo R-worker")
       ->delimiter(',')
       ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--spin-us", o.spin_us,
+                 "microseconds the client's waits and each echo R-worker's loop poll without sleeping before they block "
+                 "(RWorkerClientOptions::spin_us, RouterLoop::spin_us; 0: block at once); a list compares them")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   app.add_option("--links", o.links, "concurrent links (echo R-worker processes), all in flight at once")
       ->delimiter(',')

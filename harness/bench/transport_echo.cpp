@@ -61,7 +61,7 @@ int transport_echo_main(int argc, char** argv) {
       "request's size, computing nothing; SHUTDOWN -> OK and exit.",
       "fd-transport-bench serve"};
   std::string listen = "tcp://127.0.0.1:*", ipc;
-  int io_threads = 1, fail_after = 0;
+  int io_threads = 1, fail_after = 0, spin_us = 0;
   double max_message_mb = 1024;
   bool print_endpoint = false;
   app.add_option("--listen", listen, "ZeroMQ endpoint to bind (as fd-rworker)")->capture_default_str();
@@ -69,6 +69,9 @@ int transport_echo_main(int argc, char** argv) {
                  "bind ipc://PATH instead of --listen (fd::SpawnedRWorker always appends a loopback --listen)");
   app.add_flag("--print-endpoint", print_endpoint, "print the bound endpoint on stdout once listening (as fd-rworker)");
   app.add_option("--io-threads", io_threads, "zmq I/O threads")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--spin-us", spin_us, "poll without sleeping this long after each reply before blocking (as fd-rworker)")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   app.add_option("--max-message-mb", max_message_mb, "largest accepted request (as fd-rworker)")
       ->check(CLI::Range(1.0, 65536.0))
       ->capture_default_str();
@@ -91,6 +94,7 @@ int transport_echo_main(int argc, char** argv) {
     fd::RouterLoop loop;
     loop.listen = ipc.empty() ? listen : "ipc://" + ipc;
     loop.io_threads = io_threads;
+    loop.spin_us = spin_us;
     loop.max_message_bytes = limits.max_message_bytes;
     loop.on_bound = [&](const std::string& ep) {
       if (!print_endpoint) return;

@@ -33,7 +33,7 @@ size_t TransportCase::reply_bytes() const {
 }
 std::string TransportCase::name() const {
   return transport + "/io:" + std::to_string(io_threads) + "/links:" + std::to_string(links) +
-         "/size:" + size_label(size);
+         "/size:" + size_label(size) + (spin_us > 0 ? "/spin:" + std::to_string(spin_us) : "");
 }
 
 TransportCase make_case(const std::string& transport, int io_threads, int links, uint64_t size,
@@ -150,7 +150,8 @@ LinkSet::LinkSet(const TransportCase& c, const LinkOptions& o) : c_(c), o_(o) {
   const std::string bin = self_binary();
   std::vector<std::string> endpoints;
   for (int i = 0; i < c.links; ++i) {
-    std::vector<std::string> args = {"serve", "--io-threads", std::to_string(c.io_threads)};
+    std::vector<std::string> args = {"serve", "--io-threads", std::to_string(c.io_threads), "--spin-us",
+                                     std::to_string(c.spin_us)};
     if (o.fail_after > 0) args.insert(args.end(), {"--fail-after", std::to_string(o.fail_after)});
     const bool shm = c.transport == "shm" || c.transport == "shm-inplace";
     if (c.transport == "ipc" || shm) {
@@ -166,7 +167,7 @@ LinkSet::LinkSet(const TransportCase& c, const LinkOptions& o) : c_(c), o_(o) {
     endpoints.push_back(servers_.back()->endpoint());
   }
   RWorkerClientOptions co;
-  co.timeout_ms = o.timeout_ms, co.io_threads = c.io_threads;
+  co.timeout_ms = o.timeout_ms, co.io_threads = c.io_threads, co.spin_us = c.spin_us;
   // shm: the ipc link plus the shared-memory lane, with room for two steps' requests and replies (each frame's
   // block rounded up to 64 bytes) so that a step never waits for space.
   // shm-inplace: the same (the request's block in place of one step's request space).

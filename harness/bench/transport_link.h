@@ -34,13 +34,14 @@ struct TransportCase {
   uint64_t size = 0;      // nominal request bytes per link (S)
   WireShape shape;
   uint32_t n_seq = 0;  // sequences per request: the most that fit in S, at least one
+  int spin_us = 0;     // the client's waits and the echo servers' loops poll without sleeping this long (0: block)
 
   static constexpr int kRequestFrames = 5, kReplyFrames = 2;  // header included
   size_t seq_request_bytes() const;                           // 8 + (heads + 2 kv_heads) head_dim elem
   size_t request_bytes() const;                               // per link, header included
   size_t reply_bytes() const;                                 // per link, header included
   size_t bytes_per_step() const { return size_t(links) * (request_bytes() + reply_bytes()); }
-  std::string name() const;  // "tcp/io:1/links:2/size:1M"
+  std::string name() const;  // "tcp/io:1/links:2/size:1M" (+ "/spin:50" when spin_us > 0)
 };
 
 // A case of `size` bytes per link (sizes as parse_size takes them). ConfigError when S cannot hold a

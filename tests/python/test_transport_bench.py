@@ -45,12 +45,21 @@ def quick(fd_bin, tmp_path_factory, run_program):
 
 @pytest.fixture(scope="module")
 def gqa_fp32(fd_bin, tmp_path_factory, run_program):
-    """Another shape: o (heads) differs from k and v (kv heads), fp32 on the wire."""
+    """Another shape: o (heads) differs from k and v (kv heads), fp32 on the wire; and the client and the echo servers
+    spinning 30 us before they block (--spin-us) beside blocking at once: the same bytes either way."""
     out = tmp_path_factory.mktemp("transport") / "gqa.json"
     run_program([fd_bin("fd-transport-bench"), "--sizes", "100K", "--transports", "tcp", "--links", "2",
                  "--io-threads", "2", "--heads", "8", "--kv-heads", "2", "--head-dim", "64", "--wire-dtype", "fp32",
-                 "--time", "0.02", "--json", out], timeout=120)
+                 "--time", "0.02", "--spin-us", "0,30", "--json", out], timeout=120)
     return json.loads(out.read_text())
+
+
+def test_spin_is_a_case_of_its_own(gqa_fp32):
+    # --spin-us 0,30: one case each, named by its spin (none for 0), the counter saying which, the same bytes.
+    rts = {r["name"].split("/min_time")[0]: r for r in round_trips(gqa_fp32)}
+    assert set(rts) == {"round_trip/tcp/io:2/links:2/size:100K", "round_trip/tcp/io:2/links:2/size:100K/spin:30"}
+    a, b = rts["round_trip/tcp/io:2/links:2/size:100K"], rts["round_trip/tcp/io:2/links:2/size:100K/spin:30"]
+    assert (a["spin_us"], b["spin_us"]) == (0, 30) and a["bytes_per_step"] == b["bytes_per_step"]
 
 
 def round_trips(d):
