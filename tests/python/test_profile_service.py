@@ -54,3 +54,17 @@ def test_each_row_splits_the_busiest_workers_time(profile):
     # the wrong shapes, e.g. always the first row's, would not keep).
     by = {(row["batch"], row["context"]): row["kernel_alone_s_per_layer"] for row in svc["rows"]}
     assert by[(8, 128)] > by[(4, 64)]
+
+
+def test_one_context_keeps_its_rows_without_a_fit(fd_bin_dir, tmp_path):
+    # One context: B·S is proportional to B, so the fit is undetermined. The rows measured are kept and the fit says
+    # why it is missing (it once threw after the whole grid had run, and nothing was written).
+    out = tmp_path / "p.json"
+    cmd = [str(Path(fd_bin_dir) / "fd-bench"), "profile", "--backend", "cpu", "--model", str(MODEL), "--kv-dtypes", "fp16",
+           "--r-threads", "1", "--batches", "1", "--service", "--rworkers", "2", "--rworker-threads", "1", "--no-pin",
+           "--service-batches", "4", "8", "16", "--contexts", "64", "--reps", "1", "--out", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    svc = json.loads(out.read_text())["r_service"]
+    assert [r["batch"] for r in svc["rows"]] == [4, 8, 16]
+    assert "do not determine the fit" in svc["fit"]["fp16"]["error"]
