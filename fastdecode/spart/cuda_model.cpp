@@ -57,14 +57,6 @@ CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_ta
   FD_CHECK(!tp_ || shard_.tp_rank == tp_->rank(),
            "CUDA S-Part: weights of tensor rank " << shard_.tp_rank << " on group rank " << tp_->rank());
   cuda::check_act_dtype(act, "CUDA S-Part");
-  if (c.arch == Arch::OPT && !c.do_layer_norm_before)
-    throw ConfigError(c.name + ": do_layer_norm_before: post-LayerNorm OPT is not implemented in the cuda backend "
-                               "(use backend cpu)");
-  if (c.arch == Arch::OPT && c.has_projections())
-    throw ConfigError(c.name + ": word_embed_proj_dim: projected embeddings (project_in/out) are not implemented in "
-                               "the cuda backend (use backend cpu)");
-  if (c.arch == Arch::Llama && c.mlp_bias)
-    throw ConfigError(c.name + ": mlp_bias: MLP biases are not implemented in the cuda backend (use backend cpu)");
   act_cuda_ = act == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
   const auto upload_act = [act](std::initializer_list<const std::vector<float>*> parts, size_t& bytes) {
     return upload_16(act, parts, bytes);
@@ -93,6 +85,8 @@ CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_ta
     if (d.has_qkv_bias) d.bqkv = upload_f32({&L.bq, &L.bk, &L.bv}, b);
     if (d.has_o_bias) d.bo = upload_f32({&L.bo}, b);
     if (!L.b_up.empty()) d.b_up = upload_f32({&L.b_up}, b);
+    // Llama mlp_bias: [gate|up] biases beside the fused [gate|up] GEMM's columns (silu_mul adds them)
+    if (c.arch == Arch::Llama && !L.b_gate.empty()) d.b_gu = upload_f32({&L.b_gate, &L.b_up}, b);
     if (d.has_down_bias) d.b_down = upload_f32({&L.b_down}, b);
     layers_.push_back(std::move(d));
   }
@@ -101,6 +95,10 @@ CudaModel::CudaModel(const ModelWeights& w, cudaStream_t stream, int sm_count_ta
   if (!w.lm_head.empty()) lm_head_ = upload_act({&w.lm_head}, b);
   final_norm_w_ = upload_f32({&w.final_norm_w}, b);
   if (!w.final_norm_b.empty()) final_norm_b_ = upload_f32({&w.final_norm_b}, b);
+  // OPT's projected embeddings (word_embed_proj_dim P != H, opt-350m): project_in [H, P] on the embedding's side,
+  // project_out [P, H] before the head (each on the stages that hold them; whole on every tensor rank).
+  if (!w.project_in.empty()) project_in_ = upload_act({&w.project_in}, b);
+  if (!w.project_out.empty()) project_out_ = upload_act({&w.project_out}, b);
   const std::vector<float> inv = rope_inv_freq(c);  // the reference's frequencies (cfg.rope)
   rope_scale_ = rope_attention_scaling(c);
   inv_freq_ = upload_f32({&inv}, b);
@@ -293,21 +291,28 @@ void CudaModel::ensure(DevActs& a, int64_t T, int64_t capacity) const {
   a.qkv16.resize(t * (qd + 2 * kvd)), a.q.resize(t * qd), a.att.resize(t * qd), a.a16.resize(t * qd), a.q16.resize(t * qd);
   a.k.resize(t * kvd), a.v.resize(t * kvd), a.k16.resize(t * kvd), a.v16.resize(t * kvd);
   a.gu16.resize(t * 2 * I), a.i16.resize(t * I);
+  if (c.has_projections()) a.e32.resize(t * size_t(c.embed_dim())), a.e16.resize(t * size_t(c.embed_dim()));
   a.tokens.resize(t), a.rows.resize(t), a.out_tokens.resize(t), a.pos.resize(t), a.starts.resize(t + 1);
 }
 
 void CudaModel::embed(DevActs& a) const {
-  if (!tp_) {
-    cuda::embed(a.tokens.get(), a.pos.get(), embed_.get(), pos_embed_.size() ? pos_embed_.get() : nullptr, act_, 2, a.T,
-                cfg_.hidden_size, a.x.get(), stream_);
-    return;
+  // Tensor parallel: this rank's vocabulary rows (0 for other tokens), OPT's learned positions on rank 0 only: the sum
+  // over the ranks is the embedding, exactly (one non-zero term besides the position).
+  const int64_t vb = tp_ ? shard_.vocab_begin : 0, ve = tp_ ? shard_.vocab_end : INT64_MAX;
+  const bool pos = pos_embed_.size() > 1 && (!tp_ || tp_->rank() == 0);
+  const void* pt = pos ? pos_embed_.get() : nullptr;
+  if (!cfg_.has_projections()) {
+    cuda::embed(a.tokens.get(), a.pos.get(), embed_.get(), pt, act_, 2, a.T, cfg_.hidden_size, a.x.get(), stream_, vb, ve);
+  } else {
+    // OPT's projected embeddings: x = positions + project_in(embed[token]); the [T, P] rows go through 16 bits (exact:
+    // the table is 16-bit) into the GEMM, which adds its fp32 product into x. Linear, so masked rows sum correctly.
+    const int64_t P = cfg_.embed_dim();
+    cuda::embed(a.tokens.get(), a.pos.get(), embed_.get(), nullptr, act_, 0, a.T, P, a.e32.get(), stream_, vb, ve);
+    cuda::cast(a.e32.get(), DType::F32, a.e16.get(), act_, a.T * P, stream_);
+    cuda::embed(a.tokens.get(), a.pos.get(), nullptr, pt, act_, 2, a.T, cfg_.hidden_size, a.x.get(), stream_);
+    gemm(a.e16.get(), a.T, P, project_in_.get(), cfg_.hidden_size, a.x.get(), true, 1.0f);
   }
-  // This rank's vocabulary rows (0 for other tokens), OPT's learned positions on rank 0 only: the sum over
-  // the ranks is the embedding, exactly (one non-zero term besides the position).
-  const bool pos = pos_embed_.size() > 1 && tp_->rank() == 0;
-  cuda::embed(a.tokens.get(), a.pos.get(), embed_.get(), pos ? pos_embed_.get() : nullptr, act_, 2, a.T,
-              cfg_.hidden_size, a.x.get(), stream_, shard_.vocab_begin, shard_.vocab_end);
-  all_reduce(a.x.get(), a.T * cfg_.hidden_size);
+  if (tp_) all_reduce(a.x.get(), a.T * cfg_.hidden_size);
 }
 
 void CudaModel::norm(float* x, const float* add_bias, const float* w, const float* b, int64_t T, void* out,
@@ -410,7 +415,8 @@ void CudaModel::attention_input(DevActs& a, int layer, unsigned outputs, const K
   const ModelConfig& c = cfg_;
   const Layer& L = layers_[size_t(layer)];
   const int64_t T = a.T, H = c.hidden_size, ld = c.q_dim() + 2 * c.kv_dim();
-  norm(a.x.get(), nullptr, L.attn_norm_w.get(), L.attn_norm_b.get(), T, a.h16.get());
+  if (c.pre_norm()) norm(a.x.get(), nullptr, L.attn_norm_w.get(), L.attn_norm_b.get(), T, a.h16.get());
+  else cuda::cast(a.x.get(), DType::F32, a.h16.get(), act_, T * H, stream_);  // post-LN: the stream is normalized
   gemm(a.h16.get(), T, H, L.wqkv.get(), ld, a.qkv16.get());
   const bool f32 = outputs & kF32, f16 = outputs & kF16;
   cuda::qkv_post({.qkv = a.qkv16.get(),
@@ -446,11 +452,16 @@ void CudaModel::attention_output_and_mlp(DevActs& a, int layer) const {
     if (L.has_o_bias) cuda::add_bias_rows(a.x.get(), L.bo.get(), T, H, stream_);
     all_reduce(a.x.get(), T * H);
   }
-  // (+ the o-proj bias, stored back into x), then the MLP's norm, in one pass.
-  norm(a.x.get(), L.has_o_bias && !tp_ ? L.bo.get() : nullptr, L.mlp_norm_w.get(), L.mlp_norm_b.get(), T, a.h16.get());
+  // (+ the o-proj bias, stored back into x), then the MLP's norm, in one pass. Post-LayerNorm OPT: x = the attention
+  // LayerNorm of it (stored back), which is also the MLP's input.
+  const float* bo = L.has_o_bias && !tp_ ? L.bo.get() : nullptr;
+  if (c.pre_norm()) norm(a.x.get(), bo, L.mlp_norm_w.get(), L.mlp_norm_b.get(), T, a.h16.get());
+  else
+    cuda::layernorm(a.x.get(), bo, L.attn_norm_w.get(), L.attn_norm_b.get(), float(c.norm_eps), T, H, a.h16.get(), act_,
+                    stream_, nullptr, true);
   if (c.arch == Arch::Llama) {
     gemm(a.h16.get(), T, H, L.wgu.get(), 2 * I, a.gu16.get());
-    cuda::silu_mul(a.gu16.get(), act_, T, I, a.i16.get(), stream_);
+    cuda::silu_mul(a.gu16.get(), act_, T, I, a.i16.get(), stream_, L.b_gu.size() ? L.b_gu.get() : nullptr);
   } else {
     gemm(a.h16.get(), T, H, L.wgu.get(), I, a.gu16.get());
     cuda::relu_bias(a.gu16.get(), act_, L.b_up.get(), T, I, a.i16.get(), stream_);
@@ -458,6 +469,9 @@ void CudaModel::attention_output_and_mlp(DevActs& a, int layer) const {
   gemm(a.i16.get(), T, I, L.wdown.get(), H, a.x.get(), true, beta);  // x += down-proj
   if (L.has_down_bias) cuda::add_bias_rows(a.x.get(), L.b_down.get(), T, H, stream_);
   if (tp_) all_reduce(a.x.get(), T * H);
+  if (!c.pre_norm())  // post-LayerNorm: x = the MLP LayerNorm of the residual sum (h16 gets it too, unread)
+    cuda::layernorm(a.x.get(), nullptr, L.mlp_norm_w.get(), L.mlp_norm_b.get(), float(c.norm_eps), T, H, a.h16.get(),
+                    act_, stream_, nullptr, true);
 }
 
 void CudaModel::layer_gemms_only(DevActs& a, int layer) const {
@@ -476,12 +490,22 @@ void CudaModel::layer_gemms_only(DevActs& a, int layer) const {
 void CudaModel::logits(DevActs& a, int64_t n) const {
   const ModelConfig& c = cfg_;
   a.logits.resize(size_t(std::max<int64_t>(n, 1) * c.vocab_size));
-  // The final norm of the rows the LM head reads, gathered as it reads them.
-  norm(a.x.get(), nullptr, final_norm_w_.get(), final_norm_b_.size() ? final_norm_b_.get() : nullptr, n, a.h16.get(),
-       a.rows.get());
+  // The final norm of the rows the LM head reads, gathered as it reads them (post-LayerNorm OPT: no final norm).
+  if (c.has_final_norm())
+    norm(a.x.get(), nullptr, final_norm_w_.get(), final_norm_b_.size() ? final_norm_b_.get() : nullptr, n, a.h16.get(),
+         a.rows.get());
+  else
+    cuda::rows_to_act(a.x.get(), a.rows.get(), n, c.hidden_size, a.h16.get(), act_, stream_);
+  // The head's input: OPT's projected embeddings map the [n, H] rows to [n, P] first (project_out, into e16).
+  const void* hin = a.h16.get();
+  const int64_t hw = c.embed_dim();
+  if (c.has_projections()) {
+    gemm(a.h16.get(), n, c.hidden_size, project_out_.get(), hw, a.e16.get());
+    hin = a.e16.get();
+  }
   const void* head = lm_head_.size() ? lm_head_.get() : embed_.get();
   if (!tp_) {
-    gemm(a.h16.get(), n, c.hidden_size, head, c.vocab_size, a.logits.get(), true);
+    gemm(hin, n, hw, head, c.vocab_size, a.logits.get(), true);
     return;
   }
   // This rank's slice [v0, v1) of the vocabulary, padded to Vp columns, gathered rank-major [T][n][Vp], then
@@ -489,7 +513,7 @@ void CudaModel::logits(DevActs& a, int64_t n) const {
   const int64_t V = c.vocab_size, vr = shard_.vocab_end - shard_.vocab_begin, T = tp_->size();
   const int64_t Vp = shard_.vocab_padded > 0 ? shard_.vocab_padded : vr, m = std::max<int64_t>(n, 1);
   a.lshard.resize(size_t(m * std::max<int64_t>(vr, 1))), a.lpad.resize(size_t(m * Vp)), a.lall.resize(size_t(T * m * Vp));
-  if (vr > 0) gemm(a.h16.get(), n, c.hidden_size, head, vr, a.lshard.get(), true);
+  if (vr > 0) gemm(hin, n, hw, head, vr, a.lshard.get(), true);
   CUDA_CHECK(cudaMemsetAsync(a.lpad.get(), 0, size_t(n * Vp) * 4, stream_));
   if (vr > 0 && n > 0)
     CUDA_CHECK(cudaMemcpy2DAsync(a.lpad.get(), size_t(Vp) * 4, a.lshard.get(), size_t(vr) * 4, size_t(vr) * 4, size_t(n),

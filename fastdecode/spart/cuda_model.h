@@ -81,6 +81,8 @@ struct DevActs {
   DeviceBuffer<float> x, q, k, v, att, logits;
   DeviceBuffer<float> lshard, lpad, lall;  // tensor parallel: this rank's logits slice, padded, gathered
   DeviceBuffer<uint16_t> h16, a16, i16, qkv16, gu16;
+  DeviceBuffer<float> e32;    // OPT's projected embeddings: the [T, P] embedding rows (fp32), before project_in
+  DeviceBuffer<uint16_t> e16;  // ... the same in 16 bits; also the [n, P] head input after project_out
   DeviceBuffer<__half> q16, k16, v16;
   DeviceBuffer<int32_t> tokens, rows, starts, out_tokens;
   DeviceBuffer<int64_t> pos;
@@ -213,6 +215,7 @@ class CudaModel {
   struct Layer {
     DeviceBuffer<uint16_t> wqkv, wo, wgu, wdown;  // act type; wgu: [gate|up] (Llama) or up (OPT)
     DeviceBuffer<float> attn_norm_w, attn_norm_b, mlp_norm_w, mlp_norm_b, bqkv, bo, b_up, b_down;
+    DeviceBuffer<float> b_gu;  // Llama mlp_bias: [gate|up] (empty: none)
     bool has_qkv_bias = false, has_o_bias = false, has_down_bias = false;
   };
   // out (act type) = norm(x), after x += add_bias when given.
@@ -247,7 +250,7 @@ class CudaModel {
   std::map<cudaStream_t, DeviceBuffer<uint8_t>> blas_workspaces_;  // per stream used
   void set_blas_stream(cudaStream_t s);
   std::vector<Layer> layers_;
-  DeviceBuffer<uint16_t> embed_, pos_embed_, lm_head_;
+  DeviceBuffer<uint16_t> embed_, pos_embed_, lm_head_, project_in_, project_out_;
   DType act_ = DType::F16;
   cudaDataType_t act_cuda_ = CUDA_R_16F;
   DeviceBuffer<float> final_norm_w_, final_norm_b_, inv_freq_;

@@ -21,7 +21,7 @@ __global__ void embed_kernel(const int32_t* tokens, const int64_t* pos, const T*
                              const T* __restrict__ pos_table, int64_t pos_offset, int64_t vocab_begin,
                              int64_t vocab_end, int64_t H, float* __restrict__ x) {
   const int64_t t = blockIdx.x, tok = tokens[t];
-  const T* e = tok >= vocab_begin && tok < vocab_end ? table + (tok - vocab_begin) * H : nullptr;
+  const T* e = table && tok >= vocab_begin && tok < vocab_end ? table + (tok - vocab_begin) * H : nullptr;
   const T* p = pos_table ? pos_table + (pos[t] + pos_offset) * H : nullptr;
   if constexpr (Vec) {
 #pragma unroll 4

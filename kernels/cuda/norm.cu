@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kNormMaxThreads) rmsnorm_kernel(float* x, cons
 template <typename T>
 __global__ void __launch_bounds__(kNormMaxThreads) layernorm_kernel(float* x, const int32_t* rows,
                                                                    const float* add_bias, const float* w,
-                                                                   const float* b, float eps, int n4, T* out) {
+                                                                   const float* b, float eps, int n4, T* out,
+                                                                   bool store) {
   Row v, g;
   load_row(x, rows, add_bias, w, n4, v, g);
   const float4* bb4 = reinterpret_cast<const float4*>(b);
@@ -88,11 +89,22 @@ __global__ void __launch_bounds__(kNormMaxThreads) layernorm_kernel(float* x, co
   });
   const float r = rsqrtf(block_sum(var) / float(4 * n4) + eps);
   T* o = out + int64_t(blockIdx.x) * n4 * 4;
+  float4* xr = reinterpret_cast<float4*>(x) + int64_t(blockIdx.x) * n4;  // store: rows is null (check_norm)
   each_owned(n4, [&](int k, int i) {
     const float4 e = v.v[k], c = g.v[k], d = bb4[i];
-    store4(o + 4 * i, make_float4((e.x - mean) * r * c.x + d.x, (e.y - mean) * r * c.y + d.y,
-                                  (e.z - mean) * r * c.z + d.z, (e.w - mean) * r * c.w + d.w));
+    const float4 y = make_float4((e.x - mean) * r * c.x + d.x, (e.y - mean) * r * c.y + d.y,
+                                 (e.z - mean) * r * c.z + d.z, (e.w - mean) * r * c.w + d.w);
+    store4(o + 4 * i, y);
+    if (store) xr[i] = y;
   });
+}
+
+// out[t, :] = x[rows[t] (or t), :] in 16-bit: one block per row.
+template <typename T>
+__global__ void rows_to_act_kernel(const float* x, const int32_t* rows, int64_t n, T* out) {
+  const float* xr = x + (rows ? int64_t(rows[blockIdx.x]) : int64_t(blockIdx.x)) * n;
+  T* o = out + int64_t(blockIdx.x) * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = Act<T>::from(xr[i]);
 }
 
 __global__ void add_bias_rows_kernel(float* x, const float* bias, int64_t total, int64_t n) {
@@ -100,8 +112,9 @@ __global__ void add_bias_rows_kernel(float* x, const float* bias, int64_t total,
   if (i < total) x[i] += bias[i % n];
 }
 
-void check_norm(const char* what, int64_t n, const int32_t* rows, const float* add_bias) {
+void check_norm(const char* what, int64_t n, const int32_t* rows, const float* add_bias, bool store = false) {
   check_width(n, 4, what);
+  if (rows && store) FD_THROW(what << ": the normalized rows are stored back into x, so they cannot be gathered rows");
   if (n / 4 > int64_t(kNormVec) * kNormMaxThreads)
     FD_THROW(what << ": width " << n << " exceeds " << 4 * kNormVec * kNormMaxThreads);
   if (rows && add_bias) FD_THROW(what << ": a bias is stored back into x, so it cannot be added to gathered rows");
@@ -118,12 +131,18 @@ void rmsnorm(float* x, const float* add_bias, const float* w, float eps, int64_t
   check_launch("rmsnorm");
 }
 void layernorm(float* x, const float* add_bias, const float* w, const float* b, float eps, int64_t T, int64_t n,
-               void* out, DType ot, cudaStream_t s, const int32_t* rows) {
-  check_norm("layernorm", n, rows, add_bias);
+               void* out, DType ot, cudaStream_t s, const int32_t* rows, bool store) {
+  check_norm("layernorm", n, rows, add_bias, store);
   FD_ACT_DISPATCH(ot, "layernorm",
                   if (T > 0) layernorm_kernel<A16><<<unsigned(T), norm_threads(n / 4), 0, s>>>(
-                      x, rows, add_bias, w, b, eps, int(n / 4), static_cast<A16*>(out)));
+                      x, rows, add_bias, w, b, eps, int(n / 4), static_cast<A16*>(out), store));
   check_launch("layernorm");
+}
+void rows_to_act(const float* x, const int32_t* rows, int64_t T, int64_t n, void* out, DType ot, cudaStream_t s) {
+  FD_ACT_DISPATCH(ot, "rows_to_act",
+                  if (T * n > 0) rows_to_act_kernel<A16><<<unsigned(T), kThreads, 0, s>>>(x, rows, n,
+                                                                                          static_cast<A16*>(out)));
+  check_launch("rows_to_act");
 }
 void add_bias_rows(float* x, const float* bias, int64_t T, int64_t n, cudaStream_t s) {
   if (T * n > 0) add_bias_rows_kernel<<<blocks(T * n), kThreads, 0, s>>>(x, bias, T * n, n);

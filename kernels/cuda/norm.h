@@ -17,8 +17,11 @@ namespace fd::cuda {
 void rmsnorm(float* x, const float* add_bias, const float* w, float eps, int64_t T, int64_t n, void* out, DType ot,
              cudaStream_t s, const int32_t* rows = nullptr);
 // out[t, :] = (x - mean) / std * w + b                    (OPT LayerNorm, biased variance: mean, then variance)
+// store: x[t, :] = that row in fp32 too (post-LayerNorm OPT, whose residual stream is the normalized row; not with rows)
 void layernorm(float* x, const float* add_bias, const float* w, const float* b, float eps, int64_t T, int64_t n,
-               void* out, DType ot, cudaStream_t s, const int32_t* rows = nullptr);
+               void* out, DType ot, cudaStream_t s, const int32_t* rows = nullptr, bool store = false);
+// out[t, :] = x[rows[t] (rows null: t), :] as 16-bit, no normalisation (post-LayerNorm OPT has no final norm)
+void rows_to_act(const float* x, const int32_t* rows, int64_t T, int64_t n, void* out, DType ot, cudaStream_t s);
 // x[t, i] += bias[i]
 void add_bias_rows(float* x, const float* bias, int64_t T, int64_t n, cudaStream_t s);
 

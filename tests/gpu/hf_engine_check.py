@@ -5,8 +5,10 @@ Run on the GPU machine (torch, transformers, numpy):
 
     python3 tests/gpu/hf_engine_check.py --bin-dir build/cuda/bin --out results/hf_engines.json
 
-For each model spec NAME[:LAYERS] and each engine (fastdecode with the CUDA S-Part and 2 spawned
-R-workers, fp16 wire; gpu-only):
+For each model spec NAME[:LAYERS] and each engine (ENGINES: fastdecode with the CUDA S-Part and 2 spawned
+R-workers, fp16 wire, also as 2 tensor ranks and as 2 pipeline stages sharing GPU 0; gpu-only, also as 2 tensor
+ranks on GPU 0 (the tensor-rank engines need Gloo: --bin-dir build/cuda-parallel/bin); paged-swap; host-offload;
+hybrid; vanilla, LibTorch on the GPU):
 
 1. ``fd-weights random --model CONFIG --seed S --dtype fp16 [--layers N] --out W``;
 2. ``fd-bench run`` of a config on those weights: 4 requests, seeded 16-token prompts, 32 greedy
@@ -35,10 +37,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hf_crosscheck as hc  # noqa: E402  (load_hf, hf_forward, run, parse_spec, provenance, log)
 
 NEAR_TIE = 5e-3
+_RW = {"spawn": 2, "threads": 2, "memory_gb": 2}
 ENGINES = {
-    "fastdecode-cuda": {"type": "fastdecode", "backend": "cuda", "wire_dtype": "fp16",
-                        "rworkers": {"spawn": 2, "threads": 2, "memory_gb": 2}},
+    "fastdecode-cuda": {"type": "fastdecode", "backend": "cuda", "wire_dtype": "fp16", "rworkers": _RW},
+    "fastdecode-cuda-tp2": {"type": "fastdecode", "backend": "cuda", "wire_dtype": "fp16", "rworkers": _RW,
+                            "cuda_graphs": False, "parallel": {"tensor": 2, "devices": [0, 0], "comm": "gloo"}},
+    "fastdecode-cuda-pp2": {"type": "fastdecode", "backend": "cuda", "wire_dtype": "fp16", "rworkers": _RW,
+                            "cuda_graphs": False, "parallel": {"pipeline": 2, "devices": [0, 0]}},
     "gpu-only": {"type": "gpu-only", "max_context": 64},
+    "gpu-only-tp2": {"type": "gpu-only", "max_context": 64, "cuda_graphs": False,
+                     "parallel": {"tensor": 2, "devices": [0, 0], "comm": "gloo"}},
+    "paged-swap": {"type": "paged-swap"},
+    "host-offload": {"type": "host-offload", "host_kv_gb": 1, "max_context": 64},
+    "hybrid": {"type": "hybrid", "max_context": 64, "rworkers": _RW},
+    "vanilla": {"type": "vanilla", "device": "cuda"},
 }
 
 
@@ -84,8 +96,10 @@ def check(args, spec, engine, seed, device, tmp: Path) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="FastDecode engines vs HF transformers (greedy, teacher-forced)")
     ap.add_argument("--bin-dir", type=Path, required=True)
-    ap.add_argument("--models", default="tiny-llama,tiny-opt,tiny-llama-gqa,llama-2-7b:2,llama-3-8b:2")
-    ap.add_argument("--engines", default="fastdecode-cuda,gpu-only")
+    ap.add_argument("--models", default="tiny-llama,tiny-opt,tiny-llama-gqa,tiny-opt-350m,tiny-llama-bias,"
+                    "llama-2-7b:2,llama-3-8b:2,opt-350m:2")
+    ap.add_argument("--engines", default="fastdecode-cuda,gpu-only",
+                    help=f"comma-separated, or 'all': {','.join(ENGINES)}")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--out", type=Path, required=True)
@@ -97,7 +111,7 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     results = []
     for spec in args.models.split(","):
-        for engine in args.engines.split(","):
+        for engine in (list(ENGINES) if args.engines == "all" else args.engines.split(",")):
             with tempfile.TemporaryDirectory() as t:
                 try:
                     results.append(check(args, spec, engine, args.seed, device, Path(t)))

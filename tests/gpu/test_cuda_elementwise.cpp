@@ -44,9 +44,10 @@ uint16_t to_16(float f, DType dt) { return dt == DType::F16 ? fd::fp32_to_fp16(f
 
 // One norm call: x [rows_in, n] (rows: output row t reads x[rows[t]]), against the host twin in double.
 // The output is 16-bit: within one rounding of the type (relative 2^-11 fp16, 2^-8 bf16), doubled for the fp32
-// arithmetic before it. With a bias, x + bias must be stored back exactly as the host sums it in fp32.
+// arithmetic before it. With a bias, x + bias must be stored back exactly as the host sums it in fp32. With store
+// (LayerNorm only), x must hold the normalized rows in fp32 after: within 1e-5 relative of the double twin.
 void check_norm(bool rms, DType dt, int64_t n, int64_t rows_in, const std::vector<int32_t>& rows, bool bias,
-                uint32_t seed) {
+                uint32_t seed, bool store = false) {
   std::mt19937 rng(seed);
   const int64_t T = rows.empty() ? rows_in : int64_t(rows.size());
   std::vector<float> x = uniform(size_t(rows_in * n), -3, 3, rng), w = uniform(size_t(n), 0.5f, 1.5f, rng),
@@ -57,17 +58,20 @@ void check_norm(bool rms, DType dt, int64_t n, int64_t rows_in, const std::vecto
   out.fill_bytes(0xFF);
   const int32_t* rp = rows.empty() ? nullptr : drows.get();
   if (rms) fd::cuda::rmsnorm(dx.get(), bias ? dadd.get() : nullptr, dw.get(), 1e-5f, T, n, out.get(), dt, nullptr, rp);
-  else fd::cuda::layernorm(dx.get(), bias ? dadd.get() : nullptr, dw.get(), db.get(), 1e-5f, T, n, out.get(), dt, nullptr, rp);
+  else
+    fd::cuda::layernorm(dx.get(), bias ? dadd.get() : nullptr, dw.get(), db.get(), 1e-5f, T, n, out.get(), dt, nullptr,
+                        rp, store);
   CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<uint16_t> got = out.download();
   const std::vector<float> xs = dx.download();
   if (bias)
     for (int64_t i = 0; i < rows_in * n; ++i) x[size_t(i)] += add[size_t(i % n)];
   size_t stored_bad = 0;
-  for (size_t i = 0; i < x.size(); ++i) stored_bad += xs[i] != x[i];
+  if (!store)
+    for (size_t i = 0; i < x.size(); ++i) stored_bad += xs[i] != x[i];
   EXPECT_EQ(stored_bad, 0u) << "x as stored back (bias " << bias << ")";
   const double tol = dt == DType::F16 ? 2 * std::ldexp(1.0, -11) : 2 * std::ldexp(1.0, -8);
-  size_t bad = 0;
+  size_t bad = 0, store_bad = 0;
   std::string first;
   for (int64_t t = 0; t < T; ++t) {
     const float* r = &x[size_t((rows.empty() ? t : rows[size_t(t)]) * n)];
@@ -80,6 +84,7 @@ void check_norm(bool rms, DType dt, int64_t n, int64_t rows_in, const std::vecto
     for (int64_t i = 0; i < n; ++i) {
       const double ref = rms ? w[size_t(i)] * (r[i] * inv) : (r[i] - mean) * inv * w[size_t(i)] + b[size_t(i)];
       const double g = to_f32(got[size_t(t * n + i)], dt);
+      if (store) store_bad += !(std::fabs(double(xs[size_t(t * n + i)]) - ref) <= 1e-5 * std::fabs(ref) + 1e-6);
       if (!(std::fabs(g - ref) <= tol * std::fabs(ref) + 1e-6) && bad++ == 0)
         first = "row " + std::to_string(t) + " col " + std::to_string(i) + ": " + std::to_string(g) + " against " +
                 std::to_string(ref);
@@ -88,6 +93,7 @@ void check_norm(bool rms, DType dt, int64_t n, int64_t rows_in, const std::vecto
   EXPECT_EQ(bad, 0u) << (rms ? "rmsnorm" : "layernorm") << " " << fd::dtype_name(dt) << " n=" << n << " T=" << T
                      << (rows.empty() ? "" : " gathered") << (bias ? " +bias" : "") << ": " << bad
                      << " elements off, first " << first;
+  EXPECT_EQ(store_bad, 0u) << "layernorm " << fd::dtype_name(dt) << " n=" << n << ": normalized rows stored into x";
 }
 
 class CudaElementwise : public ::testing::Test {
@@ -109,6 +115,42 @@ TEST_F(CudaElementwise, NormsMatchTheHostTwin) {
       }
 }
 
+// Post-LayerNorm OPT: the LayerNorm stores its normalized rows back into the fp32 residual (with and without the
+// o-projection's bias added first).
+TEST_F(CudaElementwise, LayerNormStoresTheNormalizedRows) {
+  uint32_t seed = 40;
+  for (const DType dt : {DType::F16, DType::BF16})
+    for (const int64_t n : {int64_t(36), int64_t(1024), int64_t(9216)}) {
+      check_norm(false, dt, n, 5, {}, false, seed++, true);
+      check_norm(false, dt, n, 3, {}, true, seed++, true);
+    }
+}
+
+// Post-LayerNorm OPT's final hidden (no final norm): rows gathered and cast to 16 bits, round to nearest even.
+TEST_F(CudaElementwise, RowsToActGatherAndCast) {
+  std::mt19937 rng(41);
+  for (const DType dt : {DType::F16, DType::BF16}) {
+    const int64_t n = 100, rows_in = 6;
+    const std::vector<float> x = uniform(size_t(rows_in * n), -4, 4, rng);
+    const std::vector<int32_t> rows = {5, 0, 0, 3};
+    Dev<float> dx(x);
+    Dev<int32_t> dr(rows);
+    for (const bool gather : {true, false}) {
+      const int64_t T = gather ? int64_t(rows.size()) : rows_in;
+      Dev<uint16_t> out(size_t(T * n));
+      out.fill_bytes(0xFF);
+      fd::cuda::rows_to_act(dx.get(), gather ? dr.get() : nullptr, T, n, out.get(), dt, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> got = out.download();
+      size_t bad = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < n; ++i)
+          bad += got[size_t(t * n + i)] != to_16(x[size_t((gather ? rows[size_t(t)] : t) * n + i)], dt);
+      EXPECT_EQ(bad, 0u) << fd::dtype_name(dt) << (gather ? " gathered" : "");
+    }
+  }
+}
+
 // The LM head's rows gathered by the norm: repeated and permuted sources, fewer outputs than rows.
 TEST_F(CudaElementwise, NormsGatherTheirRows) {
   for (const bool rms : {true, false}) {
@@ -128,6 +170,9 @@ TEST_F(CudaElementwise, NormsRefuseWhatTheyCannotDo) {
   EXPECT_THROW(fd::cuda::layernorm(x.get(), w.get(), w.get(), w.get(), 1e-5f, 1, 64, out.get(), DType::F16, nullptr,
                                    rows.get()),
                fd::Error);  // a bias stored back into gathered rows
+  EXPECT_THROW(fd::cuda::layernorm(x.get(), nullptr, w.get(), w.get(), 1e-5f, 1, 64, out.get(), DType::F16, nullptr,
+                                   rows.get(), true),
+               fd::Error);  // normalized rows stored back into gathered rows
 }
 
 // The embedding exactly as the host sums it: the 16-byte path (H % 8 == 0) and the scalar one, with learned
@@ -136,8 +181,9 @@ TEST_F(CudaElementwise, EmbeddingMatchesTheHostTwin) {
   std::mt19937 rng(5);
   for (const DType dt : {DType::F16, DType::BF16})
     for (const int64_t H : {int64_t(4096), int64_t(100), int64_t(8)})
-      for (const bool positions : {false, true})
+      for (const int positions_mode : {0, 1, 2})  // 0: none, 1: with positions, 2: positions alone (no table)
         for (const bool slice : {false, true}) {
+          const bool positions = positions_mode > 0, no_table = positions_mode == 2;
           const int64_t V = 50, P = 40, off = 2, v0 = slice ? 10 : 0, v1 = slice ? 30 : V;
           std::vector<uint16_t> table(size_t((v1 - v0) * H)), pt(size_t(P * H));
           for (auto& e : table) e = to_16(std::uniform_real_distribution<float>(-2, 2)(rng), dt);
@@ -150,19 +196,19 @@ TEST_F(CudaElementwise, EmbeddingMatchesTheHostTwin) {
           Dev<int64_t> dpos(pos);
           Dev<float> x(size_t(T * H));
           x.fill_bytes(0xFF);
-          fd::cuda::embed(dtok.get(), dpos.get(), dt_.get(), positions ? dp.get() : nullptr, dt, off, T, H, x.get(),
-                          nullptr, v0, v1);
+          fd::cuda::embed(dtok.get(), dpos.get(), no_table ? nullptr : dt_.get(), positions ? dp.get() : nullptr, dt,
+                          off, T, H, x.get(), nullptr, v0, v1);
           CUDA_CHECK(cudaDeviceSynchronize());
           const std::vector<float> got = x.download();
           size_t bad = 0;
           for (int64_t t = 0; t < T; ++t)
             for (int64_t i = 0; i < H; ++i) {
               const int64_t tok = tokens[size_t(t)];
-              const float e = tok >= v0 && tok < v1 ? to_f32(table[size_t((tok - v0) * H + i)], dt) : 0.0f;
+              const float e = !no_table && tok >= v0 && tok < v1 ? to_f32(table[size_t((tok - v0) * H + i)], dt) : 0.0f;
               const float p = positions ? to_f32(pt[size_t((pos[size_t(t)] + off) * H + i)], dt) : 0.0f;
               bad += got[size_t(t * H + i)] != e + p;
             }
-          EXPECT_EQ(bad, 0u) << fd::dtype_name(dt) << " H=" << H << " positions " << positions << " slice " << slice;
+          EXPECT_EQ(bad, 0u) << fd::dtype_name(dt) << " H=" << H << " positions " << positions_mode << " slice " << slice;
         }
 }
 
@@ -261,29 +307,34 @@ TEST_F(CudaElementwise, QkvPostMatchesTheHostTwin) {
 
 // silu(gate) * up and relu(up + bias) against a host twin in double, within two units of the 16-bit type's last
 // place: the 8-wide path at Llama-2's n = 11008 (a row's last block partly used) and at a tiny n = 40,
-// the scalar path at n = 36 (n % 8 != 0).
+// the scalar path at n = 36 (n % 8 != 0); silu_mul with and without mlp_bias's [gate|up] biases.
 TEST_F(CudaElementwise, ActivationsMatchTheHostTwin) {
   std::mt19937 rng(9);
   for (const DType dt : {DType::F16, DType::BF16}) {
     const double ulp2 = dt == DType::F16 ? 0x1p-10 : 0x1p-7;
-    for (const auto& [T, n] : {std::pair<int64_t, int64_t>{37, 11008}, {3, 40}, {5, 36}}) {
+    for (const auto& [T, n] : {std::pair<int64_t, int64_t>{37, 11008}, {3, 40}, {5, 36}})
+    for (const bool with_bias : {false, true}) {
       std::vector<uint16_t> gu(static_cast<size_t>(T * 2 * n));
       for (auto& x : gu) x = to_16(std::uniform_real_distribution<float>(-6, 6)(rng), dt);
+      const std::vector<float> gb = uniform(static_cast<size_t>(2 * n), -2.0f, 2.0f, rng);
       Dev<uint16_t> dgu(gu), out(static_cast<size_t>(T * n));
+      Dev<float> dgb(gb);
       out.fill_bytes(0xFF);
-      fd::cuda::silu_mul(dgu.get(), dt, T, n, out.get(), nullptr);
+      fd::cuda::silu_mul(dgu.get(), dt, T, n, out.get(), nullptr, with_bias ? dgb.get() : nullptr);
       CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<uint16_t> got = out.download();
       size_t bad = 0;
       std::string first;
       for (int64_t t = 0; t < T; ++t)
         for (int64_t i = 0; i < n; ++i) {
-          const double g = to_f32(gu[size_t(t * 2 * n + i)], dt), u = to_f32(gu[size_t(t * 2 * n + n + i)], dt);
+          const double g = to_f32(gu[size_t(t * 2 * n + i)], dt) + (with_bias ? gb[size_t(i)] : 0.0f),
+                       u = to_f32(gu[size_t(t * 2 * n + n + i)], dt) + (with_bias ? gb[size_t(n + i)] : 0.0f);
           const double ref = g / (1.0 + std::exp(-g)) * u, v = to_f32(got[size_t(t * n + i)], dt);
           if (std::fabs(v - ref) > ulp2 * std::fabs(ref) + 1e-6 && !bad++)
             first = "t " + std::to_string(t) + " i " + std::to_string(i) + ": " + std::to_string(v) + " vs " + std::to_string(ref);
         }
-      EXPECT_EQ(bad, 0u) << "silu_mul " << fd::dtype_name(dt) << " T " << T << " n " << n << ": first " << first;
+      EXPECT_EQ(bad, 0u) << "silu_mul " << fd::dtype_name(dt) << " T " << T << " n " << n << " bias " << with_bias
+                         << ": first " << first;
     }
     const int64_t T = 7, n = 100;
     std::vector<uint16_t> up(static_cast<size_t>(T * n));

@@ -173,7 +173,8 @@ TEST_P(CudaSPartVsCpu, Fp16HostTensorsAndPrefillAttention) {
 INSTANTIATE_TEST_SUITE_P(Models, CudaSPartVsCpu,
                          ::testing::Values(std::make_pair("tiny-llama", 0), std::make_pair("tiny-opt", 0),
                                            std::make_pair("tiny-llama-gqa", 0), std::make_pair("llama-2-7b", 1),
-                                           std::make_pair("llama-3-8b", 1)));
+                                           std::make_pair("llama-3-8b", 1), std::make_pair("tiny-opt-350m", 0),
+                                           std::make_pair("tiny-llama-bias", 0), std::make_pair("opt-350m", 2)));
 
 // Per-row sampling parameters and logits recording through the S-Part interface (issue 11): on the CUDA
 // S-Part each row's token is fd::sample_token of its own logits row with its own params and (id, step) —
@@ -256,28 +257,20 @@ INSTANTIATE_TEST_SUITE_P(Issue11, CudaSPartZoo,
                            return n;
                          });
 
-// mlp_bias, post-LN OPT and OPT projections have no CUDA path: refused at construction, naming the key
-// and the backend.
-TEST(CudaSPartIssue11, UnimplementedFeaturesRefusedByTheCudaBackend) {
+// Every published layout runs on the CUDA S-Part (issue 45): Llama mlp_bias, post-LayerNorm OPT alone, OPT's projected
+// embeddings alone (pre-LN) and both (opt-350m's layout, tiny-opt-350m and opt-350m above), stage by stage against the
+// CPU S-Part. Each variant is made from tiny-opt / tiny-llama here, so one that the CUDA path ignored would differ.
+TEST(CudaSPartLayouts, EachLayoutKeyAloneWithinFp16Tolerance) {
   FD_SKIP_WITHOUT_GPU();
-  json j = read_json_file(repo_path("experiments/models/tiny-llama.json"));
-  j["mlp_bias"] = true;
-  const ModelConfig c = model_config_from_json(j, "mlp-bias.json");
-  auto src = make_random_source(1, DType::F16);
-  const ModelWeights w = load_model_weights(c, *src);
-  EXPECT_THAT(fd::test::error_message<ConfigError>([&] { make_cuda_spart(w, {0, DType::F16, false}); }),
-              ::testing::HasSubstr("mlp_bias: MLP biases are not implemented in the cuda backend"));
-  // post-LayerNorm OPT and OPT's projected embeddings (opt-350m) likewise
+  json l = read_json_file(repo_path("experiments/models/tiny-llama.json"));
+  l["mlp_bias"] = true;
+  check_stages(model_config_from_json(l, "mlp-bias.json"), DType::F16, DType::F32, kTol);
   json o = read_json_file(repo_path("experiments/models/tiny-opt.json"));
   o["do_layer_norm_before"] = false;
-  const ModelWeights wo = load_model_weights(model_config_from_json(o, "post-ln.json"), *src);
-  EXPECT_THAT(fd::test::error_message<ConfigError>([&] { make_cuda_spart(wo, {0, DType::F16, false}); }),
-              ::testing::HasSubstr("do_layer_norm_before: post-LayerNorm OPT is not implemented in the cuda backend"));
+  check_stages(model_config_from_json(o, "post-ln.json"), DType::F16, DType::F32, kTol);
   o["do_layer_norm_before"] = true;
-  o["word_embed_proj_dim"] = 32;
-  const ModelWeights wp = load_model_weights(model_config_from_json(o, "proj.json"), *src);
-  EXPECT_THAT(fd::test::error_message<ConfigError>([&] { make_cuda_spart(wp, {0, DType::F16, false}); }),
-              ::testing::HasSubstr("word_embed_proj_dim: projected embeddings"));
+  o["word_embed_proj_dim"] = 40;  // P % 8 != 0: the embedding's scalar path
+  check_stages(model_config_from_json(o, "proj.json"), DType::F16, DType::F32, kTol);
 }
 
 // One CUDA stream per slot (the pipeline's mini-batches are slots): two slots' calls interleaved as SRank makes

@@ -419,7 +419,8 @@ TEST_P(GpuEngines, AsyncStepsSameTokensAsSync) {
   EXPECT_EQ(a3.steps, s3.steps);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GpuEngines, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa"));
+INSTANTIATE_TEST_SUITE_P(Models, GpuEngines, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa",
+                                                                          "tiny-opt-350m", "tiny-llama-bias"));
 
 // A memory budget that leaves room for 3 sequences of Llama-2-7b-shaped (1 layer) runs: 8 requests
 // run at most 3 at a time and all finish with their full length.

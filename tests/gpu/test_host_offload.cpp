@@ -166,4 +166,5 @@ TEST_P(HostOffload, StepCountsStreamedBytes) {
   EXPECT_TRUE(e->done());
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HostOffload, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa"));
+INSTANTIATE_TEST_SUITE_P(Models, HostOffload, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa",
+                                                                          "tiny-opt-350m", "tiny-llama-bias"));

@@ -92,4 +92,5 @@ TEST_P(Hybrid, EveryPlacementGivesTheReferenceTokens) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Hybrid, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa"));
+INSTANTIATE_TEST_SUITE_P(Models, Hybrid, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa",
+                                                                          "tiny-opt-350m", "tiny-llama-bias"));

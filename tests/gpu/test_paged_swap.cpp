@@ -202,7 +202,8 @@ TEST_P(PagedSwapEngine, GreedyTokensVsReference) {
   EXPECT_GT(n["swap_fallback_recompute"], 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, PagedSwapEngine, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa"));
+INSTANTIATE_TEST_SUITE_P(Models, PagedSwapEngine, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa",
+                                                                          "tiny-opt-350m", "tiny-llama-bias"));
 
 // Admission refuses what could never fit, naming the request; nothing is queued then.
 TEST(PagedSwapEngineErrors, RequestLargerThanTheGpuBlocksIsRefused) {

@@ -89,7 +89,8 @@ TEST_P(CudaParallel, TensorRanksSharingOneGpuWithinTheNearTieRule) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaParallel, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa"));
+INSTANTIATE_TEST_SUITE_P(Models, CudaParallel, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa",
+                                                                          "tiny-opt-350m", "tiny-llama-bias"));
 
 TEST(CudaParallelConfig, TensorRanksNeedAGpuEach) {
   FD_SKIP_WITHOUT_GPU();
@@ -202,7 +203,8 @@ TEST_P(GpuOnlyParallel, TensorRanksSharingOneGpuWithinTheNearTieRule) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GpuOnlyParallel, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa"));
+INSTANTIATE_TEST_SUITE_P(Models, GpuOnlyParallel, ::testing::Values("tiny-llama", "tiny-opt", "tiny-llama-gqa",
+                                                                          "tiny-opt-350m", "tiny-llama-bias"));
 
 TEST(GpuOnlyParallelConfig, TensorRanksNeedAGpuEach) {
   FD_SKIP_WITHOUT_GPU();

@@ -100,4 +100,5 @@ TEST_P(VanillaGpu, PerRequestSamplingForcedAndRecordedLogits) {
   EXPECT_TRUE(check.ok()) << check.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, VanillaGpu, ::testing::Values("tiny-llama", "tiny-llama-gqa", "tiny-opt", "small-llama"));
+INSTANTIATE_TEST_SUITE_P(Models, VanillaGpu, ::testing::Values("tiny-llama", "tiny-llama-gqa", "tiny-opt", "small-llama",
+                                                                          "tiny-opt-350m", "tiny-llama-bias"));
