@@ -8,6 +8,8 @@ over the measured steps), its socket loop's, the layer's steady round, and the k
 (a replay in the profiling process, pinned as the workers are; docs/SCHEDULING.md). This writes:
 
 * `service.json`: one record per row with the ratios the criterion reads, the criterion itself and each row's verdict;
+  and, for profiles named NAME_before.json / NAME_after.json (scripts/rworker-ab.sh: the same grid with the worker
+  before and after a change, one profiler), the pairs row by row;
 * `README.md`: the tables, generated (nothing typed in), with each profile's provenance.
 
 The criterion, written before the numbers were read (issue 43, "Done when"): the busiest worker's compute per visit is
@@ -70,6 +72,27 @@ def fmt(x, spec=".2f"):
     return "–" if x is None else format(x, spec)
 
 
+def pairs(profiles: list[tuple[str, dict]]) -> list[dict]:
+    """Rows of NAME_before.json against the same (KV, B, context) of NAME_after.json."""
+    by = {name: p for name, p in profiles}
+    out = []
+    for name, p in profiles:
+        if not name.endswith("_before.json") or name.replace("_before.json", "_after.json") not in by:
+            continue
+        after = {(r["kv_dtype"], r["batch"], r["context"]): r for r in records(by[name.replace("_before", "_after")], "")}
+        for b in records(p, name):
+            a = after.get((b["kv_dtype"], b["batch"], b["context"]))
+            if a is None:
+                continue
+            out.append({"pair": name[: -len("_before.json")], "model": b["model"], "kv_dtype": b["kv_dtype"],
+                        "batch": b["batch"], "context": b["context"], "round_ms_before": b["round_ms"],
+                        "round_ms_after": a["round_ms"], "round_after_over_before": a["round_ms"] / b["round_ms"],
+                        "compute_over_kernel_alone_before": b["compute_over_kernel_alone"],
+                        "compute_over_kernel_alone_after": a["compute_over_kernel_alone"],
+                        "verdict_after": a["verdict"]})
+    return out
+
+
 def report(profiles: list[tuple[str, dict]]) -> tuple[str, dict]:
     recs = [rec for name, p in profiles for rec in records(p, name)]
     judged = [r for r in recs if r["compute_over_kernel_alone"] is not None]
@@ -85,13 +108,30 @@ def report(profiles: list[tuple[str, dict]]) -> tuple[str, dict]:
              "Per row, ms a visit (a layer's two mini-batches) of the busiest worker: its compute by part, its socket "
              "loop around the handler (receive, send) and its idle time before each ATTEND came (wait), the layer's "
              "steady round as the client sees it, and the kernel alone. Ratios over the kernel alone.", ""]
+    ab = pairs(profiles)
+    if ab:
+        after_rows = [x for x in ab if x["compute_over_kernel_alone_after"] is not None]
+        lines += ["## Before and after (the same grid, the same profiler, one call)", "",
+                  f"{sum(x['verdict_after'] == 'meets' for x in after_rows)} of {len(after_rows)} rows meet the criterion "
+                  "after the change, " + f"{sum((x['compute_over_kernel_alone_before'] or 99) <= CRITERION for x in ab)} "
+                  "before it; a layer's round after / before: "
+                  f"{min(x['round_after_over_before'] for x in ab):.2f}–{max(x['round_after_over_before'] for x in ab):.2f}.",
+                  "", "| profiles | KV | B | S | round before (ms) | round after (ms) | after / before | compute / kernel alone "
+                  "before | after | verdict after |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        for x in ab:
+            lines.append(f"| {x['pair']} | {x['kv_dtype']} | {x['batch']} | {x['context']} | {x['round_ms_before']:.3f} | "
+                         f"{x['round_ms_after']:.3f} | {x['round_after_over_before']:.2f} | "
+                         f"{fmt(x['compute_over_kernel_alone_before'])} | {fmt(x['compute_over_kernel_alone_after'])} | "
+                         f"{x['verdict_after']} |")
+        lines.append("")
     for name, p in profiles:
         prov = p.get("provenance", {})
         svc = p["r_service"]
         gpus = ", ".join(g.get("name", "?") if isinstance(g, dict) else str(g) for g in prov.get("gpus", [])) or "none"
-        lines += [f"## {model_of(p)}: {svc['workers']} workers × {svc['threads']} threads"
+        lines += [f"## `{name}`: {model_of(p)}, {svc['workers']} workers × {svc['threads']} threads"
                   f"{', pinned' if svc['pinned'] else ''}{', shared-memory lane' if svc['shm'] else ''}", "",
-                  f"`{name}`: {prov.get('cpu_model', '?')} ({prov.get('cpu_cores', '?')} cores), GPU {gpus}, commit "
+                  f"fd-rworker `{svc.get('rworker_binary', '?')}`; {prov.get('cpu_model', '?')} "
+                  f"({prov.get('cpu_cores', '?')} cores), GPU {gpus}, commit "
                   f"{str(prov.get('git_commit', '?'))[:12]}{' (dirty)' if prov.get('git_dirty') else ''}, "
                   f"{prov.get('date_utc', '?')}", "",
                   "| KV | B | S | round | compute | kernel | append | query | output | prepare | receive | send | wait | "
@@ -108,7 +148,7 @@ def report(profiles: list[tuple[str, dict]]) -> tuple[str, dict]:
                 f"{fmt(r['round_over_kernel_alone'])} | {r['verdict']} |")
         lines.append("")
     data = {"criterion_compute_over_kernel_alone_max": CRITERION, "rows_meeting": meets, "rows_judged": len(judged),
-            "rows": recs}
+            "rows": recs, "before_after": ab}
     return "\n".join(lines), data
 
 
