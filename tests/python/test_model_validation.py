@@ -9,6 +9,7 @@ computed, not written (today it reads NOT met: the summary must say what its num
 from __future__ import annotations
 
 import bisect
+import copy
 import json
 import math
 import shutil
@@ -21,9 +22,23 @@ from conftest import load_analysis
 REPO = Path(__file__).resolve().parents[2]
 ART = REPO / "artifacts" / "paper" / "validation-service"
 
+# `fd-bench predict`'s answers in this session, by the profiles' bytes and the numbers asked: the two tests that run
+# the script over the same committed profiles and runs (the second with one run made unmodelled) ask the same ~20
+# predictions, each an fd-bench start (~1 s of CPU, LibTorch); the second gets the answers fd-bench gave the first.
+_PREDICTED = {}
+
 
 def module():
-    return load_analysis("model_validation")
+    mv = load_analysis("model_validation")
+    predict = mv.predict
+
+    def cached(fd_bench, gpu, svc, B, ctx, N):
+        key = (fd_bench, Path(gpu).read_bytes(), Path(svc).read_bytes(), B, ctx, N)
+        if key not in _PREDICTED:
+            _PREDICTED[key] = predict(fd_bench, gpu, svc, B, ctx, N)
+        return copy.deepcopy(_PREDICTED[key])  # main() pops "inputs" from what it gets
+    mv.predict = cached
+    return mv
 
 
 def groups(root: Path):
