@@ -80,6 +80,7 @@ KernelAlone replay_kernel_alone(const ModelConfig& model, const ServiceProfileOp
   std::vector<uint8_t> one(blk);
   kv_quantize_block(dt, f16.data(), one.data(), K, D);
   std::vector<double> busy(size_t(o.workers), 0.0);
+  std::vector<int64_t> held(size_t(o.workers), 0);  // tokens each worker's replay holds at one layer (its views')
   std::barrier sync(o.workers);
   std::exception_ptr failed;
   std::mutex failed_mu;
@@ -113,6 +114,7 @@ KernelAlone replay_kernel_alone(const ModelConfig& model, const ServiceProfileOp
         views[size_t(u)] = {pp, n_full, n_tail ? reinterpret_cast<const uint16_t*>(at + size_t(n_full) * blk) : nullptr,
                             n_tail};
       }
+      for (int64_t u = 0; u < n_seq; ++u) held[size_t(w)] += views[size_t(u)].n_tokens();
       std::vector<float> q(size_t(std::max(n_mb[0], n_mb[1])) * size_t(H) * size_t(D), 0.1f), out(q.size());
       DecodeAttentionWorkspace ws;
       double mine = 0;
@@ -145,6 +147,7 @@ KernelAlone replay_kernel_alone(const ModelConfig& model, const ServiceProfileOp
   if (failed) std::rethrow_exception(failed);
   KernelAlone r;
   r.busiest_s_per_layer = *std::max_element(busy.begin(), busy.end());
+  r.busiest_tokens = *std::max_element(held.begin(), held.end());
   for (double b : busy) r.mean_s_per_layer += b / double(busy.size());
   return r;
 }
@@ -351,7 +354,8 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
                     {"busiest_worker_tokens", double((B + o.workers - 1) / o.workers) * double(S + o.reps + 1)},
                     {"busiest_parts_s_per_layer", parts},
                     {"kernel_alone_s_per_layer", alone.busiest_s_per_layer},
-                    {"kernel_alone_mean_s_per_layer", alone.mean_s_per_layer}};
+                    {"kernel_alone_mean_s_per_layer", alone.mean_s_per_layer},
+                    {"kernel_alone_busiest_tokens", alone.busiest_tokens}};
         if (alone.busiest_s_per_layer > 0) {
           row["kernel_in_service_over_alone"] = parts.value("kernel", 0.0) / alone.busiest_s_per_layer;
           row["compute_over_kernel_alone"] = parts.value("compute", 0.0) / alone.busiest_s_per_layer;

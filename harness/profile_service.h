@@ -50,6 +50,7 @@ void check_service_options(const ServiceProfileOptions& o);  // ConfigError nami
 // as the worker does; seconds a visit of the busiest and of the mean worker.
 struct KernelAlone {
   double busiest_s_per_layer = 0, mean_s_per_layer = 0;
+  int64_t busiest_tokens = 0;  // the tokens (sequences x context, one layer) of the worker holding the most
 };
 KernelAlone replay_kernel_alone(const ModelConfig& model, const ServiceProfileOptions& o, const std::string& dtype,
                                 int64_t batch, int64_t context);
