@@ -30,3 +30,17 @@ def test_the_readme_findings_are_claims_md(tmp_path):
     assert rf.main(["--check", "--claims", str(claims), "--readme", str(readme)]) == 1
     assert rf.main(["--claims", str(claims), "--readme", str(readme)]) == 0
     assert "| SLS step latency / all-at-once's peak | 66-70 % | 99 % (planted) | holds |" in readme.read_text(encoding="utf-8")
+
+
+def test_every_command_the_readme_runs_is_executable():
+    # The README runs scripts/*.sh, analysis/*.py and build programs as commands (`analysis/compare.py ...`): each
+    # file it names at the start of a command must exist and be executable (compare.py once lost its mode, and the
+    # tour's third command failed with "Permission denied").
+    import os
+    import re
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"(?m)^\s*((?:scripts|analysis)/[\w./-]+\.(?:sh|py))\b", text))
+    named |= set(re.findall(r"`((?:scripts|analysis)/[\w./-]+\.(?:sh|py)) ", text))
+    assert "analysis/compare.py" in named and "scripts/quickstart.sh" in named, named
+    bad = sorted(p for p in named if not os.access(REPO / p, os.X_OK))
+    assert not bad, f"named as commands in README.md but not executable: {bad}"
