@@ -188,6 +188,10 @@ FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineC
   if (link.emulated() && n_spawn > 0) {
     hosts_ = std::make_unique<EmulatedHosts>(n_spawn, link);
     notes_.push_back("hardware.network: " + hosts_->describe());
+    // Workers on other hosts map no S-worker memory: the lane (the namespaces share /dev/shm) is off, so every tensor
+    // crosses the shaped link.
+    if (client_options.shm_bytes > 0)
+      client_options.shm_bytes = 0, notes_.push_back("hardware.network: engine.rworkers.shm off: every tensor crosses the link");
   }
   if (link.emulated() && n_spawn < size_t(G) * load_size_hint(ec, endpoints))
     notes_.push_back("hardware.network applies to spawned R-workers only: listed or registered ones are reached as they are");
