@@ -151,14 +151,20 @@ TEST(Sessions, TwoRunsShareUserStartedWorkers) {
   ReferenceEngine ref(c, *w0, SamplingParams{}, DType::F16);
   const auto expect = fd::test::run_tokens(ref, requests(c));
   fd::test::Tokens got[2];
+  std::string error[2];  // an exception in a run's thread is reported here (escaping the thread it would abort the test)
   std::thread th[2];
   for (int i = 0; i < 2; ++i)
     th[i] = std::thread([&, i] {
-      auto w = make_random_source(3, DType::F16);
-      auto e = make_fastdecode_engine(listed({&a, &b}), {c, *w, SamplingParams{}});
-      got[i] = run(*e, requests(c)).tokens;  // the same request ids in both runs
+      try {
+        auto w = make_random_source(3, DType::F16);
+        auto e = make_fastdecode_engine(listed({&a, &b}), {c, *w, SamplingParams{}});
+        got[i] = run(*e, requests(c)).tokens;  // the same request ids in both runs
+      } catch (const std::exception& x) {
+        error[i] = x.what();
+      }
     });
   for (auto& t : th) t.join();
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(error[i], "") << "run " << i << " threw";
   for (int i = 0; i < 2; ++i) EXPECT_EQ(got[i], expect) << "run " << i << ": " << first_divergence(got[i], expect);
   RWorkerClient probe({a.endpoint(), b.endpoint()}, 10000);
   for (size_t k = 0; k < 2; ++k) {
