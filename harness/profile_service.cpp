@@ -383,16 +383,16 @@ json measure_service_profile(const ModelConfig& model, const ServiceProfileOptio
     // The fit needs points that determine it: three or more, with B·S not proportional to B (two contexts or more).
     // Otherwise the rows stand alone and the fit says why it is missing (the rows are what was measured).
     std::string no_fit;
+    ServiceFit f;
     try {
       if (fy.size() < 3) no_fit = "fewer than 3 grid points";
-      else (void)fit_service(fx1, fx2, fy);
+      else f = fit_service(fx1, fx2, fy);
     } catch (const Error& e) {
       no_fit = e.what();
     }
     if (!no_fit.empty()) {
       fits[dtype] = {{"error", no_fit}};
     } else {
-      const ServiceFit f = fit_service(fx1, fx2, fy);
       fits[dtype] = {{"a_s", f.a},
                      {"per_seq_s", f.c},
                      {"per_token_s", f.b},
