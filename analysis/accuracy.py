@@ -48,6 +48,8 @@ def load_run(d):
                 r = json.loads(line)
             except ValueError as e:
                 raise RunError(f"{path}:{n}: not JSON ({e})")
+            if r.get("full") is False:  # recorded for its score only (output.logits.full = N): no full rows
+                continue
             npy = os.path.join(d, "logits", f"request_{r['request']}.npy")
             if not os.path.isfile(npy):
                 raise RunError(f"{path}:{n}: {npy} is missing")
@@ -122,19 +124,29 @@ def describe(run, label):
     s = run["summary"]
     eng = s.get("config", {}).get("engine", {})
     w = s.get("config", {}).get("model", {}).get("weights", {})
+    sc = s.get("score") or {}
     return {"label": label, "dir": run["dir"], "engine": s.get("engine"), "kv_dtype": eng.get("rworkers", {}).get("kv_dtype"),
-            "dtype": eng.get("dtype"), "random_weights": "seed" in w, "commit": s.get("provenance", {}).get("git_commit")}
+            "kv_format": eng.get("kv_format"), "dtype": eng.get("dtype"), "random_weights": "seed" in w,
+            "commit": s.get("provenance", {}).get("git_commit"),
+            # every scored token of the run (summary.json "score"), also those whose logits were not recorded
+            "scored_tokens": sc.get("tokens"), "scored_ppl": sc.get("perplexity")}
 
 
 def table(results):
-    lines = ["| run | vs | requests | positions compared | token agreement | KL mean | KL max | logit err mean | logit err max | ppl (ref → run) | ppl Δ (relative) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    scored = any(r["run"].get("scored_ppl") and r["ref"].get("scored_ppl") for r in results)
+    lines = ["| run | vs | requests | positions compared | token agreement | KL mean | KL max | logit err mean | logit err max | ppl (ref → run) | ppl Δ (relative) |"
+             + (" all scored tokens: ppl (ref → run) | Δ (relative) |" if scored else ""),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if scored else "")]
     for r in results:
         m = r["measures"]
-        lines.append(f"| {r['run']['label']} | {r['ref']['label']} | {m['requests']} | {m['compared_positions']} of {m['positions']} | "
-                     f"{m['token_agreement']:.4f} | {m['kl_mean']:.3e} | {m['kl_max']:.3e} | {m['logit_rel_err_mean']:.2e} | "
-                     f"{m['logit_rel_err_max']:.2e} | {m['ppl_ref']:.4g} → {m['ppl_run']:.4g} | "
-                     f"{m['ppl_delta'] / m['ppl_ref']:+.2e} |")
+        row = (f"| {r['run']['label']} | {r['ref']['label']} | {m['requests']} | {m['compared_positions']} of {m['positions']} | "
+               f"{m['token_agreement']:.4f} | {m['kl_mean']:.3e} | {m['kl_max']:.3e} | {m['logit_rel_err_mean']:.2e} | "
+               f"{m['logit_rel_err_max']:.2e} | {m['ppl_ref']:.4g} → {m['ppl_run']:.4g} | "
+               f"{m['ppl_delta'] / m['ppl_ref']:+.2e} |")
+        if scored:
+            a, b = r["ref"].get("scored_ppl"), r["run"].get("scored_ppl")
+            row += (f" {a:.5g} → {b:.5g} ({r['run']['scored_tokens']} tokens) | {b / a - 1:+.2e} |" if a and b else " — | — |")
+        lines.append(row)
     return lines
 
 

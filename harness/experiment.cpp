@@ -421,7 +421,9 @@ ExperimentConfig parse_experiment(const json& j, const std::string& path) {
       e.logits.write = true;
       e.logits.requests.assign(ids.begin(), ids.end());
       e.logits.top_k = l.get_int("top_k", 0, e.model.vocab_size, 0);
-      e.logits.full = l.get_bool("full", true);
+      const bool full_n = l.has("full") && l.get_raw("full").is_number_integer();  // an int N: the first N recorded
+      e.logits.full_requests = full_n ? l.get_int("full", 0, int64_t(e.logits.requests.size())) : -1;
+      e.logits.full = full_n ? e.logits.full_requests > 0 : l.get_bool("full", true);
       l.finish();
     } else {
       o.get_raw("logits");
@@ -499,7 +501,8 @@ json ExperimentConfig::resolved() const {
     json r = logits.spec.is_object() && logits.spec.contains("requests") && !logits.spec["requests"].is_null()
                  ? logits.spec["requests"]
                  : json(workload.requests);  // the default: all of them
-    out["logits"] = {{"requests", r}, {"top_k", logits.top_k}, {"full", logits.full}};
+    out["logits"] = {{"requests", r}, {"top_k", logits.top_k},
+                     {"full", logits.full_requests >= 0 ? json(logits.full_requests) : json(logits.full)}};
   }
   return {
       {"name", name},
@@ -589,8 +592,7 @@ std::vector<double> arrival_times(const WorkloadConfig& w) {
 }
 
 std::unique_ptr<TensorSource> open_weights(const ExperimentConfig& e) {
-  // A folder with model.safetensors or a sharded checkpoint (model.safetensors.index.json + shards). Its
-  // tensor set was checked when the config was parsed; load_model_weights checks it again before reading.
+  // model.safetensors or a sharded checkpoint (index + shards): checked at parse time, and by load_model_weights.
   if (!e.weights.dir.empty()) return open_safetensors_source(e.weights.dir);
   return make_random_source(e.weights.seed, e.weights.dtype);
 }

@@ -71,6 +71,7 @@ struct LogitsOutput {
   std::vector<uint64_t> requests;   // ids that record logits (sorted); a score run records all by default
   int64_t top_k = 0;                // top-K [token, logprob] per position in logits.jsonl; 0 = none
   bool full = true;                 // logits/request_ID.npy, fp32 [positions, vocab]
+  int64_t full_requests = -1;       // with full: the npy of the first N recorded requests only (-1: every one)
   json spec;                        // output.logits as given (for the resolved config)
 };
 

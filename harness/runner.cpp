@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <numeric>
 #include <thread>
 
@@ -185,6 +186,9 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
     logit_track[id].forced = requests[size_t(id)].forced;
   }
   const bool write_logits = e.logits.write, write_npy = e.logits.write && e.logits.full;
+  std::set<uint64_t> npy_ids;  // the recorded requests whose full rows are written (output.logits.full: all or the first N)
+  for (const auto& [id, L] : logit_track)
+    if (write_npy && (e.logits.full_requests < 0 || int64_t(npy_ids.size()) < e.logits.full_requests)) npy_ids.insert(id);
   if (write_npy) fs::create_directories(dir / "logits");
   const std::vector<double> arrivals = arrival_times(e.workload);
   int64_t total_gen = 0, prompt_tokens = 0;
@@ -312,8 +316,9 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
           auto& row = L.top.emplace_back();
           for (size_t q = 0; q < k; ++q) row.emplace_back(idx[q], double(t.logits[size_t(idx[q])]) - lse);
         }
-        if (write_npy) L.rows.insert(L.rows.end(), t.logits.begin(), t.logits.end());
-        if (t.finished && write_npy) {  // written as soon as the request is done: rows do not pile up
+        const bool npy = npy_ids.count(t.request_id) > 0;
+        if (npy) L.rows.insert(L.rows.end(), t.logits.begin(), t.logits.end());
+        if (t.finished && npy) {  // written as soon as the request is done: rows do not pile up
           write_npy_f32((dir / "logits" / ("request_" + std::to_string(t.request_id) + ".npy")).string(), L.rows.data(),
                         L.positions, e.model.vocab_size);
           std::vector<float>().swap(L.rows);
@@ -404,6 +409,7 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
     for (const auto& [id, L] : logit_track) {
       json rec = {{"request", id}, {"tokens", track.at(id).tokens}};
       if (!L.forced.empty()) rec["forced"] = L.forced;
+      if (write_npy && !npy_ids.count(id)) rec["full"] = false;  // no logits/request_ID.npy for it
       if (e.logits.top_k > 0) {
         json top = json::array();
         for (const auto& row : L.top) {

@@ -1,28 +1,68 @@
 #include "baselines/reference/reference_engine.h"
 
 #include "fastdecode/core/clock.h"
+#include "fastdecode/core/dtype.h"
+#include "kernels/cpu/kv_codec.h"
 
 namespace fd {
 
 ReferenceEngineConfig ReferenceEngineConfig::parse(StrictObject& o) {
   ReferenceEngineConfig c;
+  const bool dtype_given = o.has("kv_dtype");
   c.kv_dtype = dtype_from_name(o.get_enum("kv_dtype", {"fp32", "fp16", "bf16"}, std::string("fp32")));
+  if (o.has("kv_format")) {
+    const auto names = kv_codec_names();
+    c.kv_format = o.get_enum("kv_format", std::set<std::string>(names.begin(), names.end()));
+    if (dtype_given && c.kv_dtype != DType::F16)
+      FD_THROW_BAD_INPUT("engine.kv_format " << c.kv_format << " quantizes fp16 blocks: engine.kv_dtype must be fp16 "
+                                             "(or left out), not " << dtype_name(c.kv_dtype));
+    c.kv_dtype = DType::F16;
+  }
   return c;
 }
 
-json ReferenceEngineConfig::to_json() const { return {{"kv_dtype", std::string(dtype_name(kv_dtype))}}; }
+json ReferenceEngineConfig::to_json() const {
+  json j = {{"kv_dtype", std::string(dtype_name(kv_dtype))}};
+  if (!kv_format.empty()) j["kv_format"] = kv_format;
+  return j;
+}
 
 std::unique_ptr<Engine> make_reference_engine(const ReferenceEngineConfig& c, const EngineContext& ctx) {
-  auto e = std::make_unique<ReferenceEngine>(ctx.model, ctx.weights, ctx.sampling, c.kv_dtype);
+  auto e = std::make_unique<ReferenceEngine>(ctx.model, ctx.weights, ctx.sampling, c.kv_dtype, c.kv_format);
   if (ctx.hardware.gpu_memory_gb > 0 || ctx.hardware.gpu_sm_count > 0)
     e->add_note("hardware.gpu is not applied: the reference engine runs nothing on a GPU here");
   return e;
 }
 
 ReferenceEngine::ReferenceEngine(const ModelConfig& model, TensorSource& weights, const SamplingParams& sampling,
-                                 DType kv_dtype)
+                                 DType kv_dtype, const std::string& kv_format)
     : model_(load_model_weights(model, weights)), sampling_(sampling) {
   model_.set_kv_dtype(kv_dtype);
+  if (kv_format.empty()) return;
+  // The R-worker's view of a block: [H][32][D] fp16 K then V (the tail layout), through the format, back to the
+  // reference's [32][kv_dim] rows.
+  const KVCodec& codec = kv_codec(kv_format);
+  const int H = int(model.num_kv_heads), D = int(model.head_dim);
+  codec.check_shape(H, D);
+  model_.set_kv_block_codec(kKVBlockTokens, [&codec, H, D](float* k, float* v, int64_t n, int64_t kvd) {
+    std::vector<uint16_t> blk(kv_fp16_block_bytes(H, D) / 2);
+    std::vector<float> back(blk.size());
+    const size_t half = blk.size() / 2;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < kvd; ++j) {
+        const size_t at = size_t(((j / D) * n + t) * D + j % D);
+        blk[at] = fp32_to_fp16(k[t * kvd + j]);
+        blk[half + at] = fp32_to_fp16(v[t * kvd + j]);
+      }
+    kv_codec_round_trip(codec, blk.data(), back.data(), H, D);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < kvd; ++j) {
+        const size_t at = size_t(((j / D) * n + t) * D + j % D);
+        k[t * kvd + j] = back[at];
+        v[t * kvd + j] = back[half + at];
+      }
+  });
+  add_note("KV format " + kv_format + ": " + std::string(codec.describe()));
 }
 
 void ReferenceEngine::add(const std::vector<Request>& requests) {

@@ -12,6 +12,9 @@ namespace fd {
 // The "engine" section with type "reference".
 struct ReferenceEngineConfig {
   DType kv_dtype = DType::F32;  // K/V rounded through it as they are cached (fp16: what an fp16 cache holds)
+  // A KV format (kernels/cpu/kv_codec.h, any listed one, served or study): every full block of 32 tokens is
+  // replaced by the values that format stores for it, when an R-worker would quantize it. Empty: none. Needs fp16.
+  std::string kv_format;
   static ReferenceEngineConfig parse(StrictObject& o);  // the section's own keys (not type / threads)
   json to_json() const;
 };
@@ -22,7 +25,7 @@ class ReferenceEngine : public Engine {
   // kv_dtype: K/V are rounded through it as they enter the cache (fp32: exact). fp16 gives the
   // reference the KV values an fp16 KV-cache holds, so engines with one can be compared token by token.
   ReferenceEngine(const ModelConfig& model, TensorSource& weights, const SamplingParams& sampling,
-                  DType kv_dtype = DType::F32);
+                  DType kv_dtype = DType::F32, const std::string& kv_format = "");
   std::string name() const override { return "reference"; }
   void add(const std::vector<Request>& requests) override;
   StepResult step() override;

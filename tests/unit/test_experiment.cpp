@@ -286,6 +286,15 @@ TEST(ExperimentFiles, ScoreFileForcesContinuations) {
   EXPECT_EQ(n.logits.top_k, 3);
   EXPECT_FALSE(n.logits.full);
   EXPECT_EQ(n.resolved()["output"]["logits"]["requests"], json::array({1}));
+  // full = N: every request still recorded (and scored), the full rows of the first N only.
+  j["output"] = {{"logits", {{"full", 1}}}};
+  const ExperimentConfig f = parse_experiment(j, d.file("exp.json"));
+  EXPECT_EQ(f.logits.requests, (std::vector<uint64_t>{0, 1}));
+  EXPECT_TRUE(f.logits.full);
+  EXPECT_EQ(f.logits.full_requests, 1);
+  EXPECT_EQ(f.resolved()["output"]["logits"]["full"], 1);
+  j["output"] = {{"logits", {{"full", 3}}}};
+  EXPECT_THROW(parse_experiment(j, d.file("exp.json")), ConfigError) << "more full rows than recorded requests";
 }
 
 TEST(ExperimentFiles, TraceLinesTakePromptsAndOverrides) {
