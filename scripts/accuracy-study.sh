@@ -55,6 +55,9 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+# Waiting OpenMP threads sleep: spinning ones (the default) starve the R-workers and each other when the cores are
+# shared (measured on the 2-core dev VM with a build beside it: a reference-engine score run 86 s, 1.5 s passive).
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 py="${PYTHON:-/usr/bin/python3}"; [ -x "$py" ] || command -v "$py" >/dev/null || py=python3
 mkdir -p "$out"
 runs="$out/runs"
