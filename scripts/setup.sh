@@ -16,6 +16,7 @@ PACKAGES=(
   slurmctld slurmd slurm-client munge                     # a real Slurm on this host for the launcher tests (docs/CLUSTER.md)
   openmpi-bin                                             # mpirun for the launcher tests (docs/CLUSTER.md)
   python3-yaml                                            # the Kubernetes manifest parsed by the launcher tests
+  groff-base bsdextrautils xz-utils                       # man pages to text, the corpus archive (scripts/make-corpus.sh)
 )
 
 missing=()

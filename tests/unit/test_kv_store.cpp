@@ -6,6 +6,7 @@
 #include <map>
 
 #include "fastdecode/core/dtype.h"
+#include "kv_quant_reference.h"
 #include "rworker_test_util.h"
 #include "test_helpers.h"
 
@@ -103,29 +104,26 @@ TEST(KVStore, QuantizedBlocksAndAccounting) {
 
 // ---- Whole quantized blocks against an independent quantizer ----
 //
-// The expected blocks are computed here from the layouts and rounding documented in
-// kernels/cpu/kv_quant.cpp (its header comment; the int4 scale rule at u4_params), not with
-// kv_quantize_block:
+// The expected blocks are computed with tests/unit/kv_quant_reference.h, written from the layouts and rounding
+// documented in kernels/cpu/kv_quant.cpp (its header comment; the int4 scale rule at u4_params), not with
+// kv_quantize_block. The byte layouts read here:
 //   Head-major: [H][one head's run], each run as follows.
 //   int8: K codes int8 [D/4][T][4] (word w of token t: channels 4w..4w+3), V codes [T][D], K scales fp32 [T],
-//         V scales [T];
-//         scale = max|row| / 127 (fp32), code = round-half-even(x / scale) in [-127, 127].
+//         V scales [T].
 //   int4: K codes [D/8][T][4] (word w of token t: byte b holds channel 8w + b in the low nibble and
 //         8w + 4 + b in the high one), V codes [T/4][D/32][16][4] (word j of quad q, group g: byte r is
 //         token 4q + r's channel 32g + j in the low nibble and 32g + 16 + j in the high one), K params fp16
 //         [2][D] (scale, min per channel over the block's 32 tokens), V params fp16 [D/32][2][T] (per group:
-//         32 token scales, then mins);
-//         min = the smallest value (an fp16 value, so exact), scale = the smallest fp16 with
-//         15 * scale + min >= max (the fp16 rounding of (max - min) / 15, upwards),
-//         code = round-half-even((x - min) / scale) in [0, 15].
-// Quotients are computed in double, which is exact at an exact tie (the operands are fp16 values and
-// an fp16 or fp32 scale) and there the code must be the even neighbour. Within a few float ulps of a
-// half but not on it (int8: x = max/2 gives 63.5 in units of the exact max/127, not quite in units of
-// the fp32-rounded scale), the store's float arithmetic may round either way, so either neighbour is
-// accepted there, and only there.
+//         32 token scales, then mins).
+// The quotients (kvref::i8_units, kvref::u4_units) are computed in double, which is exact at an exact tie (the
+// operands are fp16 values and an fp16 or fp32 scale) and there the code must be the even neighbour. Within a few
+// float ulps of a half but not on it (int8: x = max/2 gives 63.5 in units of the exact max/127, not quite in units
+// of the fp32-rounded scale), the store's float arithmetic may round either way, so either neighbour is accepted
+// there, and only there.
 namespace {
 
-constexpr int kT = kKVBlockTokens;
+namespace kvref = fd::test::kvref;
+constexpr int kT = kvref::kT;
 // Half a step, with room for a near tie rounded the other way and the fp32 arithmetic (0.1 %): a wrong
 // code is off by at least half a step more.
 constexpr double kHalfStep = 0.5 * (1 + 1e-3);
@@ -144,14 +142,6 @@ struct CodeCheck {
   }
 };
 
-// The smallest fp16 value >= x (x >= 0).
-uint16_t fp16_round_up(double x) {
-  uint16_t c = fp32_to_fp16(float(x));
-  while (double(fp16_to_fp32(c)) < x) ++c;
-  while (c > 0 && double(fp16_to_fp32(uint16_t(c - 1))) >= x) --c;
-  return c;
-}
-
 template <typename U>
 U load(const uint8_t* p, size_t i) {
   U u;
@@ -165,9 +155,11 @@ struct Stream {
   int64_t n = 0;
 };
 
-// Checks full block `blk_ptr` (dtype t) against tokens [32 b, 32 b + 32) of `s`: every code and every
-// scale/min against the independent quantizer, and every value kv_dequantize_block_f32 gives back within
-// half a step (the stored scale) of the fp16 input. fp16 blocks: the appended bits exactly.
+// Checks full block `blk_ptr` (dtype t) against tokens [32 b, 32 b + 32) of `s`: the block's size, every code and
+// every scale/min against the independent quantizer (kvref), and every value kv_dequantize_block_f32 gives back:
+// exactly what the stored code stands for (kvref::i8_value / u4_value, the values the engine test's reference
+// computes with) and within half a step (the stored scale) of the fp16 input. fp16 blocks: the appended bits
+// exactly.
 void check_block(KVDType t, const void* blk_ptr, const Stream& s, int b, int H, int D, CodeCheck& cc) {
   const auto* blk = static_cast<const uint8_t*>(blk_ptr);
   const auto x = [&](int kv, int h, int tok, int d) {
@@ -178,6 +170,7 @@ void check_block(KVDType t, const void* blk_ptr, const Stream& s, int b, int H, 
   kv_dequantize_block_f32(t, blk_ptr, deq.data(), H, D);
   const auto deq_at = [&](int kv, int h, int tok, int d) { return double(deq[((size_t(kv) * H + h) * kT + tok) * D + d]); };
   int bad_code = 0, bad_param = 0, bad_deq = 0;
+  ASSERT_EQ(kv_block_bytes(t, H, D), kvref::block_bytes(t, H, D));
   if (t == KVDType::F16) {
     for (int kv = 0; kv < 2; ++kv)
       for (int h = 0; h < H; ++h)
@@ -186,26 +179,25 @@ void check_block(KVDType t, const void* blk_ptr, const Stream& s, int b, int H, 
             bad_code += load<uint16_t>(blk, ((size_t(kv) * H + h) * kT + tok) * D + d) !=
                         (kv == 0 ? s.k : s.v)[((size_t(b) * kT + tok) * H + h) * D + d];
   } else if (t == KVDType::I8) {
-    ASSERT_EQ(kv_block_bytes(t, H, D), size_t(2) * H * kT * D + size_t(2) * H * kT * 4);
     const size_t run = size_t(2) * kT * D + size_t(2) * kT * 4, scales = size_t(2) * kT * D;  // a head's bytes; its scales
     for (int kv = 0; kv < 2; ++kv)
       for (int h = 0; h < H; ++h)
         for (int tok = 0; tok < kT; ++tok) {
           double amax = 0;
           for (int d = 0; d < D; ++d) amax = std::max(amax, std::fabs(x(kv, h, tok, d)));
-          const float scale = float(amax) / 127.0f;  // fp32, correctly rounded
+          const float scale = kvref::i8_scale(amax);  // fp32, correctly rounded
           const float got = load<float>(blk + h * run + scales, size_t(kv) * kT + tok);
           bad_param += std::memcmp(&got, &scale, 4) != 0;
           for (int d = 0; d < D; ++d) {
             // keys: token-interleaved words of 4 channels ([D/4][T][4]); values: rows
             const size_t at = h * run + size_t(kv) * kT * D + (kv == 0 ? (size_t(d / 4) * kT + tok) * 4 + d % 4 : size_t(tok) * D + d);
             const int8_t code = load<int8_t>(blk, at);
-            bad_code += !cc.ok(x(kv, h, tok, d) / double(scale), -127, 127, code);
-            bad_deq += std::fabs(deq_at(kv, h, tok, d) - x(kv, h, tok, d)) > kHalfStep * double(scale);
+            bad_code += !cc.ok(kvref::i8_units(x(kv, h, tok, d), scale), -127, 127, code);
+            bad_deq += std::fabs(deq_at(kv, h, tok, d) - x(kv, h, tok, d)) > kHalfStep * double(scale) ||
+                       deq_at(kv, h, tok, d) != double(kvref::i8_value(scale, code));
           }
         }
   } else {
-    ASSERT_EQ(kv_block_bytes(t, H, D), size_t(H) * kT * D + size_t(H) * 2 * D * 2 + size_t(H) * (D / 32) * 2 * kT * 2);
     const size_t run = size_t(kT) * D + size_t(2) * D * 2 + size_t(D / 32) * 2 * kT * 2;  // a head's bytes
     const size_t params = size_t(kT) * D;  // within a run: bytes of codes, K then V
     const auto nibble = [&](int kv, int h, int tok, int d) {
@@ -218,42 +210,42 @@ void check_block(KVDType t, const void* blk_ptr, const Stream& s, int b, int H, 
       const uint8_t byte = head[((size_t(tok / 4) * (D / 32) + d / 32) * 16 + d % 16) * 4 + tok % 4];
       return d % 32 < 16 ? byte & 15 : byte >> 4;
     };
-    // Counts a stored (scale, min) that differs from the one for values in [lo, hi]; returns the
-    // expected (scale, min) as values.
+    // Counts a stored (scale, min) that differs from the one for values in [lo, hi]; returns the expected one.
     const auto group = [&](double lo, double hi, uint16_t s_got, uint16_t z_got) {
-      const uint16_t z = fp32_to_fp16(float(lo));
-      const uint16_t sc = fp16_round_up((hi - lo) / 15);
-      bad_param += (s_got != sc) + (z_got != z);
-      return std::pair<double, double>{fp16_to_fp32(sc), fp16_to_fp32(z)};
+      const kvref::U4Params p = kvref::u4_params(lo, hi);
+      bad_param += (s_got != p.scale) + (z_got != p.min);
+      return p;
+    };
+    // Counts a code or a dequantized value that is wrong.
+    const auto value = [&](int kv, int h, int tok, int d, const kvref::U4Params& p) {
+      const int code = nibble(kv, h, tok, d);
+      bad_code += !cc.ok(kvref::u4_units(x(kv, h, tok, d), p), 0, 15, code);
+      bad_deq += std::fabs(deq_at(kv, h, tok, d) - x(kv, h, tok, d)) > kHalfStep * p.s() ||
+                 deq_at(kv, h, tok, d) != double(kvref::u4_value(p, code));
     };
     for (int h = 0; h < H; ++h) {
       for (int d = 0; d < D; ++d) {  // keys: per channel over the 32 tokens
         double lo = INFINITY, hi = -INFINITY;
         for (int tok = 0; tok < kT; ++tok) lo = std::min(lo, x(0, h, tok, d)), hi = std::max(hi, x(0, h, tok, d));
-        const auto [sc, z] = group(lo, hi, load<uint16_t>(blk + h * run + params, d),
-                                   load<uint16_t>(blk + h * run + params, D + d));
-        for (int tok = 0; tok < kT; ++tok) {
-          bad_code += !cc.ok((x(0, h, tok, d) - z) / sc, 0, 15, nibble(0, h, tok, d));
-          bad_deq += std::fabs(deq_at(0, h, tok, d) - x(0, h, tok, d)) > kHalfStep * sc;
-        }
+        const auto p =
+            group(lo, hi, load<uint16_t>(blk + h * run + params, d), load<uint16_t>(blk + h * run + params, D + d));
+        for (int tok = 0; tok < kT; ++tok) value(0, h, tok, d, p);
       }
       const size_t vpar = size_t(2) * D;  // in fp16 units after the run's codes
       for (int tok = 0; tok < kT; ++tok)  // values: per token and group of 32 channels
         for (int g = 0; g < D / 32; ++g) {
           double lo = INFINITY, hi = -INFINITY;
           for (int d = g * 32; d < g * 32 + 32; ++d) lo = std::min(lo, x(1, h, tok, d)), hi = std::max(hi, x(1, h, tok, d));
-          const auto [sc, z] = group(lo, hi, load<uint16_t>(blk + h * run + params, vpar + size_t(g) * 2 * kT + tok),
-                                     load<uint16_t>(blk + h * run + params, vpar + size_t(g) * 2 * kT + kT + tok));
-          for (int d = g * 32; d < g * 32 + 32; ++d) {
-            bad_code += !cc.ok((x(1, h, tok, d) - z) / sc, 0, 15, nibble(1, h, tok, d));
-            bad_deq += std::fabs(deq_at(1, h, tok, d) - x(1, h, tok, d)) > kHalfStep * sc;
-          }
+          const auto p = group(lo, hi, load<uint16_t>(blk + h * run + params, vpar + size_t(g) * 2 * kT + tok),
+                               load<uint16_t>(blk + h * run + params, vpar + size_t(g) * 2 * kT + kT + tok));
+          for (int d = g * 32; d < g * 32 + 32; ++d) value(1, h, tok, d, p);
         }
     }
   }
   EXPECT_EQ(bad_code, 0) << "block " << b << ": codes that differ from the independent quantizer";
   EXPECT_EQ(bad_param, 0) << "block " << b << ": scales/mins that differ";
-  EXPECT_EQ(bad_deq, 0) << "block " << b << ": dequantized values more than half a step off";
+  EXPECT_EQ(bad_deq, 0) << "block " << b
+                        << ": dequantized values more than half a step off, or not what their code stands for";
 }
 
 }  // namespace
