@@ -72,7 +72,8 @@ def load_study(d):
     for label, r in runs.items():
         if not r.get("scored_ppl"):
             raise StudyError(f"{d}: run {label} has no scored perplexity (summary.json score)")
-    return {"dir": d, "runs": runs, "train": train, "hf": hf, "name": train.get("variant") or os.path.basename(d)}
+    name = (train.get("model") or {}).get("variant") or train.get("variant") or os.path.basename(d)
+    return {"dir": d, "runs": runs, "train": train, "hf": hf, "name": name}
 
 
 def judge(study):
@@ -129,9 +130,16 @@ def markdown(judged, chosen):
     for j in judged:
         t = j["train"]
         out += [f"## {j['name']}", ""]
-        held = t.get("heldout_ppl") or {}
-        out.append(f"Trained here: {t.get('params', '?')} parameters, {t.get('tokens_seen', '?')} tokens, "
-                   f"held-out perplexity (its own windows) {held}.")
+        m, tr = t.get("model") or {}, t.get("training") or {}
+        held = ((t.get("heldout_eval") or {}).get("checkpoint_fp32") or {})
+        out.append(f"Trained here (scripts/train-small-model.py): {m.get('parameters', t.get('params', '?'))} parameters, "
+                   f"{tr.get('tokens_seen', '?')} tokens in {tr.get('wall_time_s', float('nan')):.0f} s; held-out perplexity "
+                   f"{held.get('perplexity', float('nan')):.4g} over {held.get('tokens_scored', '?')} tokens (transformers, fp32).")
+        layers = (t.get("outliers") or {}).get("layers") or []
+        if layers:
+            ratio = lambda w: ", ".join(f"{row[w]['ratio_max_over_median']:.1f}" for row in layers)  # noqa: E731
+            out.append(f"Outlier channels, largest / median channel max |x| per layer: K after RoPE {ratio('k_post_rope')}; "
+                       f"K before RoPE {ratio('k_pre_rope')}; V {ratio('v')}.")
         c = j["hf_check"]
         if c:
             out.append(f"transformers on the same scored file: {', '.join(f'{k} {v:.5g}' for k, v in c['hf'].items())} "
