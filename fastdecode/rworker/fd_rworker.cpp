@@ -60,6 +60,18 @@ bool loopback_only(const std::string& ep) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The OpenMP wait policy is the worker's, not its launcher's: idle threads sleep (PASSIVE). Spinning ones starve the
+  // S-worker and the other workers on shared cores (issue 43: with OMP_WAIT_POLICY=ACTIVE FastDecode's decode rate fell
+  // from 4 866-5 035 to 1 926-2 278 tok/s; every committed measurement ran PASSIVE). libgomp reads the variable once,
+  // when it loads, so an unset one is set and the program started again; one the user set is kept (and reported).
+  if (!std::getenv("OMP_WAIT_POLICY")) {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    setenv("FD_OMP_WAIT_POLICY_SET_BY", "fd-rworker", 1);
+    execv("/proc/self/exe", argv);  // on failure, go on with the runtime's default
+    unsetenv("OMP_WAIT_POLICY");
+  }
+  const std::string wait_policy = std::string(std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "default") +
+                                  (std::getenv("FD_OMP_WAIT_POLICY_SET_BY") ? "" : " (from the environment)");
   CLI::App app{"fd-rworker: R-worker process (KV-cache holder and CPU decode attention)", "fd-rworker"};
   std::string listen = "tcp://127.0.0.1:5555", kv_dtype = "fp16", isa, cpus, name = "rworker", query = "auto";
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -188,9 +200,10 @@ int main(int argc, char** argv) {
     fd::RWorkerService service(cfg);
     fd::run_rworker_server(service, opt, &g_stop, [&](const std::string& ep) {
       std::fprintf(stderr,
-                   "fd-rworker %s: listening on %s (kv %s, %d threads, %s, query %s, %.2f GB, messages up to %.0f MB, intake "
-                   "%.0f MB%s)\n",
-                   name.c_str(), ep.c_str(), kv_dtype.c_str(), threads, std::string(fd::isa_name(cfg.isa)).c_str(), query.c_str(),
+                   "fd-rworker %s: listening on %s (kv %s, %d threads, OpenMP wait %s, %s, query %s, %.2f GB, messages up to "
+                   "%.0f MB, intake %.0f MB%s)\n",
+                   name.c_str(), ep.c_str(), kv_dtype.c_str(), threads, wait_policy.c_str(),
+                   std::string(fd::isa_name(cfg.isa)).c_str(), query.c_str(),
                    memory_gb, double(cfg.limits.max_message_bytes) / 1e6,
                    double(opt.intake_bytes) / 1e6,
                    opt.curve.secret_z85.empty() ? "" : ", CURVE");
