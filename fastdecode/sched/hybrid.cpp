@@ -464,7 +464,9 @@ HybridPlan model_hybrid(const HybridModelInput& in) {
     p.cpu_seqs = k;
     if (b == 0) return p;
     const double g = in.t.at(double(b)) + (in.gpu_s_per_token * c + in.gpu_s_per_seq) * double(b - k);
-    const double cpu = k > 0 ? in.engage_s + in.cpu_s_per_call + (in.cpu_s_per_token * c + in.cpu_s_per_seq) * double(k) : 0;
+    // Whole sequences: with W workers the busiest holds ceil(k / W) of them (k < W: one worker's whole time).
+    const double held = in.cpu_workers > 0 ? double(in.cpu_workers) * std::ceil(double(k) / double(in.cpu_workers)) : double(k);
+    const double cpu = k > 0 ? in.engage_s + in.cpu_s_per_call + (in.cpu_s_per_token * c + in.cpu_s_per_seq) * held : 0;
     p.step_s = N * std::max(g, cpu);
     p.tokens_per_s = double(b) / p.step_s;
     p.binds = cpu > g ? "cpu" : "gpu";
@@ -504,6 +506,7 @@ HybridModelInput hybrid_model_input(const HybridRates& r) {
   }
   in.cpu_s_per_token = 1 / inv_tok;
   in.cpu_s_per_seq = seq_free || inv_seq == 0 ? 0 : 1 / inv_seq;
+  in.cpu_workers = int64_t(r.workers.size());
   return in;
 }
 

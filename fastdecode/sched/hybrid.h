@@ -185,6 +185,9 @@ struct HybridModelInput {
   double cpu_s_per_token = 0;  // R / P: all R-worker CPUs together
   double cpu_s_per_seq = 0;
   double cpu_s_per_call = 0;   // f: a worker's fixed cost per ATTEND (the workers run in parallel: once per layer)
+  // > 0: the CPU side is this many equal workers and a sequence lives whole on one of them, so k sequences cost
+  // a worker's share of ceil(k / W) (W x the side's per-token and per-sequence rates each); 0: a fluid CPU side.
+  int64_t cpu_workers = 0;
   double gpu_s_per_seq = 0;    // a_s
   double engage_s = 0;
   double gpu_capacity_tokens = std::numeric_limits<double>::infinity();
@@ -202,8 +205,9 @@ struct HybridPlan {
 };
 HybridPlan model_hybrid(const HybridModelInput& in);
 // The static model's rates from measured ones (the hybrid engine's engine_info.prior): T(n), a, a_s and e as
-// they are; the R-workers as one CPU side that spreads sequences evenly (per token 1 / sum 1/r_w, per
-// sequence 1 / sum 1/o_w, per call the largest f_w). Layers, batch, context and capacities are left to the caller.
+// they are; the R-workers as one CPU side that spreads whole sequences evenly (per token 1 / sum 1/r_w, per
+// sequence 1 / sum 1/o_w, per call the largest f_w, cpu_workers their count). Layers, batch, context and capacities
+// are left to the caller.
 HybridModelInput hybrid_model_input(const HybridRates& r);
 // Rates from JSON: a hybrid run's summary.json, its engine_info, or engine_info.prior itself
 // ({s_part_per_layer: [[n, s], ...], gpu_s_per_token, gpu_s_per_seq, engage_s, move_s_per_token,

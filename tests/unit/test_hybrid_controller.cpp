@@ -355,6 +355,31 @@ TEST(HybridModel, PerCallAndEngageCostsCountOncePerLayer) {
   EXPECT_DOUBLE_EQ(p.hybrid.tokens_per_s, p.gpu_only.tokens_per_s);
 }
 
+// A sequence lives whole on one R-worker: with W workers, k < W sequences cost one worker's whole time, not k / W
+// of the side's. Measured case (artifacts/hybrid/h100-quick-6f61e5d, Llama-2-7b at 24 GB): as a fluid side the
+// CPUs took 3 of 36 sequences (+7 % modelled) where the controller, placing whole sequences, took none.
+TEST(HybridModel, SequencesAreWholeOnOneWorker) {
+  HybridRates r = rates(0.3, 1e-6, 340, 4);  // T = 0.3 ms flat, GPU attention ~free, 4 workers of 0.34 us per token
+  for (auto& w : r.workers) w.s_per_seq = 15e-6, w.s_per_call = 30e-6;
+  r.engage_s = 130e-6;
+  HybridModelInput in = hybrid_model_input(r);
+  EXPECT_EQ(in.cpu_workers, 4);
+  in.layers = 1, in.batch = 36, in.context = 500, in.reserve_tokens = 544;
+  in.gpu_capacity_tokens = 32 * 544;  // the GPU holds 32
+  // One CPU sequence (whole, on one worker): e + f + 0.34 us x 500 + 15 us = 130 + 30 + 185 = 345 us > 300 us:
+  // 33 running at 345 us (95.7k tok/s) < 32 at 300 us (106.7k): nothing on the CPUs, at any k < 4 (the same
+  // worker time) and k >= 4 alike (a worker's 345 us at least).
+  HybridPlan p = model_hybrid(in);
+  EXPECT_EQ(p.hybrid.cpu_seqs, 0);
+  EXPECT_NEAR(p.gpu_only.tokens_per_s, 32 / 0.30e-3, 1);
+  // As a fluid side (the old model) the 4 workers share one sequence's tokens: 130 + 30 + 185 / 4 + ... < 300 us for
+  // 3 sequences (e + f + 3 x 46.25 us = 298.75 us): it took them.
+  in.cpu_workers = 0;
+  p = model_hybrid(in);
+  EXPECT_EQ(p.hybrid.cpu_seqs, 3);
+  EXPECT_EQ(p.hybrid.batch, 35);
+}
+
 TEST(HybridModel, RatesFromARunsSummary) {
   const json prior = json::parse(R"({"s_part_per_layer": [[1, 1.5e-4], [128, 1.7e-4]], "gpu_s_per_token": 4e-9,
       "gpu_s_per_seq": 5e-7, "engage_s": 4e-4, "move_s_per_token": 3e-5,
