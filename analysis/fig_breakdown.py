@@ -2,7 +2,7 @@
 when a run's trace.json is at hand (--trace FILE; with --paper ROOT the fig15-breakdown sweep's run; else
 e2e/<run>/trace.json[.gz]), one decode iteration as a timeline beside them.
 
-The timeline reads harness/runner.cpp's Chrome trace: the "harness" track's "step N" events give the step
+The timeline reads harness/run_recorders.cpp's Chrome trace: the "harness" track's "step N" events give the step
 windows; a step is decode-only when its steps.jsonl line (next to the trace, if there) has no prompt tokens,
 else when no "prefill" span overlaps it. The step drawn is the middle decode-only step of summary.json's
 results.steady window when that is recorded, else of the run. Rows: the S-Part's spans split by name

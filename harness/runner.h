@@ -1,5 +1,6 @@
 // Runs an experiment: drives an engine step by step, records steps.jsonl, trace.json, summary.json
-// and requests.jsonl, and shows progress.
+// and requests.jsonl (and logits.jsonl, logits/*.npy, score.jsonl), and shows progress. The recorders that
+// write those files are in harness/run_recorders.h.
 #pragma once
 #include <string>
 
