@@ -9,7 +9,7 @@
 #include <set>
 
 #include "baselines/gpu_only/gpu_only_engine.h"
-#include "baselines/hybrid/hybrid_engine.h"
+#include "extensions/hybrid/hybrid_engine.h"
 #include "baselines/host_offload/host_offload_engine.h"
 #include "baselines/paged_swap/paged_swap_engine.h"
 #include "baselines/reference/reference_engine.h"

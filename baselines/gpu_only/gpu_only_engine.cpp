@@ -1,5 +1,5 @@
 // The GPU-only baseline engine (CUDA builds): the leader. It owns the queue, the sequences and their cache slots,
-// cuts each step into waves and a prefill (a GoPlan, the same for every rank), runs its S-ranks
+// cuts each step into waves and a prefill (a GpuOnlyStepPlan, the same for every rank), runs its S-ranks
 // (gpu_only_rank.h: inline for one, a thread each with engine.parallel) and emits the tokens. See
 // gpu_only_engine.h.
 #include <algorithm>
@@ -164,7 +164,7 @@ class GpuOnlyEngine : public Engine {
   StepResult step() override {
     if (!inflight_.empty()) return step_async();
     StepResult out;
-    GoPlan plan;
+    GpuOnlyStepPlan plan;
     std::vector<std::vector<Seq*>> waves;
     if (!running_.empty()) plan_decode(plan, waves);
     std::vector<Seq*> fresh;
@@ -239,7 +239,7 @@ class GpuOnlyEngine : public Engine {
 
  private:
   // The running sequences in W waves of consecutive rows (W = engine.parallel's waves; fewer when fewer run).
-  void plan_decode(GoPlan& plan, std::vector<std::vector<Seq*>>& waves) {
+  void plan_decode(GpuOnlyStepPlan& plan, std::vector<std::vector<Seq*>>& waves) {
     std::vector<Seq*> seqs;
     for (auto& [id, s] : running_) seqs.push_back(&s);
     const std::vector<size_t> b = wave_bounds(seqs.size(), ec_.parallel.wave_count());
@@ -255,7 +255,7 @@ class GpuOnlyEngine : public Engine {
     }
   }
 
-  void plan_prefill(GoPlan& plan, const std::vector<Seq*>& fresh) {
+  void plan_prefill(GpuOnlyStepPlan& plan, const std::vector<Seq*>& fresh) {
     GoRows& r = plan.prefill;
     plan.has_prefill = true;
     for (Seq* s : fresh) {

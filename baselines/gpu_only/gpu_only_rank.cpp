@@ -308,7 +308,7 @@ void GpuOnlyRank::prefill(size_t i, const GoRows& r, GoRankStep& out) {
   out.spans.push_back({o_.track, "prefill", t0, now_ns() - t0});
 }
 
-GoRankStep GpuOnlyRank::run(const GoPlan& plan) {
+GoRankStep GpuOnlyRank::run(const GpuOnlyStepPlan& plan) {
   current();
   GoRankStep out;
   const size_t W = plan.waves.size();

@@ -32,7 +32,10 @@ struct GoRows {
   RowDraws draws;               // the sampled rows' draws
 };
 
-struct GoPlan {
+// The GPU-only engine's step plan: its decode waves and its prefill, the same for every rank. The role of the
+// FastDecode engine's StepPlan (fastdecode/sworker/srank.h), not its type: a row here is a sequence's cache slot on
+// this GPU (slots, lens), with no R-worker and no commands to one.
+struct GpuOnlyStepPlan {
   std::vector<GoRows> waves;  // decode, in order: stage p + 1 works on wave w while stage p works on wave w + 1
   bool has_prefill = false;
   GoRows prefill;
@@ -76,7 +79,7 @@ class GpuOnlyRank {
   double run_bytes_per_slot() const;
   // The cache for `slots` sequences (+ one padding slot for the graphs), workspaces, the graphs' buffers.
   void allocate(int64_t slots);
-  GoRankStep run(const GoPlan& plan);
+  GoRankStep run(const GpuOnlyStepPlan& plan);
 
   // Asynchronous greedy decode (one rank with graphs; the engine's engine.async_steps). launch_decode enqueues a
   // wave's graph and the copy of its picks to pinned host memory, and returns; wait_decode waits for the oldest
@@ -101,7 +104,7 @@ class GpuOnlyRank {
   bool graphs() const { return graphs_ != nullptr; }
   const CudaModel& model() const { return *model_; }
 
- protected:  // the hybrid engine's rank (baselines/hybrid) adds rows whose KV lives on R-workers
+ protected:  // the hybrid engine's rank (extensions/hybrid) adds rows whose KV lives on R-workers
   bool last_stage() const { return o_.pp_rank + 1 == o_.pp_size; }
   void current() const;
   // Per-layer GPU work of a decode batch on a (inputs on the device): no host synchronisation and no allocation,

@@ -1,6 +1,6 @@
 // Hybrid GPU + CPU attention placement (issue 17; the idea after NEO, MLSys'25): every running sequence's
 // KV lives on one side, the GPU's KV pool or one R-worker; the S-Part runs over all of them as one batch.
-// This file is the placement controller the hybrid engine (baselines/hybrid) calls and the static model
+// This file is the placement controller the hybrid engine (extensions/hybrid) calls and the static model
 // fd-bench plan prints (docs/SCHEDULING.md, "Hybrid placement"; docs/HYBRID.md).
 //
 // Cost model, per layer, in seconds (n running, W_g / n_g context tokens / sequences on the GPU,

@@ -1,5 +1,5 @@
 // The FastDecode engine's config section: strict parsing and the echo in summary.json.
-#include "fastdecode/sworker/fastdecode_engine.h"
+#include "fastdecode/sworker/fastdecode_config.h"
 
 namespace fd {
 

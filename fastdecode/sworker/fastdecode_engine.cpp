@@ -1,6 +1,5 @@
 #include "fastdecode/sworker/fastdecode_engine.h"
 #include "fastdecode/sched/placement.h"
-#include "fastdecode/sworker/leader.h"
 
 #include <sched.h>
 

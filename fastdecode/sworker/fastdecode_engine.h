@@ -1,92 +1,92 @@
-// The FastDecode engine: the S-Part (CPU or CUDA backend) batched over all running sequences, the R-Part
-// on R-worker processes that hold the KV-cache, in the two mini-batch pipeline; and its config, the
-// experiment's "engine" section with type "fastdecode" (docs/EXPERIMENTS.md).
+// The FastDecode engine, class FastDecodeEngine: the S-Part (CPU or CUDA backend) batched over all running
+// sequences, the R-Part on R-worker processes that hold the KV-cache, in the two mini-batch pipeline. The engine is the
+// leader: it owns the sequences and their placement on R-worker indices, cuts each step into a StepPlan (srank.h) that
+// its S-ranks run, emits the tokens, and recovers from a lost R-worker (fastdecode_engine.cpp: set-up and the step;
+// fastdecode_engine_recovery.cpp: recovery and shutdown). Its config section is fastdecode_config.h; the harness makes
+// it through make_fastdecode_engine.
 #pragma once
+#include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "fastdecode/engine/engine.h"
-#include "fastdecode/parallel/ranks.h"
+#include "fastdecode/sworker/fastdecode_config.h"
+#include "fastdecode/sworker/netemu.h"
+#include "fastdecode/sworker/rworker_spawn.h"
+#include "fastdecode/sworker/srank.h"
 
 namespace fd {
-
-// R-workers of the FastDecode engine: spawned locally, or reached at endpoints started by the user.
-struct RWorkersConfig {
-  std::vector<std::string> endpoints;  // when set, use these and spawn nothing
-  int64_t spawn = 2;                   // local fd-rworker processes otherwise
-  int64_t threads = 1;                 // compute threads per spawned worker
-  std::string kv_dtype = "fp16";       // fp16 | int8 | int4 (spawned workers)
-  std::string query = "auto";          // auto | fp32 | int8: how their int8/int4 blocks take the query (fd-rworker --query)
-  double memory_gb = 1.0;              // KV memory per spawned worker
-  bool pin = false;                    // pin spawned worker i to CPUs [i*threads, (i+1)*threads)
-  int64_t timeout_ms = 60000;          // per-step deadline of every R-worker reply
-  std::string binary;                  // fd-rworker to spawn; default: next to the running program
-  // A worker found gone (its connection dropped, heartbeats unanswered for heartbeat_timeout_ms, a reply past
-  // timeout_ms): "recover" re-places its sequences on the survivors and rebuilds their KV by re-prefilling prompt +
-  // tokens so far, then redoes the step (one S-rank only: with engine.parallel it fails as "fail" does); "fail"
-  // ends the run naming it.
-  std::string on_failure = "recover";
-  int64_t heartbeat_ms = 500, heartbeat_timeout_ms = 3000;  // ZeroMQ heartbeats on every worker link (0: off)
-  // Offer every worker a shared-memory region (kEngineShmBytes): those on this host take ATTEND and APPEND_KV through
-  // it, the others (another host, fd-rworker --shm-max-mb 0) stay on ZeroMQ (docs/RWORKER.md).
-  bool shm = true;
-  // With shm: the S-Part writes each worker's q/k/v straight into its region (false: into staging memory, copied into
-  // the region at each send; for A/B).
-  bool shm_in_place = true;
-  // Prefill: a worker's K/V of a layer goes in APPEND_KVs of at most this many KiB (whole sequences; a longer prompt
-  // alone), so the worker stores one while the next is on its way.
-  int64_t append_chunk_kb = 8192;
-  // CURVE (docs/SECURITY.md): the workers' public key file and this S-worker's secret key file (fd-keys).
-  std::string curve_server_public, curve_client_secret;
-  // Workers started by any launcher register here (fd-rworker --register ENDPOINT) and the engine waits for
-  // `expect` of them (within register_timeout_ms) instead of spawning or listing.
-  std::string register_endpoint;
-  int64_t expect = 0;
-  int64_t register_timeout_ms = 120000;
-  // With engine.parallel: per R-worker group g (rank g's), overrides of the keys above (empty: every group as
-  // above). A group either lists endpoints (workers started by the user) or spawns `spawn` workers; every group
-  // has the same number of workers, since a sequence sits at the same worker index in every group.
-  struct Group {
-    std::vector<std::string> endpoints;
-    int64_t threads = -1;      // -1: rworkers.threads
-    std::string kv_dtype;      // "": rworkers.kv_dtype
-    double memory_gb = -1;     // < 0: rworkers.memory_gb
-    int pin = -1;              // -1: rworkers.pin; 0 | 1
-    int64_t first_cpu = -1;    // pinned: the group's first core (-1: after the groups before it)
-  };
-  std::vector<Group> groups;
-  // The "rworkers" object of an engine section (ranks: the engine's S-ranks, for `groups`), and its echo.
-  static RWorkersConfig parse(StrictObject& r, int64_t ranks);
-  json to_json() const;
-};
-
-struct FastDecodeConfig {
-  // S-Part backend: cpu | cuda | auto (cuda when a GPU answers, decided when the engine is made).
-  std::string backend = "cpu";
-  int64_t mini_batches = 2;   // 2 = the two mini-batch pipeline; 1 = no overlap
-  std::string wire_dtype;     // q/k/v and attention output on the wire: fp32 | fp16; "" = fp16 with cuda, fp32 with cpu
-  // cuda backend: 16-bit weights and activations (fp16 | bf16) and decode stages of at most 128 rows
-  // replayed from CUDA graphs (one per stage between R-Part round trips and padded batch size)
-  std::string dtype = "fp16";
-  bool cuda_graphs = true;
-  // Prompt tokens prefilled per step at most (whole prompts, at least one); the rest start later.
-  int64_t prefill_tokens = 16384;
-  RWorkersConfig rworkers;
-  // Tensor and pipeline parallelism (fastdecode/parallel/ranks.h, docs/PARALLEL.md): T x P S-ranks, threads of
-  // the engine's process; rank (t, p) holds tensor part t of stage p's layers (fastdecode/model/shard.h) and has
-  // its own group of R-workers (rworkers, overridden per group by rworkers.groups), which hold the KV of that
-  // rank's heads and layers only. On the cuda backend rank g = p*T + t runs on GPU rank_devices(...)[g].
-  ParallelConfig parallel;
-  static FastDecodeConfig parse(StrictObject& o);  // the section's own keys (not type / threads)
-  json to_json() const;
-};
-
-// Why `ep` cannot be an R-worker endpoint, or "" (tcp://HOST:PORT with a port 1..65535, ipc://PATH).
-std::string endpoint_problem(const std::string& ep);
 
 // Applies the run's hardware balance: R-worker count and threads (pinned) for spawned workers, SMs for the
 // CUDA S-Part.
 std::unique_ptr<Engine> make_fastdecode_engine(const FastDecodeConfig& c, const EngineContext& ctx);
+
+class FastDecodeEngine : public Engine {
+ public:
+  FastDecodeEngine(const FastDecodeConfig& config, const EngineContext& ctx);
+  ~FastDecodeEngine() override;
+
+  std::string name() const override { return "fastdecode"; }
+  json info() const override;
+  EngineCapacity capacity(int64_t min_prompt, int64_t max_len) const override;
+  void add(const std::vector<Request>& requests) override;
+  bool done() const override { return queued_.empty() && running_.empty(); }
+  StepResult step() override;
+  void shutdown() override;
+
+ private:
+  // A sequence as the leader holds it.
+  struct Sequence {
+    Request req;
+    size_t worker = 0;
+    int64_t len = 0;  // tokens in the KV-cache
+    int64_t generated = 0;
+    int32_t last = 0;                   // the next input (its KV is not cached yet)
+    std::vector<int32_t> fed;           // the inputs decode steps have cached after the prompt (for a rebuild)
+    bool rebuilding = false;            // re-placed by a recovery that has not completed yet
+    int32_t emitted_before = -1;        // planted fault shift_tokens only: the token emitted in its place
+  };
+  void plan_decode(StepPlan& plan, std::vector<std::vector<Sequence*>>& mbs);
+  void plan_prefill(StepPlan& plan, std::vector<Sequence*>& fresh);
+  // Runs the plan on every rank; a lost R-worker's index lands in *lost (and the step throws).
+  std::vector<RankStep> run_ranks(const StepPlan& plan, std::vector<size_t>* lost = nullptr);
+  void emit(const std::vector<Sequence*>& seqs, const std::vector<int32_t>& tok, const std::vector<float>& recorded,
+            StepResult& out);
+  void release_finished(const StepResult& out);
+  // Where a new (or rebuilt) sequence goes (docs/SCHEDULING.md, "Placement"): among the live workers whose projected
+  // load (load_) stays within one longest sequence of the mean, the one whose running sequences overlap its future the
+  // least: the smallest sum over its next max_new_tokens steps of (its KV tokens then) x (the new sequence's then).
+  size_t place(const Sequence& s) const;
+
+  // Recovery (fastdecode_engine_recovery.cpp): after a step failed with workers `lost`, undoes it on the survivors
+  // (the new sequences back to the queue, the running ones cut back to their length, the finished ones freed) and
+  // rebuilds the lost workers' sequences on the survivors; the step is then run again. Throws when recovery is not
+  // possible (on_failure fail, engine.parallel, no survivor), naming the workers.
+  void recover(std::vector<size_t> lost, const StepPlan& failed, const std::vector<uint64_t>& admitted,
+               const std::string& why, StepResult& out);
+  void recover_once(const StepPlan& failed, const std::vector<uint64_t>& admitted, StepResult& out);
+  std::string lost_names(const std::vector<size_t>& lost) const;
+
+  FastDecodeConfig ec_;
+  ModelConfig cfg_;
+  SamplingParams sampling_;
+  proto::WireDType wire_;
+  std::unique_ptr<EmulatedHosts> hosts_;  // hardware.network: the spawned workers' emulated hosts (outlive them)
+  std::vector<std::unique_ptr<SpawnedRWorker>> spawned_;
+  std::vector<std::vector<SpawnedRWorker*>> spawned_of_;  // per group, per worker index (null: listed)
+  RankComms comms_;  // the ranks' tensor groups and stage hand-offs
+  std::vector<bool> group_spawned_;  // per group: spawned here (shut down at the end), or listed by the user
+  std::vector<std::unique_ptr<SRank>> ranks_;  // rank g = p * T + t
+  std::vector<int> devices_;  // cuda: the GPU of rank g
+  std::vector<int64_t> load_;  // projected tokens per worker index (prompt + max new of its sequences)
+  int64_t longest_ = 0;        // the longest prompt + max new placed so far (place's memory bound)
+  std::vector<bool> dead_;     // per worker index: lost (no sequence is placed there again)
+  std::deque<Request> queued_;
+  std::map<uint64_t, Sequence> running_;
+  std::vector<std::pair<size_t, std::vector<uint64_t>>> frees_;  // finished last step, freed at the next
+  std::vector<uint64_t> admitted_;  // the last plan's new requests, in queue order
+};
 
 }  // namespace fd

@@ -34,6 +34,12 @@ struct PlanBatch {
   RowDraws draws;                  // their sampling
 };
 
+// The FastDecode engine's step plan: what every S-rank runs in one step, the same for all of them. Each engine that
+// cuts a step for its ranks has one, named for the concept: StepPlan here, GpuOnlyStepPlan, HybridStepPlan (and the
+// paged-swap scheduler's PagedStepPlan). One role, not one type: a row here is a sequence on an R-worker (its worker
+// index, its id) and the plan carries the step's commands to the workers (frees, adds, recovery's drops and
+// truncates), where a GPU-only row is a cache slot on the GPU; and one program links every engine, so two layouts may
+// not share a name (tests/layering: odr).
 struct StepPlan {
   // Recovery only (docs/RELIABILITY.md), before anything else: sequences to free one by one where a worker may or
   // may not hold them (unknown ids ignored), and sequences to cut back to their length before a failed step.

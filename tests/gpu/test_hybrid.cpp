@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "baselines/gpu_only/gpu_only_engine.h"
-#include "baselines/hybrid/hybrid_engine.h"
+#include "extensions/hybrid/hybrid_engine.h"
 #include "tests/gpu/require_gpu.h"
 #include "tests/unit/test_helpers.h"
 #include "tests/unit/token_compare.h"

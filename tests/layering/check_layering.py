@@ -6,12 +6,15 @@
 Prints every violation (file:line: rule) and exits 1 if there is one, 0 otherwise. The rules:
 
   kernels       kernels/ includes only fastdecode/core/ (and kernels/ itself)
-  harness       nothing under fastdecode/, baselines/ or kernels/ includes harness/
+  harness       nothing under fastdecode/, baselines/, extensions/ or kernels/ includes harness/
+  extensions    extensions/ holds the engines beyond the paper, between the paper's code and the harness: each
+                folder under it includes (and links) only the folders EXTENSION_DEPS lists for it, and nothing
+                under fastdecode/, baselines/ or kernels/ includes or links extensions/
   engine        fastdecode/engine/ includes no implementation (only fastdecode/core/, fastdecode/model/)
   parallel      fastdecode/parallel/ (the communicators) includes only fastdecode/core/ (and itself)
   engines       only harness/engines.cpp names the engines: a make_X_engine factory is used outside its
                 own folder only there, and no other harness file includes an engine's header
-  targets       every library a CMakeLists.txt under fastdecode/, baselines/, kernels/, harness/ defines
+  targets       every library a CMakeLists.txt under fastdecode/, baselines/, extensions/, kernels/, harness/ defines
                 is named after its folder (fastdecode/core -> fastdecode_core, harness -> harness), and
                 every program's source lives in the folder that defines it
   size          no source file over 600 lines
@@ -31,7 +34,16 @@ import sys
 from pathlib import Path
 
 SRC_EXT = {".cpp", ".h", ".cu", ".cuh"}
-LIB_DIRS = ("fastdecode", "baselines", "kernels", "harness")
+LIB_DIRS = ("fastdecode", "baselines", "extensions", "kernels", "harness")
+# The folders each engine beyond the paper (extensions/<name>/) builds on, as include prefixes; the CMake libraries
+# it may link are the same folders' (fastdecode/sworker/ -> fastdecode_sworker). A new extension adds its line.
+EXTENSION_DEPS = {
+    # the hybrid: the GPU-only rank and engine it extends, the FastDecode engine's R-worker config and spawning, the
+    # wire to the R-workers, its placement controller (fastdecode/sched/hybrid.h), the CUDA kernels it calls
+    "extensions/hybrid": ("fastdecode/core/", "fastdecode/engine/", "fastdecode/sched/", "fastdecode/sworker/",
+                          "fastdecode/wire/", "kernels/cuda/", "baselines/gpu_only/"),
+}
+PROJECT_LIB = re.compile(r"\b((?:fastdecode|baselines|extensions|kernels)_\w+|harness)\b")
 MAX_LINES = 600
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
@@ -60,11 +72,43 @@ def check(root: Path) -> list[str]:
             if "/" in inc and not inc.startswith(("fastdecode/core/", "kernels/")):
                 bad.append(f"{rel(p)}:{n}: kernels include only fastdecode/core/ (found {inc})")
     # harness: never included from below
-    for top in ("fastdecode", "baselines", "kernels"):
+    for top in ("fastdecode", "baselines", "extensions", "kernels"):
         for p in sources(root, top):
             for n, inc in includes(p):
                 if inc.startswith("harness/"):
                     bad.append(f"{rel(p)}:{n}: nothing under {top}/ includes the harness (found {inc})")
+    # extensions: above the paper's code (nothing there includes or links them), each on its declared folders only
+    for top in ("fastdecode", "baselines", "kernels"):
+        for p in sources(root, top):
+            for n, inc in includes(p):
+                if inc.startswith("extensions/"):
+                    bad.append(f"{rel(p)}:{n}: nothing under {top}/ includes an extension (found {inc})")
+        base = root / top
+        for cm in sorted(base.rglob("CMakeLists.txt")) if base.is_dir() else []:
+            for n, line in enumerate(cm.read_text(errors="replace").splitlines(), 1):
+                if not line.lstrip().startswith("#") and re.search(r"\bextensions_\w+", line):
+                    bad.append(f"{rel(cm)}:{n}: nothing under {top}/ links an extension ({line.strip()})")
+    for p in sources(root, "extensions"):
+        parts = rel(p).split("/")
+        folder = "/".join(parts[:2]) if len(parts) > 2 else "extensions"
+        allowed = EXTENSION_DEPS.get(folder)
+        if allowed is None:
+            bad.append(f"{rel(p)}:1: {folder}/ is not in EXTENSION_DEPS: an extension declares the folders it builds on")
+            continue
+        for n, inc in includes(p):
+            if "/" in inc and not inc.startswith(allowed + (folder + "/",)):
+                bad.append(f"{rel(p)}:{n}: {folder}/ includes only its EXTENSION_DEPS (found {inc})")
+    for folder, allowed in EXTENSION_DEPS.items():
+        cm = root / folder / "CMakeLists.txt"
+        if not cm.is_file():
+            continue
+        libs = {a.rstrip("/").replace("/", "_") for a in allowed} | {folder.replace("/", "_")}
+        text = cm.read_text(errors="replace")
+        for m in re.finditer(r"target_link_libraries\(([^)]*)\)", text):
+            n = text.count("\n", 0, m.start()) + 1
+            for lib in PROJECT_LIB.findall(m.group(1)):
+                if lib not in libs:
+                    bad.append(f"{rel(cm)}:{n}: {folder}/ links only its EXTENSION_DEPS (found {lib})")
     # engine: the interface only
     for p in sources(root, "fastdecode/engine"):
         for n, inc in includes(p):

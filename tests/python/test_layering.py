@@ -12,7 +12,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "tests" / "layering" / "check_layering.py"
-DIRS = ("fastdecode", "baselines", "kernels", "harness", "tests", "analysis")
+DIRS = ("fastdecode", "baselines", "extensions", "kernels", "harness", "tests", "analysis")
 
 
 def run(root: Path):
@@ -47,6 +47,20 @@ PLANTS = {
         lambda t: prepend(t / "fastdecode/rworker/server.cpp", '#include "harness/provenance.h"\n'),
     "nothing under baselines/ includes the harness":
         lambda t: prepend(t / "baselines/reference/reference_engine.cpp", '#include "harness/engines.h"\n'),
+    "nothing under extensions/ includes the harness":
+        lambda t: prepend(t / "extensions/hybrid/hybrid_config.cpp", '#include "harness/runner.h"\n'),
+    "nothing under fastdecode/ includes an extension":
+        lambda t: prepend(t / "fastdecode/sworker/srank.cpp", '#include "extensions/hybrid/hybrid_rank.h"\n'),
+    "nothing under baselines/ includes an extension":
+        lambda t: prepend(t / "baselines/gpu_only/gpu_only_engine.cpp", '#include "extensions/hybrid/hybrid_engine.h"\n'),
+    "nothing under baselines/ links an extension":
+        lambda t: append(t / "baselines/gpu_only/CMakeLists.txt", "target_link_libraries(baselines_gpu_only PUBLIC extensions_hybrid)\n"),
+    "extensions/hybrid/ includes only its EXTENSION_DEPS (found baselines/paged_swap/scheduler.h)":
+        lambda t: prepend(t / "extensions/hybrid/hybrid_rank.cpp", '#include "baselines/paged_swap/scheduler.h"\n'),
+    "extensions/hybrid/ links only its EXTENSION_DEPS (found baselines_paged_swap)":
+        lambda t: append(t / "extensions/hybrid/CMakeLists.txt", "target_link_libraries(extensions_hybrid PUBLIC baselines_paged_swap)\n"),
+    "extensions/extra/ is not in EXTENSION_DEPS":
+        lambda t: ((t / "extensions/extra").mkdir(), (t / "extensions/extra/extra.cpp").write_text('#include "fastdecode/core/error.h"\n')),
     "fastdecode/engine/ includes no implementation":
         lambda t: prepend(t / "fastdecode/engine/engine.cpp", '#include "fastdecode/spart/spart.h"\n'),
     "fastdecode/parallel/ includes only fastdecode/core/":

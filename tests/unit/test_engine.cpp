@@ -1,7 +1,7 @@
 #include "baselines/gpu_only/async_chain.h"
 #include "baselines/gpu_only/gpu_only_engine.h"
 #include "fastdecode/model/shard.h"
-#include "baselines/hybrid/hybrid_engine.h"
+#include "extensions/hybrid/hybrid_engine.h"
 #include "baselines/reference/reference_engine.h"
 #include "fastdecode/sworker/fastdecode_engine.h"
 
@@ -342,7 +342,7 @@ TEST(FastDecodeEngine, GpuBudgetMustHoldTheFullDepthWeights) {
               ::testing::HasSubstr("do not hold the full-depth fp16 weights of llama-2-13b"));
 }
 
-// The hybrid engine's section (baselines/hybrid): the controller's keys, R-workers as the fastdecode engine's,
+// The hybrid engine's section (extensions/hybrid): the controller's keys, R-workers as the fastdecode engine's,
 // migration refused (not built), registration refused; without CUDA the engine says what the build lacks.
 TEST(HybridConfig, ParsesAndRefuses) {
   auto parse = [](json j) { return parse_engine_spec(StrictObject(j, "x.json", "engine")); };

@@ -1,6 +1,6 @@
 #include "harness/experiment.h"
 
-#include "fastdecode/sworker/fastdecode_engine.h"
+#include "fastdecode/sworker/fastdecode_config.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,5 +1,5 @@
 // Built instead of hybrid_engine.cpp when CUDA was not found at configure time.
-#include "baselines/hybrid/hybrid_engine.h"
+#include "extensions/hybrid/hybrid_engine.h"
 
 namespace fd {
 

@@ -27,7 +27,9 @@ struct HyBatch {
   bool has_cpu() const { return !parts.empty(); }
 };
 
-struct HyPlan {
+// The hybrid engine's step plan, the same role as StepPlan and GpuOnlyStepPlan: GPU rows as the GPU-only plan's
+// (cache slots), R-worker rows in parts per worker, and the FREE_SEQ / ADD_SEQ commands to the workers.
+struct HybridStepPlan {
   std::vector<std::pair<size_t, std::vector<uint64_t>>> frees, adds;  // FREE_SEQ, then ADD_SEQ, per worker
   std::vector<HyBatch> decode;
   bool has_prefill = false;
@@ -50,7 +52,7 @@ class HybridRank : public GpuOnlyRank {
   HybridRank(const ModelWeights& w, const GoRankOptions& o, std::unique_ptr<RWorkerClient> client);
   ~HybridRank() override;
 
-  HyStep run(const HyPlan& plan);
+  HyStep run(const HybridStepPlan& plan);
   // The controller's prior rates, measured here (MODELLED where said): the S-Part per layer at a few batch sizes,
   // the GPU's decode attention per context token and per sequence, each R-worker's attention per token and per
   // sequence (an ATTEND of calibration sequences), the cost of engaging the CPUs (a round trip beyond the worker's
@@ -68,7 +70,7 @@ class HybridRank : public GpuOnlyRank {
   };
   void launch(size_t i, const HyBatch& b, int l, HyStep& out);
   void finish(size_t i, const HyBatch& b, int l, HyStep& out);
-  void decode_pipelined(const HyPlan& plan, HyStep& out);
+  void decode_pipelined(const HybridStepPlan& plan, HyStep& out);
   void prefill_hybrid(const HyBatch& b, HyStep& out);
   proto::Header header(proto::MsgType t, int layer, size_t n) const;
   cudaEvent_t event(size_t k);  // the k-th timing event of this step (created once)

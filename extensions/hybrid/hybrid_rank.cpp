@@ -1,5 +1,5 @@
 // The hybrid engine's S-rank (CUDA builds). See hybrid_rank.h.
-#include "baselines/hybrid/hybrid_rank.h"
+#include "extensions/hybrid/hybrid_rank.h"
 
 #include <algorithm>
 #include <chrono>
@@ -163,7 +163,7 @@ void HybridRank::finish(size_t i, const HyBatch& b, int l, HyStep& out) {
   s_part_spans_.push_back({ev, ev + 1});
 }
 
-void HybridRank::decode_pipelined(const HyPlan& plan, HyStep& out) {
+void HybridRank::decode_pipelined(const HybridStepPlan& plan, HyStep& out) {
   const int64_t L = config().num_layers, V = config().vocab_size;
   const size_t n_mb = plan.decode.size();
   flights_.resize(std::max(flights_.size(), n_mb));
@@ -253,7 +253,7 @@ void HybridRank::prefill_hybrid(const HyBatch& b, HyStep& out) {
   out.spans.push_back({o_.track, "prefill", t0, now_ns() - t0});
 }
 
-HyStep HybridRank::run(const HyPlan& plan) {
+HyStep HybridRank::run(const HybridStepPlan& plan) {
   current();
   HyStep out;
   out.worker_ms.assign(client_->size(), 0);

@@ -12,7 +12,7 @@
 
 #include "fastdecode/engine/engine.h"
 #include "fastdecode/sched/hybrid.h"
-#include "fastdecode/sworker/fastdecode_engine.h"
+#include "fastdecode/sworker/fastdecode_config.h"
 
 namespace fd {
 

@@ -1,4 +1,4 @@
-#include "baselines/hybrid/hybrid_engine.h"
+#include "extensions/hybrid/hybrid_engine.h"
 
 namespace fd {
 

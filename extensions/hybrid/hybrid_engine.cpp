@@ -1,5 +1,5 @@
 // The hybrid engine (CUDA builds): the leader. See hybrid_engine.h and docs/HYBRID.md.
-#include "baselines/hybrid/hybrid_engine.h"
+#include "extensions/hybrid/hybrid_engine.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -7,7 +7,7 @@
 #include <map>
 
 #include "baselines/gpu_only/gpu_only_engine.h"
-#include "baselines/hybrid/hybrid_rank.h"
+#include "extensions/hybrid/hybrid_rank.h"
 #include "fastdecode/core/clock.h"
 #include "fastdecode/sworker/rworker_spawn.h"
 #include "fastdecode/wire/curve.h"
@@ -151,8 +151,8 @@ class HybridEngine : public Engine {
   }
 
  private:
-  void plan_decode(HyPlan& plan, std::vector<std::vector<Seq*>>& mbs);
-  void plan_prefill(HyPlan& plan, std::vector<Seq*>& fresh);
+  void plan_decode(HybridStepPlan& plan, std::vector<std::vector<Seq*>>& mbs);
+  void plan_prefill(HybridStepPlan& plan, std::vector<Seq*>& fresh);
   void emit(Seq& s, int32_t tok, const float* logits, StepResult& out) {
     emit_pick(s, tok, logits, cfg_.eos_token_id, cfg_.vocab_size, out);
   }
@@ -176,7 +176,7 @@ class HybridEngine : public Engine {
 
 // The running sequences in batches: every GPU row first, then each worker's rows. With sequences on both sides, two
 // mini-batches (each side's sequences alternate between them); all on the GPU: one batch, as GPU-only runs.
-void HybridEngine::plan_decode(HyPlan& plan, std::vector<std::vector<Seq*>>& mbs) {
+void HybridEngine::plan_decode(HybridStepPlan& plan, std::vector<std::vector<Seq*>>& mbs) {
   bool cpu = false;
   for (auto& [id, s] : running_) cpu = cpu || !s.at.on_gpu;
   const size_t n_mb = cpu ? size_t(std::min<int64_t>(ec_.mini_batches, int64_t(running_.size()))) : 1;
@@ -205,7 +205,7 @@ void HybridEngine::plan_decode(HyPlan& plan, std::vector<std::vector<Seq*>>& mbs
 
 // New requests, in order, while the controller admits them (within prefill_tokens): each on the GPU (a free slot)
 // or an R-worker, as it places them; the first it turns away waits, and so do the ones after it.
-void HybridEngine::plan_prefill(HyPlan& plan, std::vector<Seq*>& fresh) {
+void HybridEngine::plan_prefill(HybridStepPlan& plan, std::vector<Seq*>& fresh) {
   int64_t budget = ec_.prefill_tokens;
   std::map<size_t, std::vector<uint64_t>> adds;
   while (!queued_.empty() && (fresh.empty() || int64_t(queued_.front().prompt.size()) <= budget)) {
@@ -258,7 +258,7 @@ void HybridEngine::plan_prefill(HyPlan& plan, std::vector<Seq*>& fresh) {
 
 StepResult HybridEngine::step() {
   StepResult out;
-  HyPlan plan;
+  HybridStepPlan plan;
   plan.frees = std::move(frees_);
   frees_.clear();
   std::vector<std::vector<Seq*>> mbs;

@@ -19,7 +19,7 @@
 #include <map>
 
 #include "fastdecode/core/clock.h"
-#include "fastdecode/sworker/leader.h"
+#include "fastdecode/sworker/fastdecode_engine.h"
 
 namespace fd {
 
