@@ -231,8 +231,8 @@ LogitsRecorder::LogitsRecorder(const ExperimentConfig& e, std::vector<Request>& 
     requests[size_t(id)].record_logits = true;
     track_[id].forced = requests[size_t(id)].forced;
   }
-  for (const auto& [id, L] : track_)
-    if (write_npy_ && (e.logits.full_requests < 0 || int64_t(npy_ids_.size()) < e.logits.full_requests)) npy_ids_.insert(id);
+  int64_t full = write_npy_ ? (e.logits.full_requests < 0 ? int64_t(track_.size()) : e.logits.full_requests) : 0;
+  for (auto& [id, L] : track_) L.npy = full-- > 0;  // all recorded requests, or the first N (output.logits.full)
   if (write_npy_) fs::create_directories(dir / "logits");
 }
 
@@ -250,9 +250,8 @@ void LogitsRecorder::on_token(const GeneratedToken& t, const Engine& engine) {
     L.nll_sum -= double(t.logits[size_t(L.forced[pos])]) - lse;
   }
   if (write_ && top_k_ > 0) L.top.push_back(top_k_row(t.logits, size_t(top_k_), lse));
-  const bool npy = npy_ids_.count(t.request_id) > 0;
-  if (npy) L.rows.insert(L.rows.end(), t.logits.begin(), t.logits.end());
-  if (t.finished && npy) {  // written as soon as the request is done: rows do not pile up
+  if (L.npy) L.rows.insert(L.rows.end(), t.logits.begin(), t.logits.end());
+  if (t.finished && L.npy) {  // written as soon as the request is done: rows do not pile up
     write_npy_f32((dir_ / "logits" / ("request_" + std::to_string(t.request_id) + ".npy")).string(), L.rows.data(),
                   L.positions, vocab_);
     std::vector<float>().swap(L.rows);
@@ -271,7 +270,7 @@ void LogitsRecorder::write_logits_jsonl(const RequestRecorder& requests) const {
   for (const auto& [id, L] : track_) {
     json rec = {{"request", id}, {"tokens", requests.tokens(id)}};
     if (!L.forced.empty()) rec["forced"] = L.forced;
-    if (write_npy_ && !npy_ids_.count(id)) rec["full"] = false;  // no logits/request_ID.npy for it
+    if (write_npy_ && !L.npy) rec["full"] = false;  // no logits/request_ID.npy for it
     if (top_k_ > 0) {
       json top = json::array();
       for (const auto& row : L.top) {

@@ -17,7 +17,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -144,6 +143,7 @@ class LogitsRecorder {
     std::vector<float> rows;                                   // full: [positions, vocab], freed once written
     int64_t positions = 0;
     double nll_sum = 0;                                        // score: -sum log p(forced[i])
+    bool npy = false;                                          // its full rows go to logits/request_ID.npy
   };
   void write_logits_jsonl(const RequestRecorder& requests) const;
   json write_score_jsonl() const;
@@ -151,7 +151,6 @@ class LogitsRecorder {
   int64_t vocab_ = 0, top_k_ = 0;
   bool write_ = false, write_npy_ = false, score_ = false;
   std::map<uint64_t, Track> track_;
-  std::set<uint64_t> npy_ids_;  // the recorded requests whose full rows are written
 };
 
 }  // namespace fd
