@@ -13,9 +13,11 @@
 #            Its sweeps run once per M into OUT/runs/mem-M/.
 #   runs     the runs to predict, on this commit: the baselines grid's FastDecode steady runs (full GPU, B in
 #            STEADY_BATCHES), and the SWEEPS (default: the balance-map FastDecode grid and the fig8-intercept sweep)
+#            (SWEEP_ARGS: more fd-bench sweep arguments for those, e.g. "--repeats 1")
 #   pack     everything under OUT into PACK (a .tar.gz; for a machine that returns few files)
 # Results: OUT/profile_*.json, OUT/runs/ (the run folders, traces dropped), OUT/*.log. A tree copied without git history
 # records its commit from FD_GIT_COMMIT.
+#   REPS: timed repetitions of each profiled point (default 5; medians)
 #   MODEL: the model config profiled (default experiments/models/llama-2-7b.json; files are named after it), SVC_TAG: a
 #   suffix for the service profiles' file names (e.g. a second grid of the same model), RWORKER_BINARY: the fd-rworker
 #   the service profile spawns (another build's, for an A/B)
@@ -50,14 +52,14 @@ if has profile; then
     # The whole GPU's T(B) once (with the first service config); the kernel R on the config's CPUs.
     $bin/fd-bench profile --backend cuda --model "$model" --kv-dtypes $service_kv --r-threads $((w * t)) \
       --batches 1 8 16 32 64 128 256 512 1024 --service --rworkers "$w" --rworker-threads "$t" --first-cpu 0 \
-      --service-batches $service_batches --contexts $service_contexts --reps 5 ${RWORKER_BINARY:+--rworker-binary $RWORKER_BINARY} \
+      --service-batches $service_batches --contexts $service_contexts --reps "${REPS:-5}" ${RWORKER_BINARY:+--rworker-binary $RWORKER_BINARY} \
       --out "$out/profile_${mname}_cuda_svc${cfg}${SVC_TAG:-}.json" >"$out/profile_${mname}_svc${cfg}${SVC_TAG:-}.log" 2>&1 || { rc=1; tail -5 "$out/profile_${mname}_svc${cfg}${SVC_TAG:-}.log"; }
     grep -E "service: |wrote" "$out/profile_${mname}_svc${cfg}${SVC_TAG:-}.log" | tail -24
     first=0
   done
   for sm in $sm_counts; do
     $bin/fd-bench profile --backend cuda --sm-count "$sm" --model "$model" --kv-dtypes fp16 --r-threads 12 \
-      --batches 1 8 16 32 64 128 256 512 1024 --reps 5 --out "$out/profile_${mname}_cuda_sm${sm}.json" \
+      --batches 1 8 16 32 64 128 256 512 1024 --reps "${REPS:-5}" --out "$out/profile_${mname}_cuda_sm${sm}.json" \
       >"$out/profile_sm${sm}.log" 2>&1 || { rc=1; tail -5 "$out/profile_sm${sm}.log"; }
   done
   echo "profile done ($SECONDS s)"
@@ -101,7 +103,8 @@ if has runs; then
       done
       continue
     fi
-    $bin/fd-bench sweep "experiments/paper/$s.sweep.json" --out "$runs/$s" --quiet >"$out/sweep_$s.log" 2>&1 || rc=1
+    # shellcheck disable=SC2086
+    $bin/fd-bench sweep "experiments/paper/$s.sweep.json" --out "$runs/$s" --quiet ${SWEEP_ARGS:-} >"$out/sweep_$s.log" 2>&1 || rc=1
     find "$runs/$s" -name trace.json -delete
     echo "$s: $(ls -d "$runs/$s"/*/rep* 2>/dev/null | wc -l) runs ($SECONDS s)"
   done

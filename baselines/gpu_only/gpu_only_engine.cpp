@@ -153,6 +153,11 @@ class GpuOnlyEngine : public Engine {
   }
 
   bool done() const override { return queued_.empty() && running_.empty(); }
+  json warm_up(int64_t max_batch) override {
+    int64_t graphs = 0;
+    for (auto& r : ranks_) graphs += r->warm_up(std::min(max_batch, slots_));
+    return graphs ? json{{"graphs", graphs}} : json::object();
+  }
 
   // Bounded by slots (it queues requests beyond them itself), not by a KV token budget.
   EngineCapacity capacity(int64_t, int64_t) const override {

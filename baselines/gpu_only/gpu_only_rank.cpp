@@ -152,14 +152,31 @@ void GpuOnlyRank::replay_graph(const GoRows& r, const std::vector<int32_t>* feed
   model_->upload(graph_in_.get(), in.data(), in.size() * 4);
   model_->ensure(graph_dec_, Tb);  // sized for graph_rows_ at allocate(): sets T, never reallocates
   CUDA_CHECK(cudaEventRecord(start, stream_));
-  graphs_->run(uint64_t(Tb), [&] {
-    const int32_t* g = graph_in_.get();
-    cuda::step_inputs(g, Tb, graph_dec_.out_tokens.get(), graph_dec_.tokens.get(), graph_dec_.pos.get(), stream_);
-    decode_body(graph_dec_, Tb, g, g + Tb, false);
-    model_->logits(graph_dec_, Tb);
-    cuda::argmax_rows(graph_dec_.logits.get(), Tb, config().vocab_size, graph_dec_.out_tokens.get(), stream_);
-  });
+  graphs_->run(uint64_t(Tb), [&] { graph_body(Tb); });
   CUDA_CHECK(cudaEventRecord(end, stream_));
+}
+
+// What a decode graph of Tb padded rows holds: inputs from graph_in_, body, LM head, argmax.
+void GpuOnlyRank::graph_body(int64_t Tb) {
+  const int32_t* g = graph_in_.get();
+  cuda::step_inputs(g, Tb, graph_dec_.out_tokens.get(), graph_dec_.tokens.get(), graph_dec_.pos.get(), stream_);
+  decode_body(graph_dec_, Tb, g, g + Tb, false);
+  model_->logits(graph_dec_, Tb);
+  cuda::argmax_rows(graph_dec_.logits.get(), Tb, config().vocab_size, graph_dec_.out_tokens.get(), stream_);
+}
+
+int64_t GpuOnlyRank::warm_up(int64_t max_rows) {
+  if (!graphs_ || max_rows < 1) return 0;
+  current();
+  int64_t captured = 0;
+  for (int64_t b = GraphCache::bucket(std::min(max_rows, graph_rows_)); b >= 1;
+       b = b > GraphCache::kPow2Rows ? b - GraphCache::kRowStep : b / 2) {
+    const int64_t Tb = std::min(b, graph_rows_);  // as replay_graph pads
+    model_->ensure(graph_dec_, Tb);               // sized for graph_rows_ at allocate(): sets T, never reallocates
+    captured += graphs_->capture(uint64_t(Tb), [&] { graph_body(Tb); });
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return captured;
 }
 
 // The replay, then the picks and the logits rows in `record` down, waited for.

@@ -102,6 +102,9 @@ class GpuOnlyRank {
   int sm_count() const { return streams_->sm_count(); }
   bool sm_limited() const { return streams_->limited(); }
   bool graphs() const { return graphs_ != nullptr; }
+  // Captures the decode graphs of every padded size up to max_rows' (capped at the graphs' rows) before the run, so
+  // that the first step of each size costs what later ones do; returns how many it captured (0 without graphs).
+  int64_t warm_up(int64_t max_rows);
   const CudaModel& model() const { return *model_; }
 
  protected:  // the hybrid engine's rank (extensions/hybrid) adds rows whose KV lives on R-workers
@@ -111,6 +114,7 @@ class GpuOnlyRank {
   // so it can be captured into a graph. Positions: a.pos (the new token's k and v go to (d_slots, a.pos) of the
   // cache). `timed`: attention events per layer (eager only).
   void decode_body(DevActs& a, int64_t Tb, const int32_t* d_slots, const int32_t* d_lens, bool timed);
+  void graph_body(int64_t Tb);
   void replay_graph(const GoRows& r, const std::vector<int32_t>* feed, cudaEvent_t start, cudaEvent_t end);
   void decode_graph(const GoRows& r, int32_t* tok, float* recorded, GoRankStep& out);
   // Batch i of a step (waves 0..W-1, then the prefill) has its own activations, row arrays and hand-off buffer.

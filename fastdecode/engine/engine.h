@@ -130,6 +130,10 @@ class Engine {
   // What it can hold for a workload whose prompts have at least `min_prompt` tokens and whose sequences
   // reach at most `max_len` positions (prompt + projected generation); see EngineCapacity.
   virtual EngineCapacity capacity(int64_t min_prompt, int64_t max_len) const { return {}; }
+  // Called once before the first step(): sets up now what the run's first steps of up to max_batch sequences would
+  // set up on first use (the CUDA graphs of each decode size), so that those steps cost what later ones do. Results
+  // are unchanged. Returns what it prepared, for summary.json (empty: nothing).
+  virtual json warm_up(int64_t max_batch) { return json::object(); }
   // Remarks for summary.json on how the run's config and hardware apply to this engine (e.g. a GPU
   // budget it does not use), each a sentence.
   const std::vector<std::string>& notes() const { return notes_; }

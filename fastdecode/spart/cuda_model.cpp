@@ -251,26 +251,30 @@ void CudaModel::download_logits(const DevActs& a, const std::vector<int32_t>& re
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void GraphCache::run(uint64_t key, const std::function<void()>& body) {
-  auto it = graphs_.find(key);
-  if (it == graphs_.end()) {
-    cudaGraph_t g = nullptr;
-    CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
-    try {
-      body();
-    } catch (...) {
-      cudaStreamEndCapture(s_, &g);
-      if (g) cudaGraphDestroy(g);
-      throw;
-    }
-    CUDA_CHECK(cudaStreamEndCapture(s_, &g));
-    cudaGraphExec_t e = nullptr;
-    const cudaError_t r = cudaGraphInstantiate(&e, g, 0);
-    cudaGraphDestroy(g);
-    CUDA_CHECK(r);
-    it = graphs_.emplace(key, e).first;
+bool GraphCache::capture(uint64_t key, const std::function<void()>& body) {
+  if (graphs_.count(key)) return false;
+  cudaGraph_t g = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
+  try {
+    body();
+  } catch (...) {
+    cudaStreamEndCapture(s_, &g);
+    if (g) cudaGraphDestroy(g);
+    throw;
   }
-  CUDA_CHECK(cudaGraphLaunch(it->second, s_));
+  CUDA_CHECK(cudaStreamEndCapture(s_, &g));
+  cudaGraphExec_t e = nullptr;
+  const cudaError_t r = cudaGraphInstantiate(&e, g, 0);
+  cudaGraphDestroy(g);
+  CUDA_CHECK(r);
+  graphs_.emplace(key, e);
+  CUDA_CHECK(cudaGraphUpload(e, s_));
+  return true;
+}
+
+void GraphCache::run(uint64_t key, const std::function<void()>& body) {
+  capture(key, body);
+  CUDA_CHECK(cudaGraphLaunch(graphs_.at(key), s_));
 }
 
 void GraphCache::clear() {

@@ -111,6 +111,9 @@ class GraphCache {
   GraphCache(const GraphCache&) = delete;
   GraphCache& operator=(const GraphCache&) = delete;
   void run(uint64_t key, const std::function<void()>& body);
+  // Captures and instantiates key's graph from `body` (and uploads it to the device) without launching it; nothing
+  // when it exists. A warm-up: the first run() of that key then costs what later ones do. Returns whether it captured.
+  bool capture(uint64_t key, const std::function<void()>& body);
   void clear();
   size_t size() const { return graphs_.size(); }
   bool has(uint64_t key) const { return graphs_.count(key) > 0; }  // captured already

@@ -115,6 +115,11 @@ class SPart {
   // memory goes; the backend's destructor unregisters what is left.
   virtual bool register_host(void* /*p*/, size_t /*bytes*/) { return false; }
   virtual void unregister_host(void* /*p*/) {}
+  // Before a run: sets up now what the first decode steps of up to max_rows rows on `slot` would (CUDA: the slot's
+  // buffers for that many rows and the graphs of every layer's two decode stages at each padded size up to it, for
+  // q/k/v going down in `wire`), so that a run's first steps cost what later ones do. Results are unchanged. Returns
+  // how many graphs it captured (0 for a backend without them).
+  virtual int64_t warm_up(int /*slot*/, int64_t /*max_rows*/, DType /*wire*/) { return 0; }
   // The slot's attention output = causal attention of the last attention_input over packed prompts:
   // rows starts[i]..starts[i+1]-1 are sequence i at positions 0..; K and V rounded to fp16 first (as
   // the R-workers will store them).

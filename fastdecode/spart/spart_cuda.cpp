@@ -128,6 +128,30 @@ class CudaSPart : public SPart {
 
   CopyTimes copy_times() const override { return copies_; }
 
+  // The buffers sized for max_rows' bucket first (so no later embed() reallocates them and drops the graphs), then
+  // each bucket's graphs, largest first, captured as attention_input / attention_output_and_mlp would capture them.
+  int64_t warm_up(int slot, int64_t max_rows, DType wire) override {
+    if (max_rows < 1 || !graphed(1)) return 0;
+    DevActs& a = enter(slot);
+    const int64_t top = GraphCache::bucket(std::min(max_rows, GraphCache::kMaxRows));
+    const uint64_t gen = a.generation;
+    model_->ensure(a, top, top);
+    if (a.generation != gen) graphs_for(slot).clear();
+    const unsigned outputs = wire == DType::F16 ? CudaModel::kF16 : CudaModel::kF32;
+    int64_t captured = 0;
+    for (int64_t Tb = top; Tb >= 1; Tb = Tb > GraphCache::kPow2Rows ? Tb - GraphCache::kRowStep : Tb / 2) {
+      a.T = Tb;
+      for (int layer = 0; layer < int(cfg_.num_layers); ++layer) {
+        captured += graphs_for(slot).capture(graph_key(Tb, layer, outputs, 0),
+                                             [&] { model_->attention_input(a, layer, outputs); });
+        captured += graphs_for(slot).capture(graph_key(Tb, layer, 0, 1), [&] { model_->attention_output_and_mlp(a, layer); });
+      }
+    }
+    a.T = 0;
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return captured;
+  }
+
   void set_attention(int slot, DType dt, const std::vector<HostRows>& parts) override {
     DevActs& a = enter(slot);
     const size_t qd = size_t(cfg_.q_dim()), es = dt == DType::F16 ? 2 : 4;
@@ -338,6 +362,10 @@ class CudaSPart : public SPart {
     return h;
   }
   bool graphed(int64_t T) const { return graphs_on_ && T <= GraphCache::kMaxRows; }
+  // A decode stage's graph: (padded rows, layer, outputs, stage 0 = attention_input / 1 = attention_output_and_mlp).
+  static uint64_t graph_key(int64_t Tb, int layer, unsigned outputs, unsigned stage) {
+    return uint64_t(Tb) << 32 | uint64_t(layer) << 4 | uint64_t(outputs) << 1 | stage;
+  }
   GraphCache& graphs_for(int slot) {
     auto& g = graphs_[slot];
     if (!g) g = std::make_unique<GraphCache>(stream_);
@@ -350,7 +378,7 @@ class CudaSPart : public SPart {
   void run(int slot, DevActs& a, unsigned stage, int layer, unsigned outputs, F&& body) {
     if (!graphed(a.T)) return body();
     const int64_t T = a.T, Tb = GraphCache::bucket(T);
-    const uint64_t key = uint64_t(Tb) << 32 | uint64_t(layer) << 4 | uint64_t(outputs) << 1 | stage;
+    const uint64_t key = graph_key(Tb, layer, outputs, stage);
     a.T = Tb;
     try {
       graphs_for(slot).run(key, body);

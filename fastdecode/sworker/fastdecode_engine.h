@@ -35,6 +35,15 @@ class FastDecodeEngine : public Engine {
   bool done() const override { return queued_.empty() && running_.empty(); }
   StepResult step() override;
   void shutdown() override;
+  // Each rank's decode slots (mini_batches x waves), each of at most min(B, ceil(B / slots) + workers) rows: each
+  // worker's sequences alternate over the slots (plan_decode).
+  json warm_up(int64_t max_batch) override {
+    const int64_t slots = ec_.mini_batches * ec_.parallel.wave_count();
+    const int64_t rows = std::min<int64_t>(max_batch, (max_batch + slots - 1) / slots + int64_t(load_.size()));
+    int64_t graphs = 0;
+    for (auto& r : ranks_) graphs += r->warm_up(int(slots), rows);
+    return graphs ? json{{"graphs", graphs}, {"rows_per_slot", rows}} : json::object();
+  }
 
  private:
   // A sequence as the leader holds it.

@@ -242,6 +242,12 @@ void SRank::setup(Batch& b, const PlanBatch& pb, RankStep& out) {
   FD_CHECK(row == pb.ids.size(), "plan batch: " << row << " of its " << pb.ids.size() << " rows have a worker");
 }
 
+int64_t SRank::warm_up(int slots, int64_t max_rows) {
+  int64_t graphs = 0;
+  for (int s = 0; s < slots; ++s) graphs += spart_->warm_up(s, max_rows, host_dtype());
+  return graphs;
+}
+
 void SRank::hand_on(int slot) { spart_->send_residual(slot, *pp_, o_.pp_rank + 1); }
 
 // S-Part of layer l for a batch, then ATTEND to every worker owning some of its sequences.

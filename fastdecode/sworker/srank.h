@@ -123,6 +123,9 @@ class SRank {
   RWorkerClient& client() { return *client_; }
   const std::string& endpoint(size_t w) const { return client_->endpoint(w); }
   SPart& spart() { return *spart_; }
+  // The S-Part's warm-up (SPart::warm_up) for decode slots 0..slots-1 of up to max_rows rows each, in the wire's dtype;
+  // returns the graphs captured.
+  int64_t warm_up(int slots, int64_t max_rows);
   const std::vector<json>& hello() const { return hello_; }
   const SRankOptions& options() const { return o_; }
   const ModelConfig& config() const { return spart_->config(); }
