@@ -23,12 +23,21 @@ Prints every violation (file:line: rule) and exits 1 if there is one, 0 otherwis
                 program links every engine: two layouts under one name is an ODR violation, and the linker
                 keeps one type's inline members for both; a paged-swap StepPlan beside the S-worker's crashed
                 fd-bench). Types in an anonymous namespace, and nested ones, are each file's own.
+  artifacts     artifacts/ holds results with provenance, never code: no file there with a source extension
+                (ARTIFACT_SOURCE_EXT; a command that produced a result is a "Command" section of its README)
+  artifact-reads  a file under tests/ names an artifacts/ path in code only where tests/ARTIFACT_READS.md declares
+                that read for that file (a test regenerates a committed report, or checks what the committed
+                results say); analysis logic is tested on fixtures under tests/fixtures/ or synthetic data. Comments,
+                docstrings and assert messages are prose, not reads. A declared read its file no longer makes is an
+                error too, so the list stays the list of what is read.
 
 ctest runs it (test `layering`); tests/python/test_layering.py plants a violation of each rule in a copy
 of the tree and checks that this script catches it.
 """
 from __future__ import annotations
 
+import ast
+import fnmatch
 import re
 import sys
 from pathlib import Path
@@ -46,6 +55,9 @@ EXTENSION_DEPS = {
 PROJECT_LIB = re.compile(r"\b((?:fastdecode|baselines|extensions|kernels)_\w+|harness)\b")
 MAX_LINES = 600
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+ARTIFACT_SOURCE_EXT = {".sh", ".py", ".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp", ".patch"}
+ARTIFACT_READS = "tests/ARTIFACT_READS.md"
+ART_PATH = re.compile(r"(?<![\w.\-/])artifacts(?:/[\w.\-*]+)*")
 
 
 def sources(root: Path, top: str):
@@ -225,6 +237,123 @@ def check(root: Path) -> list[str]:
                 first = defined.setdefault(key, where)
                 if first.split(":")[0] != rel(p):
                     bad.append(f"{where}: one definition of {key[0]}::{key[1]} (also defined at {first})")
+    # artifacts: results, never code; tests read them only as declared
+    bad += check_artifacts(root, rel)
+    return bad
+
+
+def _py_artifact_paths(text: str):
+    """(line, artifacts/... path) for each path a Python file builds in code: a string, an f-string ({...} read as *),
+    a `/` chain or an os.path.join(...) whose first string component is artifacts. Docstrings and assert messages
+    are prose."""
+    tree = ast.parse(text)
+    prose: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body and \
+                isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            prose.update(id(n) for n in ast.walk(body[0]))
+        if isinstance(node, ast.Assert) and node.msg is not None:
+            prose.update(id(n) for n in ast.walk(node.msg))
+
+    def text_of(n):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            return n.value
+        if isinstance(n, ast.JoinedStr):
+            return "".join(v.value if isinstance(v, ast.Constant) else "*" for v in n.values)
+        return None
+
+    def chain(n):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
+            return chain(n.left) + [n.right]
+        return [n]
+    inner = {id(n.left) for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)}
+    done: set[int] = set()
+    for node in ast.walk(tree):
+        parts = None
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and id(node) not in inner:
+            parts = chain(node)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join" and \
+                isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "path":
+            parts = node.args
+        if not parts or id(node) in prose:
+            continue
+        texts = [text_of(p) for p in parts]
+        for i, s in enumerate(texts):
+            if s is not None and (s == "artifacts" or s.startswith("artifacts/")):
+                if all(x is None for x in texts[:i]):  # rooted at a variable (the repository), not inside a string path
+                    done.update(id(m) for p in parts for m in ast.walk(p))
+                    yield node.lineno, "/".join(x if x is not None else "*" for x in texts[i:]).rstrip("/")
+                break
+    for node in ast.walk(tree):
+        if id(node) in prose or id(node) in done:
+            continue
+        if isinstance(node, ast.JoinedStr):
+            done.update(id(v) for v in ast.walk(node))
+        s = text_of(node)
+        if s is not None:
+            for m in ART_PATH.finditer(s):
+                yield node.lineno, m.group(0).rstrip("/")
+
+
+def _other_artifact_paths(path: Path, text: str):
+    """(line, path) for C/C++/CUDA (comments out, string literals in), shell and CMake files (# comments out)."""
+    if path.suffix in {".cpp", ".cc", ".c", ".h", ".hpp", ".cu", ".cuh"}:
+        text = re.sub(r'("(?:\\.|[^"\\\n])*")|//[^\n]*|/\*.*?\*/',
+                      lambda m: m.group(1) or "\n" * m.group(0).count("\n"), text, flags=re.S)
+    else:
+        text = re.sub(r"(^|\s)#[^\n]*", r"\1", text)
+    for m in ART_PATH.finditer(text):
+        yield text.count("\n", 0, m.start()) + 1, m.group(0).rstrip("/")
+
+
+def declared_reads(root: Path):
+    """[(line, test file, artifacts path or glob)] of ARTIFACT_READS's table under '## Reads a test names'."""
+    f = root / ARTIFACT_READS
+    rows, on = [], False
+    for n, line in enumerate(f.read_text().splitlines() if f.is_file() else [], 1):
+        if line.startswith("## "):
+            on = line.startswith("## Reads a test names")
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if on and line.startswith("|") and len(cells) >= 3 and cells[0].startswith("tests/"):
+            rows.append((n, cells[0], cells[1]))
+    return rows
+
+
+def covers(declared: str, named: str) -> bool:
+    return named == declared or named.startswith(declared + "/") or fnmatch.fnmatchcase(named, declared) or \
+        fnmatch.fnmatchcase(named, declared + "/*")
+
+
+def check_artifacts(root: Path, rel) -> list[str]:
+    bad: list[str] = []
+    art = root / "artifacts"
+    for p in sorted(art.rglob("*")) if art.is_dir() else []:
+        if p.is_file() and p.suffix in ARTIFACT_SOURCE_EXT:
+            bad.append(f"{rel(p)}:1: artifacts/ holds results, never code (found {rel(p)})")
+    named: dict[str, list[tuple[int, str]]] = {}
+    code = {".py", ".sh", ".cmake"} | {".cpp", ".cc", ".c", ".h", ".hpp", ".cu", ".cuh"}
+    for p in sorted((root / "tests").rglob("*")):
+        if not p.is_file() or not (p.suffix in code or p.name == "CMakeLists.txt") or "__pycache__" in p.parts:
+            continue
+        if rel(p) == "tests/layering/check_layering.py":  # this rule's own source names the folder to find it
+            continue
+        text = p.read_text(errors="replace")
+        try:
+            found = list(_py_artifact_paths(text) if p.suffix == ".py" else _other_artifact_paths(p, text))
+        except SyntaxError as e:
+            bad.append(f"{rel(p)}:{e.lineno}: cannot parse it to find the artifacts/ paths it names ({e.msg})")
+            continue
+        named[rel(p)] = found
+    rows = declared_reads(root)
+    for f, found in named.items():
+        for n, path in sorted(set(found)):
+            if not any(t == f and covers(d, path) for _, t, d in rows):
+                bad.append(f"{f}:{n}: names {path}, which {ARTIFACT_READS} does not declare for it: test the analysis on a "
+                           f"fixture under tests/fixtures/ (or regenerate what it checks), or declare the read and why")
+    for n, t, d in rows:
+        if not any(covers(d, path) for _, path in named.get(t, [])):
+            bad.append(f"{ARTIFACT_READS}:{n}: declares a read of {d} that {t} does not make: drop the row")
     return bad
 
 

@@ -21,6 +21,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODELS_DIR = REPO_ROOT / "experiments" / "models"
+# Small inputs for tests of the analysis and the programs (tests/fixtures/README.md: where each came from, how trimmed).
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
 PROGRAMS = ("fd-weights", "fd-generate", "fd-bench", "fd-transport-bench", "fd-sim", "fd-attn-bench")
 
 # Make fd_numpy_ref importable whatever the rootdir / import mode.

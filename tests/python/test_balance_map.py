@@ -59,7 +59,8 @@ def test_point_and_crossover(tmp_path):
     bench = tmp_path / "balance.json"
     bench.write_text(json.dumps({"benchmarks": [{"name": "balance/read/all/iterations:3", "bytes_per_second": 4.0e12}]}))
     out = tmp_path / "o"
-    assert bm.main(["--baselines", str(root), "--paper", str(tmp_path / "none"), "--balance-bench", str(bench), "--out", str(out)]) == 0
+    assert bm.main(["--baselines", str(root), "--paper", str(tmp_path / "none"), "--balance-bench", str(bench), "--hybrid",
+                    "--crossover", "", "--out", str(out)]) == 0
     hbm = bm.hbm_rates(str(bench))
     import argparse
     a = argparse.Namespace(baselines=[str(root)], paper=None)

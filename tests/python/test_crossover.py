@@ -2,8 +2,8 @@
 
 Checked: the committed report (artifacts/paper/crossover/) is what the script makes of the committed predictions and
 runs; every committed prediction is what `fd-bench predict` says from the committed profiles alone (nothing taken from
-the runs); the point names the script reads are the ones `fd-bench sweep` wrote; and on synthetic runs both outcomes of
-the crossover verdict and of the prediction band are reached, with expectations computed here.
+the runs); the point names the script reads are the ones `fd-bench sweep --dry-run` gives the specs; and on synthetic
+runs both outcomes of the crossover verdict and of the prediction band are reached, with expectations computed here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import load_analysis
+from conftest import FIXTURES, load_analysis
 
 REPO = Path(__file__).resolve().parents[2]
 ART = REPO / "artifacts" / "paper" / "crossover"
@@ -72,11 +72,17 @@ def test_committed_predictions_come_from_the_profiles_alone(fd_bin, tmp_path, gr
         assert a["predicted"]["batch"] == c["predicted"]["batch"]
 
 
-def test_point_names_are_the_sweeps():
-    names = {(s, n) for s, n, _ in load_analysis("crossover").points()}
+def test_point_names_are_the_sweeps(fd_bin, tmp_path):
+    """The point names the script reads are the ones `fd-bench sweep` gives each sweep spec now (--dry-run prints them)."""
+    import subprocess
+    cx = load_analysis("crossover")
+    names = {(s, n) for s, n, _ in cx.points()}
     written = set()
-    for idx in (ART / "h100-c" / "runs" / "mem-24").glob("*/index.json"):
-        written |= {(idx.parent.name, p["name"]) for p in json.loads(idx.read_text())["points"]}
+    for sweep, spec in cx.SPECS.items():
+        p = subprocess.run([fd_bin("fd-bench"), "sweep", spec, "--out", str(tmp_path / sweep), "--dry-run"], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        written |= {(sweep, line.split(":")[0].strip()) for line in p.stdout.splitlines() if line.startswith("  ") and ":" in line}
     assert written and written == names
 
 
@@ -133,7 +139,7 @@ def test_predict_gpu_only_refuses_what_it_cannot_model(fd_bin):
     """`fd-bench predict --engine gpu-only`: what is missing or FastDecode's alone is an error (exit 2) that names it;
     a memory that holds no sequence is said, not predicted as zero."""
     import subprocess
-    prof = str(ART / "h100-d" / "profiles" / "profile_llama-2-7b_cuda_sm8.json")
+    prof = str(FIXTURES / "profiles" / "profile_llama-2-7b_cuda_sm8.json")
     model = str(REPO / "experiments" / "models" / "llama-2-7b.json")
     base = [fd_bin("fd-bench"), "predict", "--profile", prof, "--batch", "256", "--context", "528", "--layers", "2",
             "--engine", "gpu-only"]

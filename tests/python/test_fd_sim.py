@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FIXTURES
 
 B, S, F = 256, 256, 32
 LAYERS, T_MS, R_NS, P = 32, 40.0, 2.0, 4
@@ -237,7 +238,7 @@ def test_a_service_profile_steps_with_the_one_model(fd_bin, tmp_path):
     """Issue 41: with a profile that has R-workers in service (r_service), fd-sim's step is fastdecode/sched/perf_model.h's
     predict_step — the number `fd-bench predict` gives for the step's B and mean context — and --rworkers must be the
     profile's workers x threads."""
-    prof = Path(__file__).resolve().parents[2] / "artifacts/paper/validation-service/h100-b/profiles/profile_llama-2-7b_cuda_svc4x3.json"
+    prof = FIXTURES / "profiles" / "profile_llama-2-7b_cuda_svc4x3.json"
     sim(fd_bin, tmp_path / "o", "--mode", "fixed-interval", "--batch", 64, "--seq", 64, "--interval", 8, "--prompt-len", 448,
         "--requests", 128, "--profile", prof, "--layers", 2, "--rworkers", 12)
     steps, summary = load(tmp_path / "o")

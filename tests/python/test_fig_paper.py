@@ -152,7 +152,9 @@ def test_committed_claims_are_current(tmp_path):
         "CLAIMS.md is stale: run analysis/claims.py --out CLAIMS.md and commit it"
 
 
-SLS_RUNS = REPO / "artifacts" / "paper" / "runs" / "fig11-sls-s1024"
+# The Fig. 11 sweep at S = 1024 as the GPU machine ran it: the first repeat of each schedule, steps trimmed to the keys
+# the figure reads (tests/fixtures/README.md).
+SLS_RUNS = REPO / "tests" / "fixtures" / "sls-fig11" / "fig11-sls-s1024"
 
 
 def test_sls_predict_reads_the_sweeps_experiment():
@@ -165,9 +167,9 @@ def test_sls_predict_reads_the_sweeps_experiment():
         sp.profiles_by_sweep(["fig9=b.json"])
 
 
-@pytest.mark.skipif(not SLS_RUNS.is_dir(), reason="the committed Fig. 11 runs are not in this checkout")
 def test_fd_sim_prediction_drawn_beside_the_runs(tmp_path, fd_bin_dir):
-    """sls_predict.py runs fd-sim on the experiment each committed SLS point ran (checked against the run's config);
+    """sls_predict.py runs fd-sim on the experiment each SLS point ran (the fixture's: the committed S = 1024 sweep's
+    first repeats; checked against the run's config);
     fig11 draws it dashed and labelled MODELLED, and its numbers are what fd-sim's own steps give."""
     import shutil
     sp, fp = module("sls_predict"), module("fig_paper")

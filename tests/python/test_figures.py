@@ -6,7 +6,7 @@ And what is drawn: figures.py is imported and run in this process with Figure.sa
 Figure is caught as it would be saved, and the values of its artists (line data, bar heights and
 positions, the numbers written in labels and annotations) are compared with the values read here,
 independently of figures.py's helpers, from its input files (spart_*.json, e2e.json, validation.json,
-e2e/*/steps.jsonl, fd-sim folders).
+e2e/*/steps.jsonl, fd-sim folders): a fixture, tests/fixtures/figures-gpu-machine/.
 
 Without matplotlib the module is skipped (visibly, with the reason), and every test in it fails when
 FD_REQUIRE_BINARIES is set to a non-empty value other than "0" (as ctest does).
@@ -46,7 +46,10 @@ def _require_matplotlib():
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "analysis" / "figures.py"
-ARTIFACTS = REPO_ROOT / "artifacts" / "sworker" / "gpu-machine"
+# The figures' inputs as the GPU machine measured them (artifacts/sworker/gpu-machine, trimmed: tests/fixtures/README.md):
+# what is drawn is checked against these, so the analysis can change with them. The committed figures regenerate from
+# the committed results in test_all_figures_from_committed_artifacts and test_figures_committed.py.
+ARTIFACTS = REPO_ROOT / "tests" / "fixtures" / "figures-gpu-machine"
 PROFILE = ARTIFACTS / "profile_llama-2-7b_cuda_r12.json"
 FIGS = {
     "fig1": "fig1_kv_memory.png",

@@ -52,7 +52,7 @@ def test_every_figure_regenerates_from_committed_artifacts(tmp_path):
 
 def test_a_missing_input_fails_with_strict(tmp_path):
     """What makes the test above fail rather than skip: --strict exits 1 naming the figure and its input."""
-    empty = tmp_path / "artifacts"
+    empty = tmp_path / "empty-artifacts"
     empty.mkdir()
     proc = figures("--out", tmp_path / "out", "--strict", "--artifacts", empty, "--format", "png")
     assert proc.returncode == 1, proc.stdout

@@ -22,7 +22,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DRIVER = REPO_ROOT / "baselines" / "hf" / "run_hf.py"
-OUR_SUMMARY = REPO_ROOT / "artifacts" / "sworker" / "gpu-machine" / "e2e" / "llama-2-7b-gpu-only-full" / "summary.json"
+# The results section of an fd-bench run's summary.json (a GPU-only run; tests/fixtures/README.md says which).
+OUR_SUMMARY = REPO_ROOT / "tests" / "fixtures" / "hf-driver" / "gpu_only_summary_results.json"
 sys.path.insert(0, str(REPO_ROOT / "analysis"))
 
 

@@ -40,6 +40,15 @@ def prepend(path: Path, text: str):
     path.write_text(text + path.read_text())
 
 
+def plant(path: Path, text: str):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+A = "arti" + "facts"
+LINES = {p: len((REPO_ROOT / p).read_text().splitlines()) for p in ("tests/python/test_crossover.py", "tests/python/test_stage_reports.py")}
+
+
 PLANTS = {
     "kernels include only fastdecode/core/":
         lambda t: prepend(t / "kernels/cpu/kv_quant.cpp", '#include "fastdecode/model/weights.h"\n'),
@@ -80,7 +89,34 @@ PLANTS = {
         lambda t: append(t / "baselines/paged_swap/scheduler.h", "\nnamespace fd {\nstruct StepPlan {\n  int x;\n};\n}  // namespace fd\n"),
     "median is defined once":
         lambda t: append(t / "harness/profile.cpp", "\nstatic double median(std::vector<double> v) { return v[0]; }\n"),
+    # artifacts/ holds results, never code; a test names an artifacts/ path only as tests/ARTIFACT_READS.md declares it.
+    # (The folder's name is put together here, A, so that this file names no artifacts/ path itself.)
+    A + "/ holds results, never code (found " + A + "/paper/runs/run.sh)":
+        lambda t: plant(t / A / "paper/runs/run.sh", "#!/usr/bin/env bash\nfd-bench run x.json\n"),
+    A + "/ holds results, never code (found " + A + "/rworker/x/ablation.patch)":
+        lambda t: plant(t / A / "rworker/x/ablation.patch", "--- a/x.cpp\n+++ b/x.cpp\n"),
+    "tests/python/test_planted.py:3: names " + A + "/paper/runs, which tests/ARTIFACT_READS.md does not declare for it":
+        lambda t: plant(t / "tests/python/test_planted.py", f'from pathlib import Path\nREPO = Path(".")\nRUNS = REPO / "{A}" / "paper" / "runs"\n'),
+    "tests/python/test_crossover.py:" + str(LINES["tests/python/test_crossover.py"] + 2) + ": names " + A + "/baselines/run1-a40a146,":
+        lambda t: append(t / "tests/python/test_crossover.py", f'\nOTHER = "{A}/baselines/run1-a40a146"\n'),
+    "tests/python/test_stage_reports.py:" + str(LINES["tests/python/test_stage_reports.py"] + 2) + ": names " + A + "/hybrid/llama-2-7b/*,":
+        lambda t: append(t / "tests/python/test_stage_reports.py", f'\nGRID = os.path.join(REPO, "{A}", "hybrid", "llama-2-7b", name)\n'),
+    "tests/unit/test_planted.cpp:2: names " + A + "/sworker/gpu-machine/e2e,":
+        lambda t: plant(t / "tests/unit/test_planted.cpp", f'// a comment may name {A}/paper/runs\nconst char* kRuns = "{A}/sworker/gpu-machine/e2e";\n'),
+    "declares a read of " + A + "/paper/runs that tests/python/test_fd_sim.py does not make":
+        lambda t: (t / "tests/ARTIFACT_READS.md").write_text((t / "tests/ARTIFACT_READS.md").read_text().replace(
+            "|---|---|---|\n", f"|---|---|---|\n| `tests/python/test_fd_sim.py` | `{A}/paper/runs` | planted |\n", 1)),
 }
+
+
+def test_prose_naming_artifacts_is_no_read(tree):
+    """A comment, a docstring or an assert message may name a result folder: only code that builds the path counts."""
+    plant(tree / "tests/python/test_prose.py",
+          f'"""Reads nothing from {A}/paper/runs."""\n# see {A}/baselines/README.md\n\n\ndef test_x():\n'
+          f'    """{A}/hybrid/README.md says why."""\n    assert 1, "regenerate it ({A}/paper/README.md)"\n')
+    plant(tree / "tests/unit/test_prose.cpp", f"// measured: {A}/sworker\n/* and {A}/stages */\nint x = 1;\n")
+    proc = run(tree)
+    assert proc.returncode == 0, proc.stdout
 
 
 @pytest.mark.parametrize("rule", sorted(PLANTS))

@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from conftest import load_analysis
+from conftest import FIXTURES, load_analysis
 
 REPO = Path(__file__).resolve().parents[2]
 ART = REPO / "artifacts" / "paper" / "validation-service"
@@ -98,18 +98,19 @@ def test_summary_says_what_its_numbers_say():
 
 
 def test_a_run_no_profile_describes_is_listed(fd_bin, tmp_path):
-    """A run of 2 x 2 R-workers, whose service profile this machine lacks, is listed with why and left out of the band."""
+    """A run of 2 x 2 R-workers, whose service profile this machine lacks, is listed with why and left out of the band
+    (on a fixture: one group, its 4 x 3 service profile, two runs trimmed to the keys the script reads)."""
     root = tmp_path / "art"
-    shutil.copytree(ART / "h100-a", root / "h100-a")
-    shutil.copytree(ART / "h100-b", root / "h100-b")
+    shutil.copytree(FIXTURES / "model-validation" / "h100-a", root / "h100-a")
     run = root / "h100-a" / "runs" / "steady" / "fastdecode-b16"
     s = json.loads((run / "summary.json").read_text())
     s["config"]["engine"]["rworkers"]["spawn"] = 2
     s["config"]["engine"]["rworkers"]["threads"] = 2
     (run / "summary.json").write_text(json.dumps(s))
     mv = module()
-    assert mv.main(["--fd-bench", fd_bin("fd-bench"), *groups(root), "--out", str(tmp_path / "o")]) == 0
+    group = ["--group", "h100-a", str(root / "h100-a" / "profiles"), str(root / "h100-a" / "runs")]
+    assert mv.main(["--fd-bench", fd_bin("fd-bench"), *group, "--out", str(tmp_path / "o")]) == 0
     v = json.loads((tmp_path / "o" / "validation.json").read_text())
-    assert {"group": "h100-a", "run": "steady/fastdecode-b16", "why": "no service profile of 2 x 2 R-workers on this machine"} in v["unmodelled"]
-    assert all(r["run"] != "steady/fastdecode-b16" or r["group"] != "h100-a" for r in v["rows"])
+    assert v["unmodelled"] == [{"group": "h100-a", "run": "steady/fastdecode-b16", "why": "no service profile of 2 x 2 R-workers on this machine"}]
+    assert [(r["group"], r["run"]) for r in v["rows"]] == [("h100-a", "steady/fastdecode-b64")]
     assert "Runs the profiles cannot describe:" in (tmp_path / "o" / "VALIDATION.md").read_text()

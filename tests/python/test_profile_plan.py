@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 
 P_LINE = re.compile(r"CPUs needed P = B·S·R/\(2·T\(B\)\) = (\S+) cores(?: = (\S+) sockets of (.+) \((\d+) cores each\))?; "
                     r"using (\S+)(?: \((.+)\))?$", re.M)
@@ -124,11 +125,13 @@ def test_profile_refuses_bad_options(fd_bin, models_dir, tmp_path):
 
 def test_plan_answers_with_a_datasheet_gpu_and_sockets_by_bandwidth(fd_bin, models_dir, tmp_path):
     """Issue 41: `plan --batch B --seq S` with the GPU by its datasheet and a socket by its memory bandwidth prints P in
-    sockets, the tokens/s and the step, and the validation's error band; the numbers are the roofline's, recomputed
-    here from the model's shapes."""
+    sockets, the tokens/s and the step, and the validation's error band (a validation written here: its summary is all
+    the plan reads of it); the numbers are the roofline's, recomputed here from the model's shapes."""
     out = tmp_path / "plan.json"
+    validation = tmp_path / "validation.json"
+    validation.write_text(json.dumps({"summary": {"runs": 7, "median_abs_err": 0.05, "max_abs_err": 0.125}}))
     p = bench(fd_bin, "plan", "--model", models_dir / "llama-2-7b.json", "--batch", 1024, "--seq", 1024, "--gpu-hbm-gbps", 600,
-              "--gpu-tflops", 125, "--socket-gbps", 154, "--json", out)
+              "--gpu-tflops", 125, "--socket-gbps", 154, "--validation", validation, "--json", out)
     j = json.loads(out.read_text())
     cfg = json.loads((models_dir / "llama-2-7b.json").read_text())
     h, inter, kv = cfg["hidden_size"], cfg["intermediate_size"], cfg["hidden_size"] // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
@@ -141,10 +144,10 @@ def test_plan_answers_with_a_datasheet_gpu_and_sockets_by_bandwidth(fd_bin, mode
     assert j["tokens_per_s"] == pytest.approx(min(1024 / (32 * t), 2 * j["cpus_used"] / (32 * 1024 * r_socket)), rel=1e-6)
     assert re.search(r"sockets needed P = B·S·R/\(2·T\(B\)\) = (\S+) \(each reading KV at 154 GB/s\)", p.stdout)
     assert re.search(r"tokens/s: S-bound \d+, R-bound \d+ -> \d+ \([SR] binds\); step [\d.]+ ms", p.stdout)
-    assert re.search(r"error band: .* off by a median [\d.]+ %, at most [\d.]+ % \(\d+ runs: "
-                     r"artifacts/paper/validation-service/validation.json\)", p.stdout), p.stdout
+    assert re.search(r"error band: .* off by a median 5\.0 %, at most 12\.5 % \(7 runs: " + re.escape(str(validation)) + r"\)",
+                     p.stdout), p.stdout
     # With a profile's R as well: P in cores, and in sockets judged by bandwidth.
-    prof = Path(__file__).resolve().parents[2] / "artifacts/paper/validation-service/h100-b/profiles/profile_llama-2-7b_cuda_svc4x3.json"
+    prof = FIXTURES / "profiles" / "profile_llama-2-7b_cuda_svc4x3.json"
     p = bench(fd_bin, "plan", "--model", models_dir / "llama-2-7b.json", "--batch", 1024, "--seq", 1024, "--profile", prof,
               "--socket-gbps", 154, "--json", out)
     j = json.loads(out.read_text())

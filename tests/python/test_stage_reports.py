@@ -142,7 +142,8 @@ def test_gpu_roofline_judges_the_step_period(tmp_path):
                 x["start_ms"] = 50.0 + 0.70 * (i - 1)
             steps.append(x)
         (d / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in steps))
-        assert gr.main(["--baselines", str(tmp_path / name), "--balance-bench", str(bal), "--out", str(tmp_path / ("o" + name))]) == 0
+        assert gr.main(["--baselines", str(tmp_path / name), "--balance-bench", str(bal), "--paper", str(tmp_path / "no-paper"),
+                        "--out", str(tmp_path / ("o" + name))]) == 0
         r = json.loads((tmp_path / ("o" + name) / "gpu_roofline.json").read_text())["rows"][0]
         want = 0.70 if with_start else 0.55
         assert r["step_ms"] == pytest.approx(0.55) and r["period_ms"] == pytest.approx(want)
