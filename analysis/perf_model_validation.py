@@ -10,7 +10,9 @@ layer, the whole batch: the engine runs two mini-batches of B/2, so 2·T(B/2)) a
 once with each profile given (profiles measured with different r_threads give different R: CPUs that
 share a memory bus do not add up). Writes VALIDATION.md and validation.json into --out.
 
---r-from-run adds, per run, the same model with R taken from the run itself (R = its busiest R-worker's mean
+--r-from-run adds, per run, the same model with R taken from the run itself (rows labelled FITTED: they take R from the run
+they "predict", so they check the step's composition, never the model's prediction, and stay out of issue 41's band;
+analysis/model_validation.py is the validation from profiles alone) (R = its busiest R-worker's mean
 compute per decode step x P / (W x N)) and a pipeline-fill term (the side that does not bind works once for one
 mini-batch of one layer before the other can start: + T(B/2) when R binds, + W*R/(2P) when S binds): that
 checks the step's composition (max of the two sides, overlapped, plus the fill) apart from how well a profile
@@ -145,7 +147,7 @@ def main():
     for r in rows:
         fx = ("" if not fixed else " + fixed %.2f ms" % r["fixed_ms"] if r.get("fixed_ms") is not None
               else "; no intercept sweep of %s, so no fixed term" % r["model"])
-        src = "the run (+ fill %.2f ms%s; profile R / run R = %.2f)" % (r["fill_ms"], fx, r["profile_r_over_run_r"]) \
+        src = "FITTED: the run's own R (+ fill %.2f ms%s; profile R / run R = %.2f)" % (r["fill_ms"], fx, r["profile_r_over_run_r"]) \
             if r.get("r_source") == "run" else "%d thread(s)" % r["r_threads"]
         name = r["run"] if not a.r_from_run else os.path.relpath(r["run_dir"])
         lines.append("| %s | %.0f | %.0f | %d | %s | %.0f | %.2f | %.1f | %s | %.0f | %.0f | %.2f |" % (
@@ -154,11 +156,12 @@ def main():
     if a.r_from_run:
         groups = [("profile R", lambda r: r.get("r_source") != "run")]
         if fixed:
-            groups += [("the run's R + fill + fixed (models with an intercept sweep: %s)" % ", ".join(sorted(fixed)),
+            groups += [("FITTED (the run's own R + fill + fixed, models with an intercept sweep: %s; not a prediction, kept out of "
+                        "issue 41's band)" % ", ".join(sorted(fixed)),
                         lambda r: r.get("r_source") == "run" and r.get("fixed_ms") is not None),
-                       ("the run's R + fill (models without one)", lambda r: r.get("r_source") == "run" and r.get("fixed_ms") is None)]
+                       ("FITTED (the run's own R + fill, models without one; not a prediction)", lambda r: r.get("r_source") == "run" and r.get("fixed_ms") is None)]
         else:
-            groups += [("the run's R + fill", lambda r: r.get("r_source") == "run")]
+            groups += [("FITTED (the run's own R + fill; not a prediction)", lambda r: r.get("r_source") == "run")]
         for label, sel in groups:
             v = [r["measured_over_predicted"] for r in rows if sel(r)]
             if v:
