@@ -1,6 +1,7 @@
 #include "baselines/paged_swap/block_manager.h"
 
 #include "fastdecode/core/error.h"
+#include "fd_fault_swap_in_drops_partial_block.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
 
 namespace fd {
 
@@ -99,6 +100,9 @@ BlockMapping BlockManager::swap_in(uint64_t seq) {
   BlockMapping m;
   for (int32_t& b : t.blocks) {
     const int32_t g = take(free_gpu_);
+#ifdef FD_FAULT_SWAP_IN_DROPS_PARTIAL_BLOCK  // planted fault: a partly filled last block gets its GPU block but is not
+    if (&b != &t.blocks.back() || t.tokens % block_size_ == 0)  // copied back: its tokens' K/V are lost
+#endif
     m.emplace_back(b, g);
     free_cpu_.push_back(b);
     b = g;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "fastdecode/core/error.h"
-#include "fastdecode/core/fault.h"
+#include "fd_fault_sampler_ignores_temperature.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
 #include "fastdecode/core/splitmix64.h"
 
 namespace fd {

@@ -9,7 +9,7 @@
 
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/dtype.h"
-#include "fastdecode/core/fault.h"
+#include "fd_fault_zero_head.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
 #include "fastdecode/rworker/intake.h"
 #include "kernels/cpu/convert.h"
 

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "fastdecode/core/error.h"
+#include "fd_fault_sls_projection_drops_last_step.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
 #include "fastdecode/core/json_util.h"
 #include "fastdecode/core/splitmix64.h"
 
@@ -113,7 +114,11 @@ std::vector<int64_t> Scheduler::projected_profile(int64_t from, int64_t n, const
   // number alive, O(#sequences + n).
   std::vector<int64_t> dc(size_t(n) + 1, 0), dn(size_t(n) + 1, 0);
   auto add = [&](int64_t a, int64_t p, int64_t g) {
+#ifdef FD_FAULT_SLS_PROJECTION_DROPS_LAST_STEP  // planted fault: each sequence's projected life ends a step early,
+    const int64_t lo = std::max(a, from), hi = std::min(a + g - 2, from + n - 1);  // so its peak (last step) is not counted
+#else
     const int64_t lo = std::max(a, from), hi = std::min(a + g - 1, from + n - 1);
+#endif
     if (lo > hi) return;
     dc[size_t(lo - from)] += p - a + 1;
     dc[size_t(hi - from + 1)] -= p - a + 1;

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "fastdecode/core/fault.h"
+#include "fd_fault_tp_skip_reduce.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
 #include "fastdecode/model/reference.h"
 #include "fastdecode/parallel/comm.h"
 #include "fastdecode/spart/spart.h"

@@ -16,7 +16,8 @@
 
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/dtype.h"
-#include "fastdecode/core/fault.h"
+#include "fd_fault_drop_last_token.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
+#include "fd_fault_shift_tokens.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
 #include "fastdecode/model/reference.h"
 #include "fastdecode/model/shard.h"
 #include "fastdecode/parallel/comm.h"

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "fd_fault_wire_last_frame_unchecked.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
+
 namespace fd::proto {
 
 static_assert(sizeof(Header) == kHeaderBytes, "Header must be exactly 64 bytes with no padding");
@@ -163,7 +165,11 @@ Message decode(const Frame* parts, size_t n_parts, const Limits& lim) {
     total += f.size;
     if (total > lim.max_message_bytes)
       throw ProtocolError(ErrorCode::TooLarge, "message over the " + std::to_string(lim.max_message_bytes) + "-byte limit");
+#ifdef FD_FAULT_WIRE_LAST_FRAME_UNCHECKED  // planted fault: the size check stops one frame early (an off-by-one in
+    if (sizes[i] != size_t(-1) && f.size != sizes[i] && i + 1 < sizes.size())  // its bound): the last frame may be short
+#else
     if (sizes[i] != size_t(-1) && f.size != sizes[i])
+#endif
       malformed(std::string(msg_type_name(h.msg_type())) + " frame " + std::to_string(i) + " is " + std::to_string(f.size) +
                 " bytes, expected " + std::to_string(sizes[i]));
     if (f.size > 0 && f.data == nullptr) malformed("null frame");

@@ -45,7 +45,7 @@
 
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/error.h"
-#include "fastdecode/core/fault.h"
+#include "fd_fault_int4_wrong_nibble.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
 #include "kernels/cpu/decode_attention_impl.h"
 
 namespace fd {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "fd_fault_cuda_decode_skips_last_kv.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_plan.h"
 
@@ -54,7 +55,11 @@ struct DecodeArgs {
 };
 
 __device__ __forceinline__ int seq_len(const int32_t* lens, int b, int64_t max_ctx) {
+#ifdef FD_FAULT_CUDA_DECODE_SKIPS_LAST_KV  // planted fault: the length taken as the last position's index, so the
+  const int64_t n = int64_t(lens[b]) - 1;   // newest K/V row (the one appended this step) is never attended
+#else
   const int64_t n = lens[b];
+#endif
   return int(n < 0 ? 0 : n > max_ctx ? max_ctx : n);
 }
 // Output element i: fp32 into out, or rounded to 16 bits into out_act.

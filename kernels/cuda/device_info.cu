@@ -1,6 +1,6 @@
 #include <cuda_runtime.h>
 
-#include "fastdecode/core/fault.h"
+#include "fd_fault_gpu_probe_fails.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
 #include "kernels/cuda/device_info.h"
 
 namespace fd {
