@@ -42,7 +42,10 @@ def module():
 
 
 def groups(root: Path):
-    return [x for name in ("h100-a", "h100-b") for x in ("--group", name, str(root / name / "profiles"), str(root / name / "runs"))]
+    """Every committed group (a folder with profiles/ and runs/), as the README's command lists them."""
+    names = sorted(d.name for d in root.iterdir() if (d / "profiles").is_dir() and (d / "runs").is_dir())
+    assert names, root
+    return [x for name in names for x in ("--group", name, str(root / name / "profiles"), str(root / name / "runs"))]
 
 
 def test_committed_validation_is_current(fd_bin, tmp_path):
@@ -114,3 +117,54 @@ def test_a_run_no_profile_describes_is_listed(fd_bin, tmp_path):
     assert v["unmodelled"] == [{"group": "h100-a", "run": "steady/fastdecode-b16", "why": "no service profile of 2 x 2 R-workers on this machine"}]
     assert [(r["group"], r["run"]) for r in v["rows"]] == [("h100-a", "steady/fastdecode-b64")]
     assert "Runs the profiles cannot describe:" in (tmp_path / "o" / "VALIDATION.md").read_text()
+
+
+def test_sls_runs_are_fd_sims_to_predict(fd_bin, tmp_path):
+    """An SLS run (a sweep of sls_predict.SWEEPS) is not in the analytic table: fd-sim steps the run's own experiment
+    (its sweep point's overrides) against the group's 4 x 3 service profile, and the row sets the run's steady p50 / p99
+    and tokens/s beside fd-sim's. Checked against the run's summary and an fd-sim run made here by hand; a sweep spec
+    that no longer matches the run is refused (on fixtures: the Fig. 11 S = 1024 first repeats, a service profile)."""
+    import subprocess
+    root = tmp_path / "g"
+    (root / "profiles").mkdir(parents=True)
+    shutil.copy(FIXTURES / "profiles" / "profile_llama-2-7b_cuda_svc4x3.json", root / "profiles")
+    shutil.copytree(FIXTURES / "sls-fig11", root / "runs")
+    mv = module()
+    args = ["--fd-bench", fd_bin("fd-bench"), "--fd-sim", fd_bin("fd-sim"), "--group", "g", str(root / "profiles"),
+            str(root / "runs"), "--out", str(tmp_path / "o")]
+    assert mv.main(args) == 0
+    v = json.loads((tmp_path / "o" / "validation.json").read_text())
+    assert v["rows"] == [] and v["unmodelled"] == []
+    sweep = root / "runs" / "fig11-sls-s1024"
+    points = json.loads((sweep / "index.json").read_text())["points"]
+    assert sorted(r["run"] for r in v["sls"]) == sorted("fig11-sls-s1024/%s/rep1" % p["name"] for p in points)
+    spec = json.loads((REPO / "experiments" / "paper" / "fig11-sls-s1024.sweep.json").read_text())
+    base = REPO / "experiments" / "paper" / spec["base"]
+    errs = []
+    for p in points:
+        row = next(r for r in v["sls"] if r["run"] == "fig11-sls-s1024/%s/rep1" % p["name"])
+        m = json.loads((sweep / p["name"] / "rep1" / "summary.json").read_text())["results"]["steady"]
+        out = tmp_path / ("sim-" + p["name"])
+        cmd = [fd_bin("fd-sim"), "--experiment", str(base)] + [a for o in p["overrides"] for a in ("--set", o)]
+        subprocess.run(cmd + ["--profile", str(root / "profiles" / "profile_llama-2-7b_cuda_svc4x3.json"), "--out", str(out)],
+                       check=True, capture_output=True, timeout=120)
+        f = json.loads((out / "summary.json").read_text())["results"]["steady"]
+        want = {"decode step p50": (m["decode_step_ms"]["p50"], f["decode_step_ms"]["p50"]),
+                "decode step p99": (m["decode_step_ms"]["p99"], f["decode_step_ms"]["p99"]),
+                "tokens/s": (m["tokens_per_s"], f["tokens_per_s"])}
+        assert set(row["steady"]) == set(want)
+        for k, (mv_, pv) in want.items():
+            q = row["steady"][k]
+            assert q["measured"] == mv_ and q["predicted"] == pytest.approx(pv, rel=1e-12)
+            assert q["measured_over_predicted"] == pytest.approx(mv_ / pv, rel=1e-12)
+            errs.append(abs(mv_ / pv - 1))
+    assert v["summary"]["sls"]["runs"] == len(points)
+    assert v["summary"]["sls"]["max_abs_err"] == pytest.approx(max(errs), rel=1e-12)
+    assert v["summary"]["sls"]["band_met"] == (max(errs) <= 0.10)
+    # A run whose recorded schedule is not what its sweep point gives fd-sim: refused, not compared.
+    run = sweep / points[0]["name"] / "rep1" / "summary.json"
+    s = json.loads(run.read_text())
+    s["config"]["schedule"]["batch"] = s["config"]["schedule"]["batch"] + 1
+    run.write_text(json.dumps(s))
+    with pytest.raises(SystemExit, match="did not read the run's experiment"):
+        mv.main(args)
