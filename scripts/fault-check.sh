@@ -62,7 +62,11 @@ if [ $gpu -eq 1 ]; then
   export FD_REQUIRE_GPU=1
   ctest_args+=(-L gpu)
 fi
-export FD_REQUIRE_BINARIES=1 OMP_WAIT_POLICY=PASSIVE
+export OMP_WAIT_POLICY=PASSIVE
+# Missing programs fail the CPU suite, as in CI. Not with --gpu: the cuda preset leaves Gloo out on purpose, and the
+# Gloo-only tests (tensor ranks sharing one GPU) would then fail instead of skipping (seen on the H100 at 6b65906:
+# the clean build's only 10 failures); the GPU tests are held to the device by FD_REQUIRE_GPU=1.
+[ $gpu -eq 1 ] || export FD_REQUIRE_BINARIES=1
 
 runs="$out/runs.tsv"
 : >"$runs"
