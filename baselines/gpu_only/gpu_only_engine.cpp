@@ -11,7 +11,7 @@
 #include "baselines/gpu_only/gpu_only_engine.h"
 #include "baselines/gpu_only/gpu_only_rank.h"
 #include "fastdecode/core/clock.h"
-#include "fastdecode/model/shard.h"
+#include "fastdecode/spart/rank_layout.h"
 #include "kernels/cuda/device_info.h"
 
 namespace fd {
@@ -33,13 +33,13 @@ class GpuOnlyEngine : public Engine {
     if (devs.empty()) throw ConfigError("engine.type gpu-only runs on a GPU, and no CUDA device answers (the fastdecode and reference "
                                          "engines run on the CPU)");
     const ParallelConfig& pc = ec.parallel;
-    const int64_t T = pc.tensor, P = pc.pipeline, G = T * P;
-    std::vector<std::pair<int64_t, int64_t>> stages = {{0, cfg_.num_layers}};
-    if (G > 1) {
-      check_tensor_parallel(cfg_, T);
-      stages = stage_layers(cfg_.num_layers, P, pc.layers);
-    }
-    devices_ = G > 1 || !pc.devices.empty() ? rank_devices(pc, int64_t(devs.size()), "gpu-only engine") : std::vector<int>{0};
+    // The rank layout (fastdecode/spart/rank_layout.h). Every rank runs on a GPU: with one rank, engine.parallel.devices
+    // may name it.
+    RankLayout layout = rank_layout(cfg_, pc);
+    place_ranks(layout, pc, RankGpus::kParallelOrListed, int64_t(devs.size()), "gpu-only engine");
+    const int64_t T = layout.T, P = layout.P, G = layout.G;
+    const auto& stages = layout.stages;
+    devices_ = layout.devices;
     device_name_ = devs[size_t(devices_[0])].name;
     max_ctx_ = ec.max_context > 0 ? ec.max_context : cfg_.position_limit();
     // The memory budget per GPU: hardware.gpu.memory_gb, else the first rank's device's.
@@ -53,9 +53,7 @@ class GpuOnlyEngine : public Engine {
                                    << cfg_.name << (G > 1 ? " (per rank's share)" : "") << " but not one sequence of max_context "
                                    << max_ctx_);
     if (G > 1) comms_ = RankComms(pc, devices_);
-    std::vector<ModelWeights> weights;
-    if (G == 1) weights.push_back(load_model_weights(ctx.model, ctx.weights));
-    else weights = load_model_shards(ctx.model, ctx.weights, T, stages);
+    std::vector<ModelWeights> weights = load_rank_weights(layout, ctx.model, ctx.weights);
     for (int64_t g = 0; g < G; ++g) {
       GoRankOptions o;
       o.device = devices_[size_t(g)];
@@ -90,19 +88,8 @@ class GpuOnlyEngine : public Engine {
     }
     for (auto& r : ranks_) r->allocate(slots_);
     for (int64_t s = slots_ - 1; s >= 0; --s) free_slots_.push_back(int32_t(s));
-    if (G > 1) {
-      bool shared = false;
-      for (int64_t g = 1; g < G; ++g) shared = shared || devices_[size_t(g)] == devices_[0];
-      if (shared)
-        notes_.push_back("engine.parallel: S-ranks share a GPU (devices " + json(devices_).dump() + "): a correctness run; "
-                         "its times say nothing about one GPU per rank");
-      if (P > 1)
-        notes_.push_back("engine.parallel: pipeline hand-offs go through pinned host memory (an in-process mailbox), "
-                         "not GPU to GPU");
-      if (T > 1 && !comms_.tensor_device_buffers())
-        notes_.push_back("engine.parallel: tensor collectives go through pinned host copies (" + comms_.tensor_describe() + ")");
-      if (ec.cuda_graphs) notes_.push_back("engine.parallel: CUDA graphs are off (collectives and hand-offs synchronise)");
-    }
+    for (std::string& n : rank_notes(layout, comms_)) notes_.push_back(std::move(n));
+    if (G > 1 && ec.cuda_graphs) notes_.push_back("engine.parallel: CUDA graphs are off (collectives and hand-offs synchronise)");
   }
 
   ~GpuOnlyEngine() override {

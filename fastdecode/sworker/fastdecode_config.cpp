@@ -146,6 +146,19 @@ FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
   return c;
 }
 
+RWorkersConfig RWorkersConfig::group(size_t g) const {
+  RWorkersConfig c = *this;
+  c.groups.clear();
+  if (groups.empty()) return c;
+  const Group& o = groups[g];
+  c.endpoints = o.endpoints;
+  if (o.threads > 0) c.threads = o.threads;
+  if (!o.kv_dtype.empty()) c.kv_dtype = o.kv_dtype;
+  if (o.memory_gb > 0) c.memory_gb = o.memory_gb;
+  if (o.pin >= 0) c.pin = o.pin == 1;
+  return c;
+}
+
 json RWorkersConfig::to_json() const {
   const RWorkersConfig& r = *this;
   json j = !r.register_endpoint.empty()

@@ -55,6 +55,8 @@ struct RWorkersConfig {
     int64_t first_cpu = -1;    // pinned: the group's first core (-1: after the groups before it)
   };
   std::vector<Group> groups;
+  // Group g's settings: these, overridden by groups[g] when there are groups (the result has none).
+  RWorkersConfig group(size_t g) const;
   // The "rworkers" object of an engine section (ranks: the engine's S-ranks, for `groups`), and its echo.
   static RWorkersConfig parse(StrictObject& r, int64_t ranks);
   json to_json() const;

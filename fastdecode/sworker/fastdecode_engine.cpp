@@ -19,10 +19,8 @@
 #include "fd_fault_drop_last_token.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
 #include "fd_fault_shift_tokens.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
 #include "fastdecode/model/reference.h"
-#include "fastdecode/model/shard.h"
 #include "fastdecode/parallel/comm.h"
 #include "fastdecode/wire/curve.h"
-#include "fastdecode/wire/register.h"
 #include "fastdecode/wire/rworker_client.h"
 #include "fastdecode/sworker/rworker_spawn.h"
 #include "fastdecode/sworker/srank.h"
@@ -47,27 +45,54 @@ FastDecodeConfig resolve(FastDecodeConfig c, const HardwareBalance& hw) {
   return c;
 }
 
-// Each R-worker group's settings: rworkers, overridden by rworkers.groups[g].
-RWorkersConfig group_config(const RWorkersConfig& r, size_t g);
+// With engine.parallel (G > 1 ranks): one R-worker group per rank, listed per group, of equal sizes.
+void check_groups(const FastDecodeConfig& ec, int64_t G) {
+  if (!ec.rworkers.endpoints.empty())
+    throw ConfigError("fastdecode engine: engine.parallel has one R-worker group per rank: list each group's endpoints "
+                      "in engine.rworkers.groups[g].endpoints, not engine.rworkers.endpoints");
+  if (!ec.rworkers.groups.empty() && int64_t(ec.rworkers.groups.size()) != G)
+    throw ConfigError("fastdecode engine: engine.rworkers.groups has " + std::to_string(ec.rworkers.groups.size()) +
+                      " entries for " + std::to_string(G) + " S-ranks");
+  for (int64_t g = 1; g < G; ++g) {
+    const RWorkersConfig a = ec.rworkers.group(0), b = ec.rworkers.group(size_t(g));
+    const size_t na = a.endpoints.empty() ? size_t(a.spawn) : a.endpoints.size();
+    const size_t nb = b.endpoints.empty() ? size_t(b.spawn) : b.endpoints.size();
+    if (na != nb)
+      throw ConfigError("fastdecode engine: R-worker group 0 has " + std::to_string(na) + " workers and group " +
+                        std::to_string(g) + " has " + std::to_string(nb) + ": every group needs the same number (a "
+                        "sequence sits at the same worker index in every group)");
+  }
+}
 
-// The cores the spawned, pinned workers will take (as the constructor assigns them: worker i of group g after those
-// of the pinned groups before it, or from the group's first_cpu), checked against the CPUs this process may run on:
-// a config error naming the key, before any worker is spawned.
-void check_pinned_cpus(const FastDecodeConfig& ec, int64_t G, bool from_hardware) {
+// Per group, the first core of its pinned spawned workers (worker i takes `threads` cores from first + i * threads):
+// the group's first_cpu, else the core after those of the pinned groups before it; -1 for a listed or unpinned group.
+std::vector<int64_t> pinned_first_cpus(const FastDecodeConfig& ec, int64_t G) {
+  std::vector<int64_t> first(size_t(G), -1);
+  int64_t next_cpu = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const RWorkersConfig r = ec.rworkers.group(size_t(g));
+    if (!r.endpoints.empty() || !r.pin) continue;
+    const int64_t own_first = ec.rworkers.groups.empty() ? -1 : ec.rworkers.groups[size_t(g)].first_cpu;
+    first[size_t(g)] = own_first >= 0 ? own_first : next_cpu;
+    next_cpu = std::max(next_cpu, first[size_t(g)] + r.spawn * r.threads);
+  }
+  return first;
+}
+
+// The cores the spawned, pinned workers will take (pinned_first_cpus), checked against the CPUs this process may run
+// on: a config error naming the key, before any worker is spawned. Registered workers are pinned by their launcher.
+void check_pinned_cpus(const FastDecodeConfig& ec, const std::vector<int64_t>& first_cpus, bool from_hardware) {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || !ec.rworkers.register_endpoint.empty()) return;
   int n_allowed = 0, last_allowed = -1;
   for (int c = 0; c < CPU_SETSIZE; ++c)
     if (CPU_ISSET(c, &allowed)) ++n_allowed, last_allowed = c;
-  int64_t next_cpu = 0;
-  for (int64_t g = 0; g < G; ++g) {
-    const RWorkersConfig r = group_config(ec.rworkers, size_t(g));
-    if (!r.endpoints.empty() || !ec.rworkers.register_endpoint.empty() || !r.pin) continue;
-    const int64_t own_first = ec.rworkers.groups.empty() ? -1 : ec.rworkers.groups[size_t(g)].first_cpu;
-    const int64_t first_cpu = own_first >= 0 ? own_first : next_cpu;
-    const int64_t last = first_cpu + r.spawn * r.threads - 1;
-    for (int64_t c = first_cpu; c <= last; ++c) {
+  const size_t G = first_cpus.size();
+  for (size_t g = 0; g < G; ++g) {
+    const RWorkersConfig r = ec.rworkers.group(g);
+    const int64_t first_cpu = first_cpus[g], last = first_cpu + r.spawn * r.threads - 1;
+    for (int64_t c = first_cpu; first_cpu >= 0 && c <= last; ++c) {
       if (c < CPU_SETSIZE && CPU_ISSET(int(c), &allowed)) continue;
       const std::string key = from_hardware ? "hardware.rworkers (its workers are pinned: engine.rworkers.pin)"
                               : ec.rworkers.groups.empty() ? "engine.rworkers.pin"
@@ -78,28 +103,7 @@ void check_pinned_cpus(const FastDecodeConfig& ec, int64_t G, bool from_hardware
                         " is not one this process may run on (" + std::to_string(n_allowed) + " CPUs, the last " +
                         std::to_string(last_allowed) + "): fewer workers or threads, or pin: false");
     }
-    next_cpu = std::max(next_cpu, first_cpu + r.spawn * r.threads);
   }
-}
-
-RWorkersConfig group_config(const RWorkersConfig& r, size_t g) {
-  RWorkersConfig c = r;
-  c.groups.clear();
-  if (r.groups.empty()) return c;
-  const RWorkersConfig::Group& o = r.groups[g];
-  c.endpoints = o.endpoints;
-  if (o.threads > 0) c.threads = o.threads;
-  if (!o.kv_dtype.empty()) c.kv_dtype = o.kv_dtype;
-  if (o.memory_gb > 0) c.memory_gb = o.memory_gb;
-  if (o.pin >= 0) c.pin = o.pin == 1;
-  return c;
-}
-
-// The workers per group the config asks for (spawned, listed or registered), to tell whether all are spawned.
-size_t load_size_hint(const FastDecodeConfig& ec, const std::vector<std::vector<std::string>>& registered) {
-  if (!registered.empty() && !registered[0].empty()) return registered[0].size();
-  const RWorkersConfig r = group_config(ec.rworkers, 0);
-  return r.endpoints.empty() ? size_t(r.spawn) : r.endpoints.size();
 }
 
 // The client settings of every rank's R-worker link: deadline, heartbeats, CURVE keys (read here: a bad key file
@@ -120,9 +124,17 @@ RWorkerClientOptions client_options_for(const RWorkersConfig& r) {
 
 }  // namespace
 
+// vLLM's order: the config resolved and every part of it checked with nothing started, then the R-workers launched,
+// then the ranks built on them.
 FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineContext& ctx)
     : ec_(resolve(config, ctx.hardware)), cfg_(ctx.model), sampling_(ctx.sampling),
       wire_(ec_.wire_dtype == "fp16" ? WireDType::F16 : WireDType::F32) {
+  Setup s = check_setup(ctx);
+  const std::vector<std::vector<std::string>> endpoints = launch_rworkers(s, ctx.hardware.network);
+  build_ranks(s, endpoints, ctx.hardware);
+}
+
+FastDecodeEngine::Setup FastDecodeEngine::check_setup(const EngineContext& ctx) {
   const FastDecodeConfig& ec = ec_;
   if ((ctx.hardware.gpu_memory_gb > 0 || ctx.hardware.gpu_sm_count > 0) && ec.backend != "cuda")
     notes_.push_back("hardware.gpu is not applied: the fastdecode engine runs nothing on a GPU here");
@@ -133,144 +145,50 @@ FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineC
   if (cfg_.head_dim % 32 != 0 || cfg_.head_dim > 256)
     FD_THROW("fastdecode engine: model " << cfg_.name << " has head_dim " << cfg_.head_dim
                                          << "; the R-worker kernels need a multiple of 32, at most 256");
-  const int64_t T = ec.parallel.tensor, P = ec.parallel.pipeline, G = T * P;
-  std::vector<std::pair<int64_t, int64_t>> stages = {{0, cfg_.num_layers}};
-  if (G > 1) {
-    check_tensor_parallel(cfg_, T);
-    stages = stage_layers(cfg_.num_layers, P, ec.parallel.layers);
-    if (!ec.rworkers.endpoints.empty())
-      throw ConfigError("fastdecode engine: engine.parallel has one R-worker group per rank: list each group's endpoints "
-                        "in engine.rworkers.groups[g].endpoints, not engine.rworkers.endpoints");
-    if (!ec.rworkers.groups.empty() && int64_t(ec.rworkers.groups.size()) != G)
-      throw ConfigError("fastdecode engine: engine.rworkers.groups has " + std::to_string(ec.rworkers.groups.size()) +
-                        " entries for " + std::to_string(G) + " S-ranks");
-    for (int64_t g = 1; g < G; ++g) {
-      const RWorkersConfig a = group_config(ec.rworkers, 0), b = group_config(ec.rworkers, size_t(g));
-      const size_t na = a.endpoints.empty() ? size_t(a.spawn) : a.endpoints.size();
-      const size_t nb = b.endpoints.empty() ? size_t(b.spawn) : b.endpoints.size();
-      if (na != nb)
-        throw ConfigError("fastdecode engine: R-worker group 0 has " + std::to_string(na) + " workers and group " +
-                          std::to_string(g) + " has " + std::to_string(nb) + ": every group needs the same number (a "
-                          "sequence sits at the same worker index in every group)");
-    }
-  }
-  // The GPU of each rank: refused here, before any worker is spawned, when too few answer.
-  const std::vector<int> devices =
-      ec.backend == "cuda" && G > 1 ? rank_devices(ec.parallel, int64_t(cuda_devices().size()), "fastdecode engine")
-                                    : std::vector<int>(size_t(G), 0);
-  // The weights before any worker is spawned: a checkpoint refused (a NaN or Inf weight, a missing tensor) is a config
-  // error with nothing started.
-  std::vector<ModelWeights> weights;
-  if (G == 1) weights.push_back(load_model_weights(ctx.model, ctx.weights));
-  else weights = load_model_shards(ctx.model, ctx.weights, T, stages);
-  // Pinned workers' cores, checked before any is spawned: each must be one this process may run on.
-  check_pinned_cpus(ec, G, ctx.hardware.rworkers > 0);
-  // Every group's workers first, before any thread or communicator: group g belongs to rank g; a pinned worker
-  // i of group g takes the cores after those of the pinned groups before it (or from the group's first_cpu).
-  std::vector<std::vector<std::string>> endpoints(static_cast<size_t>(G));
-  const std::string bin = ec.rworkers.binary.empty() ? default_rworker_binary() : ec.rworkers.binary;
-  RWorkerClientOptions client_options = client_options_for(ec.rworkers);
-  if (!ec.rworkers.register_endpoint.empty()) {  // workers started by a launcher announce themselves
-    Registrar reg(ec.rworkers.register_endpoint);
-    std::fprintf(stderr, "fastdecode engine: waiting for %lld R-worker(s) to register at %s\n", (long long)ec.rworkers.expect,
-                 reg.endpoint().c_str());
-    for (const Registration& r : reg.wait(size_t(ec.rworkers.expect), int(ec.rworkers.register_timeout_ms),
-                                          [](size_t k, size_t n) { std::fprintf(stderr, "fastdecode engine: %zu of %zu R-workers registered\n", k, n); }))
-      endpoints[0].push_back(r.endpoint);
-  }
-  spawned_of_.assign(size_t(G), {});
-  // Multi-host emulation: every spawned worker on an emulated host of its own behind the named link.
-  const NetworkLink& link = ctx.hardware.network;
-  size_t n_spawn = 0;
-  for (int64_t g = 0; g < G; ++g)
-    if (endpoints[size_t(g)].empty() && group_config(ec.rworkers, size_t(g)).endpoints.empty())
-      n_spawn += size_t(group_config(ec.rworkers, size_t(g)).spawn);
-  if (link.emulated() && n_spawn > 0) {
-    hosts_ = std::make_unique<EmulatedHosts>(n_spawn, link);
-    notes_.push_back("hardware.network: " + hosts_->describe());
-    // Workers on other hosts map no S-worker memory: the lane (the namespaces share /dev/shm) is off, so every tensor
-    // crosses the shaped link.
-    if (client_options.shm_bytes > 0)
-      client_options.shm_bytes = 0, notes_.push_back("hardware.network: engine.rworkers.shm off: every tensor crosses the link");
-  }
-  if (link.emulated() && n_spawn < size_t(G) * load_size_hint(ec, endpoints))
-    notes_.push_back("hardware.network applies to spawned R-workers only: listed or registered ones are reached as they are");
-  size_t next_host = 0;
-  int64_t next_cpu = 0;
-  for (int64_t g = 0; g < G; ++g) {
-    const RWorkersConfig r = group_config(ec.rworkers, size_t(g));
-    if (!endpoints[size_t(g)].empty()) {  // registered
-      group_spawned_.push_back(false);
-      spawned_of_[size_t(g)].assign(endpoints[size_t(g)].size(), nullptr);
-      continue;
-    }
-    group_spawned_.push_back(r.endpoints.empty());
-    if (!r.endpoints.empty()) {
-      endpoints[size_t(g)] = r.endpoints;
-      spawned_of_[size_t(g)].assign(r.endpoints.size(), nullptr);
-      continue;
-    }
-    spawned_of_[size_t(g)].assign(size_t(r.spawn), nullptr);
-    const int64_t own_first = ec.rworkers.groups.empty() ? -1 : ec.rworkers.groups[size_t(g)].first_cpu;
-    const int64_t first_cpu = own_first >= 0 ? own_first : next_cpu;
-    for (int64_t i = 0; i < r.spawn; ++i) {
-      const std::string name = G == 1 ? "rworker" + std::to_string(i) : "g" + std::to_string(g) + "w" + std::to_string(i);
-      std::vector<std::string> args = {"--threads", std::to_string(r.threads), "--kv-dtype", r.kv_dtype,
-                                        "--memory-gb", std::to_string(r.memory_gb), "--name", name};
-      if (r.query != "auto") args.insert(args.end(), {"--query", r.query});
-      if (r.pin) {  // disjoint cores per worker: the emulated CPU count is exact
-        const int64_t first = first_cpu + i * r.threads, last = first + r.threads - 1;
-        char cpus[48];
-        std::snprintf(cpus, sizeof cpus, "%lld-%lld", (long long)first, (long long)last);
-        args.insert(args.end(), {"--cpus", cpus});
-      }
-      SpawnPlace where;
-      if (hosts_) where.prefix = hosts_->exec_prefix(next_host), where.listen_host = hosts_->address(next_host), ++next_host;
-      spawned_.push_back(std::make_unique<SpawnedRWorker>(bin, args, 20000, where));
-      spawned_of_[size_t(g)][size_t(i)] = spawned_.back().get();
-      endpoints[size_t(g)].push_back(spawned_.back()->endpoint());
-    }
-    if (r.pin) next_cpu = std::max(next_cpu, first_cpu + r.spawn * r.threads);
-  }
-  comms_ = RankComms(ec.parallel, ec.backend == "cuda" ? devices : std::vector<int>{});
-  devices_ = devices;
-  if (ec.backend == "cuda" && G > 1) {
-    bool shared = false;
-    for (int64_t g = 1; g < G; ++g) shared = shared || devices[size_t(g)] == devices[0];
-    if (shared)
-      notes_.push_back("engine.parallel: S-ranks share a GPU (devices " + json(devices).dump() + "): a correctness run; "
-                       "its times say nothing about one GPU per rank");
-    if (P > 1)
-      notes_.push_back("engine.parallel: pipeline hand-offs go through pinned host memory (an in-process mailbox), "
-                       "not GPU to GPU");
-    if (T > 1 && !comms_.tensor_device_buffers())
-      notes_.push_back("engine.parallel: tensor collectives go through pinned host copies (" + comms_.tensor_describe() + ")");
-  }
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t p = g / T, t = g % T;
-    const SPartComms comms{comms_.tp(size_t(g))};
+  Setup s;
+  s.layout = rank_layout(cfg_, ec.parallel);
+  if (s.layout.G > 1) check_groups(ec, s.layout.G);
+  // The GPU of each rank: refused here when too few answer. On the cpu backend no rank has one; on the cuda backend
+  // one S-rank always runs on GPU 0 (its parallel.devices is not read).
+  place_ranks(s.layout, ec.parallel, ec.backend == "cuda" ? RankGpus::kParallel : RankGpus::kNone, -1, "fastdecode engine");
+  // The weights: a checkpoint refused (a NaN or Inf weight, a missing tensor) is a config error with nothing started.
+  s.weights = load_rank_weights(s.layout, ctx.model, ctx.weights);
+  s.first_cpus = pinned_first_cpus(ec, s.layout.G);
+  check_pinned_cpus(ec, s.first_cpus, ctx.hardware.rworkers > 0);
+  s.client = client_options_for(ec.rworkers);
+  return s;
+}
+
+void FastDecodeEngine::build_ranks(Setup& s, const std::vector<std::vector<std::string>>& endpoints,
+                                   const HardwareBalance& hw) {
+  const FastDecodeConfig& ec = ec_;
+  const RankLayout& l = s.layout;
+  comms_ = RankComms(ec.parallel, ec.backend == "cuda" ? l.devices : std::vector<int>{});
+  devices_ = l.devices;
+  if (ec.backend == "cuda")
+    for (std::string& n : rank_notes(l, comms_)) notes_.push_back(std::move(n));
+  for (size_t g = 0; g < size_t(l.G); ++g) {
+    const SPartComms comms{comms_.tp(g)};
     std::unique_ptr<SPart> sp =
-        ec.backend == "cuda"
-            ? make_cuda_spart(std::move(weights[size_t(g)]), {int(ctx.hardware.gpu_sm_count), dtype_from_name(ec.dtype),
-                                                              ec.cuda_graphs, devices[size_t(g)], comms,
-                                                              ctx.hardware.gpu_gemm_table})
-            : make_cpu_spart(std::move(weights[size_t(g)]), comms);
-    auto client = std::make_unique<RWorkerClient>(endpoints[size_t(g)], client_options);
+        ec.backend == "cuda" ? make_cuda_spart(std::move(s.weights[g]), {int(hw.gpu_sm_count), dtype_from_name(ec.dtype),
+                                                                         ec.cuda_graphs, l.devices[g], comms, hw.gpu_gemm_table})
+                             : make_cpu_spart(std::move(s.weights[g]), comms);
+    auto client = std::make_unique<RWorkerClient>(endpoints[g], s.client);
     SRankOptions o;
-    o.tp_rank = int(t), o.tp_size = int(T), o.pp_rank = int(p), o.pp_size = int(P);
-    o.layer_begin = stages[size_t(p)].first;
+    o.tp_rank = int(l.tp_rank(g)), o.tp_size = int(l.T), o.pp_rank = int(l.pp_rank(g)), o.pp_size = int(l.P);
+    o.layer_begin = l.stages[size_t(l.pp_rank(g))].first;
     o.wire = wire_;
     o.shm_in_place = ec.rworkers.shm_in_place;
     o.append_chunk_bytes = size_t(ec.rworkers.append_chunk_kb) << 10;
     o.prefill_reserve_tokens = ec.prefill_tokens;
-    if (G > 1) {
-      o.track_suffix = " t" + std::to_string(t) + " p" + std::to_string(p);
+    if (l.G > 1) {
+      o.track_suffix = " t" + std::to_string(l.tp_rank(g)) + " p" + std::to_string(l.pp_rank(g));
       o.worker_prefix = "rworker g" + std::to_string(g) + ".";
     }
-    ranks_.push_back(std::make_unique<SRank>(std::move(sp), std::move(client), comms_.pp(size_t(g)), o));
+    ranks_.push_back(std::make_unique<SRank>(std::move(sp), std::move(client), comms_.pp(g), o));
   }
   load_.assign(ranks_[0]->client().size(), 0);
-dead_.assign(load_.size(), false);
+  dead_.assign(load_.size(), false);
 }
 
 FastDecodeEngine::~FastDecodeEngine() {

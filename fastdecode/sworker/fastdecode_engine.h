@@ -2,7 +2,7 @@
 // sequences, the R-Part on R-worker processes that hold the KV-cache, in the two mini-batch pipeline. The engine is the
 // leader: it owns the sequences and their placement on R-worker indices, cuts each step into a StepPlan (srank.h) that
 // its S-ranks run, emits the tokens, and recovers from a lost R-worker (fastdecode_engine.cpp: set-up and the step;
-// fastdecode_engine_recovery.cpp: recovery and shutdown). Its config section is fastdecode_config.h; the harness makes
+// rworker_launch.cpp: the set-up's R-worker launch; fastdecode_engine_recovery.cpp: recovery and shutdown). Its config section is fastdecode_config.h; the harness makes
 // it through make_fastdecode_engine.
 #pragma once
 #include <deque>
@@ -16,6 +16,7 @@
 #include "fastdecode/sworker/netemu.h"
 #include "fastdecode/sworker/rworker_spawn.h"
 #include "fastdecode/sworker/srank.h"
+#include "fastdecode/spart/rank_layout.h"
 
 namespace fd {
 
@@ -57,6 +58,26 @@ class FastDecodeEngine : public Engine {
     bool rebuilding = false;            // re-placed by a recovery that has not completed yet
     int32_t emitted_before = -1;        // planted fault shift_tokens only: the token emitted in its place
   };
+  // Construction, in vLLM's order. check_setup resolves and checks everything with nothing started: the rank layout
+  // (fastdecode/spart/rank_layout.h), the R-worker groups, each rank's GPU and weights, the pinned cores, the CURVE
+  // keys. launch_rworkers (rworker_launch.cpp) then finds or starts every group's workers: registered, listed, or
+  // spawned (spawn_group), on emulated hosts (emulate_hosts). build_ranks makes the communicators, S-Parts, clients
+  // and S-ranks on them.
+  struct Setup {
+    RankLayout layout;
+    std::vector<ModelWeights> weights;  // per rank
+    std::vector<int64_t> first_cpus;    // per group: the first core of its pinned spawned workers, or -1
+    RWorkerClientOptions client;        // every rank's R-worker link (emulated hosts turn its shm lane off)
+  };
+  Setup check_setup(const EngineContext& ctx);
+  std::vector<std::vector<std::string>> launch_rworkers(Setup& s, const NetworkLink& link);
+  std::vector<std::vector<std::string>> registered_rworkers(size_t G) const;  // group 0's, when register is set
+  void emulate_hosts(const NetworkLink& link, const std::vector<std::vector<std::string>>& registered,
+                     RWorkerClientOptions& client);
+  void spawn_group(size_t g, const RWorkersConfig& r, const std::string& bin, int64_t first_cpu, size_t& next_host,
+                   std::vector<std::string>& endpoints);
+  void build_ranks(Setup& s, const std::vector<std::vector<std::string>>& endpoints, const HardwareBalance& hw);
+
   void plan_decode(StepPlan& plan, std::vector<std::vector<Sequence*>>& mbs);
   void plan_prefill(StepPlan& plan, std::vector<Sequence*>& fresh);
   // Runs the plan on every rank; a lost R-worker's index lands in *lost (and the step throws).
