@@ -143,6 +143,13 @@ inline Batch make_batch(KVDType dtype, const RawBatch& raw) {
   return b;
 }
 
+// Frees a batch's exact K/V copies (the references' input, as large as its fp16 blocks twice over) once its
+// references are made, for a batch that is kept.
+inline void drop_exact_values(Batch& b) {
+  std::vector<std::vector<float>>().swap(b.k);
+  std::vector<std::vector<float>>().swap(b.v);
+}
+
 inline Batch make_batch(KVDType dtype, const std::vector<int>& ctxs, int Hq, int H, int D, uint32_t seed) {
   return make_batch(dtype, make_raw(ctxs, Hq, H, D, seed));
 }
@@ -208,23 +215,31 @@ inline std::vector<int> contexts_for(int n_seq) {
 struct GridCase {
   int n_seq, Hq, H, D;
 };
+inline bool same_shape(const GridCase& a, const GridCase& b) {
+  return a.n_seq == b.n_seq && a.Hq == b.Hq && a.H == b.H && a.D == b.D;
+}
 inline void PrintTo(const GridCase& c, std::ostream* os) {
   *os << "B=" << c.n_seq << " Hq=" << c.Hq << " Hkv=" << c.H << " D=" << c.D;
 }
 
-using fd::test::isa_required;  // require_isa.h: FD_REQUIRE_ISA turns a skip into a failure
-
 inline std::string isa_param_name(Isa isa) { return std::string(fd::isa_name(isa)); }
 
-// The ISAs this CPU runs. A listed ISA it lacks fails under FD_REQUIRE_ISA; otherwise its checks are left out
-// of every grid case, and DecodeAttentionIsa.Available/<isa> shows it as Skipped (never a silent pass).
-inline std::vector<Isa> runnable_isas() {
-  std::vector<Isa> r;
-  for (Isa isa : kIsas) {
-    if (fd::isa_supported(isa)) r.push_back(isa);
-    else if (isa_required(isa)) ADD_FAILURE() << "ISA " << fd::isa_name(isa) << " not supported here, but FD_REQUIRE_ISA lists it";
-  }
-  return r;
+// A kernel grid's case: one ISA on one shape, named "<isa>_<shape>", so that an ISA this CPU lacks skips each of its
+// cases visibly (FD_SKIP_UNLESS_ISA, require_isa.h) while the others run.
+struct IsaGridCase {
+  Isa isa;
+  GridCase shape;
+};
+inline void PrintTo(const IsaGridCase& c, std::ostream* os) {
+  *os << fd::isa_name(c.isa) << " ";
+  PrintTo(c.shape, os);
+}
+// Shape-major: a shape's ISA cases one after another, so that a test can keep the shape's costly data for the next.
+inline std::vector<IsaGridCase> isa_grid(const std::vector<GridCase>& shapes) {
+  std::vector<IsaGridCase> g;
+  for (const GridCase& s : shapes)
+    for (Isa isa : kIsas) g.push_back({isa, s});
+  return g;
 }
 
 }  // namespace

@@ -1,27 +1,25 @@
 // The R-worker's fp16 <-> fp32 conversions (kernels/cpu/convert.h) against fd::fp16_to_fp32 / fp32_to_fp16, the
 // scalar round-to-nearest-even twins: every fp16 value; fp32 values at every rounding boundary (ties, the subnormal
 // range, overflow) and random bit patterns; unaligned buffers; the calling thread alone and split over threads; each
-// ISA this CPU has (F16C from AVX2 up), and the scalar path. NaN must stay NaN (its payload may differ).
+// ISA (F16C from AVX2 up) and the scalar path, one case per ISA: an ISA this CPU lacks skips its cases
+// (require_isa.h). NaN must stay NaN (its payload may differ).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "fastdecode/core/dtype.h"
 #include "kernels/cpu/convert.h"
+#include "require_isa.h"
 
 using namespace fd;
 
 namespace {
 
-std::vector<Isa> isas() {
-  std::vector<Isa> v = {Isa::Scalar};
-  for (Isa i : {Isa::AVX2, Isa::AVX512, Isa::AVX512VNNI})
-    if (isa_supported(i)) v.push_back(i);
-  return v;
-}
+class ConvertIsa : public ::testing::TestWithParam<Isa> {};
 
 bool same(float a, float b) {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
@@ -36,24 +34,27 @@ bool same16(uint16_t a, uint16_t b) {
 
 }  // namespace
 
-TEST(Convert, EveryFp16ValueToFp32) {
+TEST_P(ConvertIsa, EveryFp16ValueToFp32) {
+  const Isa isa = GetParam();
+  FD_SKIP_UNLESS_ISA(isa);
   // All 65536 values, at an odd byte offset (unaligned), converted by the calling thread and by 3 threads.
   std::vector<uint8_t> src(2 * 65536 + 1);
   for (uint32_t h = 0; h < 65536; ++h) {
     const uint16_t v = uint16_t(h);
     std::memcpy(&src[1 + 2 * h], &v, 2);
   }
-  for (Isa isa : isas())
-    for (int threads : {1, 3}) {
-      std::vector<float> out(65536, -1.0f);
-      convert_f16_to_f32(src.data() + 1, out.data(), out.size(), isa, threads);
-      size_t bad = 0;
-      for (uint32_t h = 0; h < 65536; ++h) bad += !same(out[h], fp16_to_fp32(uint16_t(h)));
-      EXPECT_EQ(bad, 0u) << isa_name(isa) << ", " << threads << " thread(s)";
-    }
+  for (int threads : {1, 3}) {
+    std::vector<float> out(65536, -1.0f);
+    convert_f16_to_f32(src.data() + 1, out.data(), out.size(), isa, threads);
+    size_t bad = 0;
+    for (uint32_t h = 0; h < 65536; ++h) bad += !same(out[h], fp16_to_fp32(uint16_t(h)));
+    EXPECT_EQ(bad, 0u) << isa_name(isa) << ", " << threads << " thread(s)";
+  }
 }
 
-TEST(Convert, Fp32ToFp16AtEveryBoundaryAndAtRandom) {
+TEST_P(ConvertIsa, Fp32ToFp16AtEveryBoundaryAndAtRandom) {
+  const Isa isa = GetParam();
+  FD_SKIP_UNLESS_ISA(isa);
   std::vector<float> v;
   // Every fp16 value, the midpoints between neighbours (ties: round to even) and one ulp either side of them.
   for (uint32_t h = 0; h < 0x7c00u; ++h) {
@@ -70,33 +71,36 @@ TEST(Convert, Fp32ToFp16AtEveryBoundaryAndAtRandom) {
     std::memcpy(&f, &bits, 4);
     v.push_back(f);
   }
-  for (Isa isa : isas())
-    for (int threads : {1, 4}) {
-      std::vector<uint8_t> out(2 * v.size() + 1, 0xAB);
-      convert_f32_to_f16(v.data(), out.data() + 1, v.size(), isa, threads);
-      size_t bad = 0;
-      std::string first;
-      for (size_t i = 0; i < v.size(); ++i) {
-        uint16_t got;
-        std::memcpy(&got, &out[1 + 2 * i], 2);
-        if (!same16(got, fp32_to_fp16(v[i])) && bad++ == 0) first = std::to_string(v[i]);
-      }
-      EXPECT_EQ(bad, 0u) << isa_name(isa) << ", " << threads << " thread(s); first at " << first;
-      EXPECT_EQ(out[0], 0xAB);  // nothing written before dst
+  for (int threads : {1, 4}) {
+    std::vector<uint8_t> out(2 * v.size() + 1, 0xAB);
+    convert_f32_to_f16(v.data(), out.data() + 1, v.size(), isa, threads);
+    size_t bad = 0;
+    std::string first;
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint16_t got;
+      std::memcpy(&got, &out[1 + 2 * i], 2);
+      if (!same16(got, fp32_to_fp16(v[i])) && bad++ == 0) first = std::to_string(v[i]);
     }
+    EXPECT_EQ(bad, 0u) << isa_name(isa) << ", " << threads << " thread(s); first at " << first;
+    EXPECT_EQ(out[0], 0xAB);  // nothing written before dst
+  }
 }
 
-TEST(Convert, EmptyAndTailsAreExact) {
+TEST_P(ConvertIsa, EmptyAndTailsAreExact) {
+  const Isa isa = GetParam();
+  FD_SKIP_UNLESS_ISA(isa);
   // n = 0 writes nothing; lengths that are no multiple of 8 (the vector loops' tails).
-  for (Isa isa : isas())
-    for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(9), size_t(33)}) {
-      std::vector<float> f(n + 1, 1e9f), back(n + 1, 1e9f);
-      for (size_t i = 0; i < n; ++i) f[i] = float(i) * 0.37f - 3.0f;
-      std::vector<uint16_t> h(n + 1, 0xFFFF);
-      convert_f32_to_f16(f.data(), h.data(), n, isa, 2);
-      convert_f16_to_f32(h.data(), back.data(), n, isa, 2);
-      EXPECT_EQ(h[n], 0xFFFF) << "written past n = " << n;
-      EXPECT_EQ(back[n], 1e9f) << "written past n = " << n;
-      for (size_t i = 0; i < n; ++i) EXPECT_EQ(back[i], fp16_to_fp32(fp32_to_fp16(f[i]))) << i;
-    }
+  for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(9), size_t(33)}) {
+    std::vector<float> f(n + 1, 1e9f), back(n + 1, 1e9f);
+    for (size_t i = 0; i < n; ++i) f[i] = float(i) * 0.37f - 3.0f;
+    std::vector<uint16_t> h(n + 1, 0xFFFF);
+    convert_f32_to_f16(f.data(), h.data(), n, isa, 2);
+    convert_f16_to_f32(h.data(), back.data(), n, isa, 2);
+    EXPECT_EQ(h[n], 0xFFFF) << "written past n = " << n;
+    EXPECT_EQ(back[n], 1e9f) << "written past n = " << n;
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(back[i], fp16_to_fp32(fp32_to_fp16(f[i]))) << i;
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Convert, ConvertIsa, ::testing::Values(Isa::Scalar, Isa::AVX2, Isa::AVX512, Isa::AVX512VNNI),
+                         [](const auto& info) { return std::string(isa_name(info.param)); });

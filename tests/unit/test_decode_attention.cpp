@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <memory>
 #include <ostream>
 #include <random>
 #include <string>
@@ -23,36 +25,53 @@
 
 namespace {
 
-class DecodeAttentionIsa : public ::testing::TestWithParam<Isa> {};
+// One case per ISA and shape, "<isa>_<shape>": an ISA this CPU lacks skips each of its cases (require_isa.h), the
+// others run. The costly part, the batch of each KV dtype and its double reference (the K/V values drawn once for
+// all three), is made once per shape and kept for the next case (grid_data): the ISA cases of a shape come one after
+// another and ctest runs the suite in one process (tests/CMakeLists.txt), so splitting the ISAs into cases costs no
+// more than running them all in one case did.
+class DecodeAttentionGrid : public ::testing::TestWithParam<IsaGridCase> {};
 
-TEST_P(DecodeAttentionIsa, Available) {
-  FD_SKIP_UNLESS_ISA(GetParam());
-  EXPECT_TRUE(fd::isa_supported(GetParam()));
+struct GridData {
+  std::vector<Batch> batches;  // kDtypes' order, without their exact K/V copies (the references are made)
+  std::vector<std::vector<double>> refs;
+};
+
+const GridData& grid_data(const GridCase& gc) {
+  static GridCase key{};
+  static std::unique_ptr<GridData> data;
+  if (!data || !same_shape(key, gc)) {
+    data.reset();
+    auto d = std::make_unique<GridData>();
+    const RawBatch raw = make_raw(contexts_for(gc.n_seq), gc.Hq, gc.H, gc.D, 1234u + gc.n_seq * 7 + gc.D);
+    d->batches.reserve(std::size(kDtypes));
+    for (KVDType dt : kDtypes) {
+      d->batches.push_back(make_batch(dt, raw));
+      d->refs.push_back(reference(d->batches.back()));
+      drop_exact_values(d->batches.back());
+    }
+    key = gc, data = std::move(d);
+  }
+  return *data;
 }
 
-INSTANTIATE_TEST_SUITE_P(DecodeAttention, DecodeAttentionIsa, ::testing::ValuesIn(kIsas),
-                         [](const auto& info) { return isa_param_name(info.param); });
-
-// One case per shape, every ISA this CPU runs inside it (the batch and its double reference, the costly part,
-// made once per KV dtype; the K/V values drawn once for all three).
-class DecodeAttentionGrid : public ::testing::TestWithParam<GridCase> {};
-
-TEST_P(DecodeAttentionGrid, AllIsasDtypesThreadsMatchDoubleReference) {
-  const GridCase gc = GetParam();
-  const RawBatch raw = make_raw(contexts_for(gc.n_seq), gc.Hq, gc.H, gc.D, 1234u + gc.n_seq * 7 + gc.D);
-  const std::vector<Isa> isas = runnable_isas();
-  for (KVDType dt : kDtypes) {
-    const Batch b = make_batch(dt, raw);
-    const std::vector<double> ref = reference(b);
-    for (Isa isa : isas)
-      for (int threads : {1, 2, 5}) {
-        if (isa == Isa::Scalar && threads == 2) continue;  // the slow path: 1 and 5 threads suffice
-        std::vector<float> o(ref.size(), NAN);
-        fd::DecodeAttentionWorkspace ws;
-        fd::decode_attention(b.params(o.data()), isa, threads, ws);
-        EXPECT_TRUE(close(o, ref, gc.Hq, gc.D))
-            << fd::isa_name(isa) << ", dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
-      }
+TEST_P(DecodeAttentionGrid, DtypesThreadsMatchDoubleReference) {
+  const Isa isa = GetParam().isa;
+  const GridCase gc = GetParam().shape;
+  FD_SKIP_UNLESS_ISA(isa);
+  const GridData& data = grid_data(gc);
+  for (size_t i = 0; i < data.batches.size(); ++i) {
+    const Batch& b = data.batches[i];
+    const KVDType dt = b.dtype;
+    const std::vector<double>& ref = data.refs[i];
+    for (int threads : {1, 2, 5}) {
+      if (isa == Isa::Scalar && threads == 2) continue;  // the slow path: 1 and 5 threads suffice
+      std::vector<float> o(ref.size(), NAN);
+      fd::DecodeAttentionWorkspace ws;
+      fd::decode_attention(b.params(o.data()), isa, threads, ws);
+      EXPECT_TRUE(close(o, ref, gc.Hq, gc.D))
+          << fd::isa_name(isa) << ", dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
+    }
   }
 }
 
@@ -73,8 +92,10 @@ std::string grid_name(const GridCase& c) {
   return "b" + std::to_string(c.n_seq) + "_h" + std::to_string(c.Hq) + "_kv" + std::to_string(c.H) + "_d" + std::to_string(c.D);
 }
 
-INSTANTIATE_TEST_SUITE_P(DecodeAttention, DecodeAttentionGrid, ::testing::ValuesIn(grid()),
-                         [](const auto& info) { return grid_name(info.param); });
+std::string isa_grid_name(const IsaGridCase& c) { return isa_param_name(c.isa) + "_" + grid_name(c.shape); }
+
+INSTANTIATE_TEST_SUITE_P(DecodeAttention, DecodeAttentionGrid, ::testing::ValuesIn(isa_grid(grid())),
+                         [](const auto& info) { return isa_grid_name(info.param); });
 
 // ---- The quantized query (QueryQuant::I8: integer dot products for int8/int4 blocks) ----
 
@@ -195,46 +216,75 @@ Q8Ref reference_q8(const Batch& b) {
   return ::testing::AssertionSuccess() << "max |err| " << worst << ", at most " << worst_frac << " of the bound";
 }
 
-// Every ISA's q8 path (the scalar one is the twin) against the double q8 reference and against the
+// Each ISA's q8 path (the scalar one is the twin) against the double q8 reference and against the
 // scalar twin, int8 and int4 blocks, the whole grid, 1 and 5 threads; fp16 blocks ignore the mode
-// (the same bits as with the fp32 query).
-class DecodeAttentionQ8Grid : public ::testing::TestWithParam<GridCase> {};
+// (the same bits as with the fp32 query). One case per ISA and shape, the costly part made once per shape, as
+// DecodeAttentionGrid.
+class DecodeAttentionQ8Grid : public ::testing::TestWithParam<IsaGridCase> {};
+
+struct Q8GridData {
+  std::vector<Batch> batches;  // kDtypes' order, without their exact K/V copies
+  std::vector<Q8Ref> refs;     // empty for fp16 blocks
+  std::vector<std::vector<float>> twins;  // the scalar q8 path, 1 thread
+};
+
+const Q8GridData& q8_grid_data(const GridCase& gc) {
+  static GridCase key{};
+  static std::unique_ptr<Q8GridData> data;
+  if (!data || !same_shape(key, gc)) {
+    data.reset();
+    auto d = std::make_unique<Q8GridData>();
+    const RawBatch raw = make_raw(contexts_for(gc.n_seq), gc.Hq, gc.H, gc.D, 4321u + gc.n_seq * 7 + gc.D);
+    d->batches.reserve(std::size(kDtypes));
+    for (KVDType dt : kDtypes) {
+      d->batches.push_back(make_batch(dt, raw));
+      const Batch& b = d->batches.back();
+      std::vector<float> twin(size_t(gc.n_seq) * gc.Hq * gc.D, NAN);
+      fd::DecodeAttentionWorkspace ws;
+      fd::decode_attention(b.params(twin.data(), fd::QueryQuant::I8), Isa::Scalar, 1, ws);
+      d->twins.push_back(std::move(twin));
+      d->refs.push_back(dt == KVDType::F16 ? Q8Ref{} : reference_q8(b));
+      drop_exact_values(d->batches.back());
+    }
+    key = gc, data = std::move(d);
+  }
+  return *data;
+}
 
 TEST_P(DecodeAttentionQ8Grid, QuantizedQueryMatchesQ8ReferenceAndScalarTwin) {
-  const GridCase gc = GetParam();
-  const RawBatch raw = make_raw(contexts_for(gc.n_seq), gc.Hq, gc.H, gc.D, 4321u + gc.n_seq * 7 + gc.D);
-  const std::vector<Isa> isas = runnable_isas();
-  for (KVDType dt : kDtypes) {
-    const Batch b = make_batch(dt, raw);
-    std::vector<float> twin(size_t(gc.n_seq) * gc.Hq * gc.D, NAN), o(twin.size(), NAN), of(twin.size(), NAN);
+  const Isa isa = GetParam().isa;
+  const GridCase gc = GetParam().shape;
+  FD_SKIP_UNLESS_ISA(isa);
+  const Q8GridData& data = q8_grid_data(gc);
+  for (size_t i = 0; i < data.batches.size(); ++i) {
+    const Batch& b = data.batches[i];
+    const KVDType dt = b.dtype;
+    const std::vector<float>& twin = data.twins[i];
+    std::vector<float> o(twin.size(), NAN), of(twin.size(), NAN);
     fd::DecodeAttentionWorkspace ws;
-    fd::decode_attention(b.params(twin.data(), fd::QueryQuant::I8), Isa::Scalar, 1, ws);
     if (dt == KVDType::F16) {
-      for (Isa isa : isas) {
-        fd::decode_attention(b.params(o.data(), fd::QueryQuant::I8), isa, 5, ws);
-        fd::decode_attention(b.params(of.data(), fd::QueryQuant::F32), isa, 5, ws);
-        EXPECT_EQ(0, std::memcmp(o.data(), of.data(), o.size() * sizeof(float)))
-            << fd::isa_name(isa) << ": fp16 blocks must ignore the query mode";
-      }
+      fd::decode_attention(b.params(o.data(), fd::QueryQuant::I8), isa, 5, ws);
+      fd::decode_attention(b.params(of.data(), fd::QueryQuant::F32), isa, 5, ws);
+      EXPECT_EQ(0, std::memcmp(o.data(), of.data(), o.size() * sizeof(float)))
+          << fd::isa_name(isa) << ": fp16 blocks must ignore the query mode";
       continue;
     }
-    const Q8Ref ref = reference_q8(b);
+    const Q8Ref& ref = data.refs[i];
     std::vector<double> twin_d(twin.begin(), twin.end());
     EXPECT_TRUE(close_q8(twin, ref, gc.Hq, gc.D)) << "scalar twin, dtype " << fd::kv_dtype_name(dt);
-    for (Isa isa : isas)
-      for (int threads : {1, 5}) {
-        std::fill(o.begin(), o.end(), NAN);
-        fd::decode_attention(b.params(o.data(), fd::QueryQuant::I8), isa, threads, ws);
-        EXPECT_TRUE(close_q8(o, ref, gc.Hq, gc.D))
-            << fd::isa_name(isa) << " vs q8 reference, dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
-        EXPECT_TRUE(close(o, twin_d, gc.Hq, gc.D))
-            << fd::isa_name(isa) << " vs scalar twin, dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
-      }
+    for (int threads : {1, 5}) {
+      std::fill(o.begin(), o.end(), NAN);
+      fd::decode_attention(b.params(o.data(), fd::QueryQuant::I8), isa, threads, ws);
+      EXPECT_TRUE(close_q8(o, ref, gc.Hq, gc.D))
+          << fd::isa_name(isa) << " vs q8 reference, dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
+      EXPECT_TRUE(close(o, twin_d, gc.Hq, gc.D))
+          << fd::isa_name(isa) << " vs scalar twin, dtype " << fd::kv_dtype_name(dt) << ", threads " << threads;
+    }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DecodeAttention, DecodeAttentionQ8Grid, ::testing::ValuesIn(grid()),
-                         [](const auto& info) { return grid_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(DecodeAttention, DecodeAttentionQ8Grid, ::testing::ValuesIn(isa_grid(grid())),
+                         [](const auto& info) { return isa_grid_name(info.param); });
 
 // The error the quantized query adds: max |o(I8 query) - o(fp32 query)| over the grid's batches (same
 // KV, the scalar twin: every ISA's q8 path matches it to 2e-5, DecodeAttentionQ8Grid), per KV dtype.
@@ -285,7 +335,7 @@ TEST(DecodeAttention, IsaSupport) {
   EXPECT_TRUE(fd::isa_supported(Isa::Scalar));
   for (Isa isa : kIsas) {
     EXPECT_EQ(fd::isa_from_name(fd::isa_name(isa)), isa);
-    if (!fd::isa_supported(isa)) std::printf("note: ISA %s not supported here: its cases skip (visibly)\n", fd::isa_name(isa).data());
+    if (!fd::isa_supported(isa)) std::printf("note: ISA %s not supported here: each of its cases skips (visibly)\n", fd::isa_name(isa).data());
   }
   EXPECT_TRUE(fd::isa_supported(fd::best_isa()));
   EXPECT_THROW(fd::isa_from_name("sse"), fd::Error);
