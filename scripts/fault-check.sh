@@ -14,9 +14,9 @@
 # suite. --gpu (on the GPU machine; it sources scripts/device-env.sh itself): the cuda preset in build/cuda,
 # FD_REQUIRE_GPU=1, only the gpu-labelled tests, for the clean build and by default the FD_GPU_FAULTS
 # (gpu_probe_fails: a failed device query must fail the GPU tests, not skip them; cuda_decode_skips_last_kv).
-# --faults (or FAULT... as arguments) chooses the faults, CPU or GPU; --ctest-args adds ctest arguments for the
-# faulty builds (e.g. "-LE 'python|fuzz'" or '-R Schedule'), --ctest-args-for for one fault's build instead; the
-# clean build always runs the whole selection, and the record lists each run's ctest arguments. Writes
+# --faults (or FAULT... as arguments) chooses the faults, CPU or GPU; --ctest-args adds ctest arguments to every run,
+# the clean build's included (a part of the suite, e.g. "-LE 'python|layering'": the GoogleTest entries and the
+# fuzz run), --ctest-args-for to one fault's run instead; the record lists each run's ctest arguments. Writes
 # DIR/faults.json, DIR/FAULTS.md and each run's ctest log (default DIR: results/faults).
 # Exit 0 when every fault was caught and the clean build passed.
 set -uo pipefail
@@ -72,6 +72,7 @@ runs="$out/runs.tsv"
 : >"$runs"
 run_one() {  # $1: fault name or "" (clean); appends a row to $runs: label, build ok, ctest exit, seconds, ctest args
   local f="$1" label="${1:-none}" t0 t1 rc log args=("${ctest_args[@]}") more=""
+  more="$extra_ctest"
   if [ -n "$f" ]; then more="${extra_for[$f]-$extra_ctest}"; fi
   if [ -n "$more" ]; then eval "args+=($more)"; fi  # quoted as on a command line: -LE 'python|fuzz'
   t0=$(date +%s)
@@ -129,7 +130,7 @@ cmd = (["scripts/fault-check.sh"] + (["--gpu"] if gpu else []) + (['--ctest-args
        + ['--ctest-args-for %s "%s"' % kv for kv in sorted(extra_for.items())] + ["--faults", ",".join(faults)])
 suite = "ctest -L gpu with FD_REQUIRE_GPU=1 (cuda preset)" if gpu else "the whole ctest suite (default preset)"
 if extra or extra_for:
-    suite += "; some faulty builds with a part of it (the column ctest arguments)"
+    suite += "; a part of it where the column ctest arguments narrows it"
 prov = {"git_commit": commit, "tracked_changes": bool(dirty),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": platform.node(),
         "cpu_model": cpu, "cpu_cores": os.cpu_count(), "gpus": [g for g in gpus.splitlines() if g],
