@@ -12,8 +12,8 @@
 #
 # Which cases exist is known only by collecting the files, so it is done here, when ctest starts (as
 # gtest_discover_tests' PRE_TEST mode lists a GoogleTest executable): one `pytest --collect-only` over every file
-# (4 s on the busy 2-core development machine), kept in FD_PYTEST_OUT/cases/ and done again when a file under tests/python, this script or
-# the include file is newer. A file's run compares what it collects with that list and fails on a difference
+# (4 CPU-seconds on the 2-core development machine), kept in FD_PYTEST_OUT/cases/ and done again when a file under
+# tests/python, this script or the include file is newer. A file's run compares what it collects with that list and fails on a difference
 # (removing the list, so that the next ctest collects again): no case runs without its own entry. A file that fails
 # to collect has only its file's entry, which fails.
 set(_cases_dir "${FD_PYTEST_OUT}/cases")
