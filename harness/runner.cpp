@@ -280,12 +280,14 @@ json run_body(const ExperimentConfig& e, const RunOptions& opt, RunState& st) {
   Scheduler sched(sc);
   for (const auto& r : plan.sched) sched.submit(r);
 
-  // steps.jsonl and requests.jsonl grow as the run goes, so a run that fails or is killed keeps what it did.
-  StepRecorder steps(dir);
-  RequestRecorder reqs(dir, requests, plan.arrivals);
+  // summary.json says "incomplete" before steps.jsonl exists, so a folder with steps.jsonl always has a summary
+  // (a kill -9 between the two would leave none). steps.jsonl and requests.jsonl grow as the run goes, so a run
+  // that fails or is killed keeps what it did.
   st.loop_started = true;
   st.requests = int64_t(requests.size());
   write_incomplete_summary(e, dir, st);
+  StepRecorder steps(dir);
+  RequestRecorder reqs(dir, requests, plan.arrivals);
 
   const LoopTotals n = StepLoop(*engine, sched, requests, steps, reqs, logits, st).run(opt.progress, plan.total_gen);
   engine->shutdown();

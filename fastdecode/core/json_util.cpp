@@ -1,7 +1,12 @@
 #include "fastdecode/core/json_util.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -20,11 +25,25 @@ json read_json_file(const std::string& path) {
   }
 }
 
+// Written beside the target and renamed over it, so a process killed mid-write (kill -9 of a run) leaves the
+// previous file or the new one whole, never half a JSON document.
 void write_json_file(const std::string& path, const json& j, int indent) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) FD_THROW(path << ": cannot open for writing");
-  out << j.dump(indent) << "\n";
-  if (!out) FD_THROW(path << ": write failed");
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) FD_THROW(path << ": cannot open for writing");
+    out << j.dump(indent) << "\n";
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      FD_THROW(path << ": write failed");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    FD_THROW(path << ": cannot replace it (" << std::strerror(err) << ")");
+  }
 }
 
 StrictObject::StrictObject(const json& obj, std::string file, std::string path)
