@@ -332,43 +332,9 @@ StepResult FastDecodeEngine::step() {
     for (Sequence* s : fresh) out.total_context += s->len;
     out.prefill_tokens = int64_t(plan.prefill.pos.size());
   }
-  // r_compute_max: the busiest R-worker's compute this step (its requests run one after another), the
-  // R side's critical path; r_wait: time the S-worker waited for replies; s_compute: S-Part time. With
-  // several ranks each is the largest over the ranks (the step waits for the slowest), plus comm: the
-  // longest time a rank spent in stage hand-offs.
-  // Decode steps also split the S side: d2h / h2d, the S-Part's copies of the R-Part's tensors (device time,
-  // inside s_compute); wire, per layer and mini-batch, of the S-worker's wait for replies what the reply taken
-  // last spent beyond its worker's compute (from the later of its send and the receipt of the worker's previous
-  // reply, to its receipt, minus compute, capped at the wait), summed; idle, the decode's wall time outside the S-Part (the
-  // device waits: for replies, r_wait, or for the S-worker's own host work). Each the largest over the ranks.
-  // send, the S-worker's time handing the ATTENDs over (a copy into each shared-memory region, unless the S-Part wrote
-  // q/k/v there: engine.rworkers.shm_in_place), outside s_compute.
-  int64_t s_ns = 0, r_wait = 0, busiest = 0, comm = 0, d2h = 0, h2d = 0, wire = 0, idle = 0, send = 0;
-  for (auto& r : res) {
-    s_ns = std::max(s_ns, r.s_ns), r_wait = std::max(r_wait, r.r_wait_ns), comm = std::max(comm, r.comm_ns);
-    d2h = std::max(d2h, r.d2h_ns), h2d = std::max(h2d, r.h2d_ns), wire = std::max(wire, r.wire_ns);
-    idle = std::max(idle, r.decode_ns - r.decode_s_ns), send = std::max(send, r.send_ns);
-    for (int64_t w : r.worker_ns) busiest = std::max(busiest, w);
-    out.spans.insert(out.spans.end(), std::make_move_iterator(r.spans.begin()), std::make_move_iterator(r.spans.end()));
-  }
-  out.breakdown_ms["s_compute"] = s_ns / 1e6;
-  out.breakdown_ms["r_wait"] = r_wait / 1e6;
-  out.breakdown_ms["r_compute_max"] = busiest / 1e6;
-  if (!plan.decode.empty()) {
-    out.breakdown_ms["d2h"] = d2h / 1e6;
-    out.breakdown_ms["h2d"] = h2d / 1e6;
-    out.breakdown_ms["wire"] = wire / 1e6;
-    out.breakdown_ms["idle"] = idle / 1e6;
-    out.breakdown_ms["send"] = send / 1e6;
-  }
-  if (ranks_.size() > 1) out.breakdown_ms["comm"] = comm / 1e6;
-  // The shared-memory lanes' request bytes (every rank's): copied into a region by the client, or already there.
-  int64_t copied = 0, in_place = 0;
-  for (const auto& r : res) copied += r.shm_bytes_copied, in_place += r.shm_bytes_in_place;
-  if (copied + in_place > 0) out.counts["shm_bytes_copied"] += copied, out.counts["shm_bytes_in_place"] += in_place;
-  int64_t appends = 0;
-  for (const auto& r : res) appends += r.append_requests;
-  if (appends > 0) out.counts["append_kv_requests"] += appends;
+  std::vector<RankTiming> timing;
+  for (RankStep& r : res) timing.push_back(std::move(r.timing));
+  add_rank_timing(timing, !plan.decode.empty(), out);
   release_finished(out);
   return out;
 }

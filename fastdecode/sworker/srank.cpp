@@ -26,7 +26,6 @@ struct SRank::Batch {
     size_t begin = 0, end = 0;  // rows of this batch owned by the worker
     std::vector<uint64_t> ids;
     uint64_t request = 0;
-    int64_t sent_ns = 0;  // now_ns() once its ATTEND was handed to the socket
     const void* ids_at = nullptr;  // where its ids, q, k and v lie (its region block, or ids and the staging ranges)
     uint8_t *q_at = nullptr, *k_at = nullptr, *v_at = nullptr;
     ShmBlock block;  // in the worker's region: kept between steps, taken anew when too small
@@ -47,9 +46,8 @@ constexpr size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
 SRank::SRank(std::unique_ptr<SPart> spart, std::unique_ptr<RWorkerClient> client, Communicator* pp, SRankOptions o)
     : spart_(std::move(spart)), client_(std::move(client)), pp_(pp), o_(std::move(o)),
-      worker_free_ns_(client_->size(), 0) {
+      rec_(*spart_, *client_, pp_, o_.layer_begin, o_.track_suffix, o_.worker_prefix) {
   const ModelConfig& c = spart_->config();
-  spart_->trace_device(true);
   // Every worker answers HELLO before any work, or the run is refused as a config error (exit 2) naming it.
   for (size_t w = 0; w < client_->size(); ++w) {
     try {
@@ -99,13 +97,6 @@ Header SRank::header(MsgType t, int layer, size_t n_seq) const {
   return h;
 }
 
-// "L3 mb1 attention input" with the global layer index (snprintf: GCC 12 warns falsely on chained +).
-std::string SRank::span(int l, int slot, const char* what) const {
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "L%lld mb%d%s%s", (long long)(o_.layer_begin + l), slot, *what ? " " : "", what);
-  return buf;
-}
-
 void SRank::collect_frees() {
   if (pending_frees_.empty()) return;
   std::vector<std::pair<size_t, uint64_t>> reqs;
@@ -137,16 +128,7 @@ void SRank::recover(const std::vector<size_t>& dead) {
 RankStep SRank::run(const StepPlan& plan) {
   pin_regions();
   RankStep out;
-  const auto lane_bytes = [&](int64_t& copied, int64_t& in_place) {
-    for (size_t w = 0; w < client_->size(); ++w) {
-      const ShmLaneStats st = client_->shm_stats(w);
-      copied += int64_t(st.bytes_copied), in_place += int64_t(st.bytes_in_place);
-    }
-  };
-  int64_t copied0 = 0, in_place0 = 0;
-  lane_bytes(copied0, in_place0);
-  out.worker_ns.assign(client_->size(), 0);
-  if (pp_) pp_->busy_ms_and_reset();
+  rec_.begin(out.timing);
   collect_frees();
   for (const auto& [w, ids] : plan.drop)  // recovery: each id alone, so that one already gone does not stop the rest
     for (uint64_t id : ids) {
@@ -169,20 +151,13 @@ RankStep SRank::run(const StepPlan& plan) {
     for (const auto& [w, ids] : plan.adds) client_->add_seqs(w, ids);
     prefill(plan.prefill, out);
   }
-  if (pp_) out.comm_ns = int64_t(pp_->busy_ms_and_reset() * 1e6);
-  lane_bytes(out.shm_bytes_copied, out.shm_bytes_in_place);
-  out.shm_bytes_copied -= copied0, out.shm_bytes_in_place -= in_place0;
-  // The S-Part's device timeline (CUDA: a track per stream, each span a stage of one mini-batch's slot).
-  for (const SPart::DeviceSpan& d : spart_->device_spans())
-    out.spans.push_back({"gpu stream " + std::to_string(d.stream) + o_.track_suffix,
-                         d.layer >= 0 ? span(d.layer, d.slot, d.what.c_str()) : "mb" + std::to_string(d.slot) + " " + d.what,
-                         d.start_ns, d.dur_ns});
+  rec_.end();
   return out;
 }
 
 // The batch's first-layer input: its tokens' embeddings (first stage) or the residual stream handed on by the
 // stage before (sizes the slot, then receives into it); and each worker's range of its rows.
-void SRank::setup(Batch& b, const PlanBatch& pb, RankStep& out) {
+void SRank::setup(Batch& b, const PlanBatch& pb) {
   const ModelConfig& c = spart_->config();
   const int64_t T = int64_t(pb.ids.size());
   b.slot = pb.slot;
@@ -190,16 +165,14 @@ void SRank::setup(Batch& b, const PlanBatch& pb, RankStep& out) {
   reserve(*spart_, b.q, size_t(T) * row_bytes(c.q_dim()));
   reserve(*spart_, b.k, size_t(T) * row_bytes(c.kv_dim()));
   reserve(*spart_, b.v, size_t(T) * row_bytes(c.kv_dim()));
-  const int64_t t0 = now_ns();
-  if (o_.pp_rank == 0) {
-    spart_->embed(b.slot, pb.tokens.data(), pb.pos.data(), int64_t(pb.tokens.size()));
-  } else {
-    spart_->prepare(b.slot, pb.pos.data(), int64_t(pb.pos.size()));
-    const int64_t tr = now_ns();
-    spart_->recv_residual(b.slot, *pp_, o_.pp_rank - 1);
-    out.spans.push_back({"comm" + o_.track_suffix, span(0, b.slot, "residual in"), tr, now_ns() - tr});
-  }
-  out.s_ns += now_ns() - t0;
+  rec_.s_part("s-part", "", [&] {
+    if (o_.pp_rank == 0) {
+      spart_->embed(b.slot, pb.tokens.data(), pb.pos.data(), int64_t(pb.tokens.size()));
+    } else {
+      spart_->prepare(b.slot, pb.pos.data(), int64_t(pb.pos.size()));
+      rec_.span("comm", rec_.name(0, b.slot, "residual in"), [&] { spart_->recv_residual(b.slot, *pp_, o_.pp_rank - 1); });
+    }
+  });
   b.parts.resize(client_->size());  // their blocks kept
   for (auto& p : b.parts) p.begin = p.end = 0, p.ids.clear();
   for (size_t r = 0; r < pb.ids.size(); ++r) {
@@ -251,73 +224,47 @@ int64_t SRank::warm_up(int slots, int64_t max_rows) {
 void SRank::hand_on(int slot) { spart_->send_residual(slot, *pp_, o_.pp_rank + 1); }
 
 // S-Part of layer l for a batch, then ATTEND to every worker owning some of its sequences.
-void SRank::launch(Batch& b, int l, RankStep& out) {
+void SRank::launch(Batch& b, int l) {
   const ModelConfig& c = spart_->config();
   const size_t qb = row_bytes(c.q_dim()), kvb = row_bytes(c.kv_dim());
-  const int64_t t0 = now_ns();
-  spart_->attention_input(b.slot, l, host_dtype(), b.outs);
-  out.s_ns += now_ns() - t0;
-  out.spans.push_back({"s-part" + o_.track_suffix, span(l, b.slot, "attention input"), t0, now_ns() - t0});
-  const int64_t ts = now_ns();
-  for (size_t w = 0; w < b.parts.size(); ++w) {
-    auto& p = b.parts[w];
-    if (p.begin == p.end) continue;
-    const size_t n = p.end - p.begin;
-    p.request = client_->send(w, header(MsgType::Attend, l, n),
-                              {{p.ids_at, n * 8}, {p.q_at, n * qb}, {p.k_at, n * kvb}, {p.v_at, n * kvb}});
-    p.sent_ns = now_ns();
-  }
-  out.send_ns += now_ns() - ts;
+  rec_.s_part("s-part", rec_.name(l, b.slot, "attention input"),
+              [&] { spart_->attention_input(b.slot, l, host_dtype(), b.outs); });
+  rec_.sending([&] {
+    for (size_t w = 0; w < b.parts.size(); ++w) {
+      auto& p = b.parts[w];
+      if (p.begin == p.end) continue;
+      const size_t n = p.end - p.begin;
+      p.request = client_->send(w, header(MsgType::Attend, l, n),
+                                {{p.ids_at, n * 8}, {p.q_at, n * qb}, {p.k_at, n * kvb}, {p.v_at, n * kvb}});
+      rec_.sent(b.slot, w);
+    }
+  });
 }
 
 // Waits for layer l's attention of a batch, then the rest of the layer on the S-Part.
-void SRank::finish(Batch& b, int l, RankStep& out) {
+void SRank::finish(Batch& b, int l) {
   const ModelConfig& c = spart_->config();
   std::vector<std::pair<size_t, uint64_t>> reqs;
   for (size_t w = 0; w < b.parts.size(); ++w)
     if (b.parts[w].begin != b.parts[w].end) reqs.push_back({w, b.parts[w].request});
-  const int64_t t0 = now_ns();
-  std::vector<RWorkerReply> replies = client_->wait(reqs);
-  const int64_t t1 = now_ns();
-  out.r_wait_ns += t1 - t0;
-  std::vector<HostRows> rows;  // workers in row order: their ranges are consecutive
-  // The wire on the critical path: of this wait, what the reply it ended on (taken last) spent beyond its worker's
-  // compute, from the later of its send and the receipt of that worker's previous reply (before then the worker
-  // was still busy with the previous request: queueing, not wire) to its receipt, at most the wait (a reply that
-  // came while the S-worker was busy cost nothing).
-  size_t last = 0;
-  for (size_t i = 1; i < replies.size(); ++i)
-    if (replies[i].recv_ns > replies[last].recv_ns) last = i;
-  if (!replies.empty()) {
-    const RWorkerReply& r = replies[last];
-    const size_t w = reqs[last].first;
-    const int64_t start = std::max(b.parts[w].sent_ns, worker_free_ns_[w]);
-    out.wire_ns += std::clamp<int64_t>(r.recv_ns - start - int64_t(r.h.compute_ns), 0, t1 - t0);
-  }
-  for (size_t i = 0; i < replies.size(); ++i)
-    worker_free_ns_[reqs[i].first] = std::max(worker_free_ns_[reqs[i].first], replies[i].recv_ns);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    const auto& p = b.parts[reqs[i].first];
-    const RWorkerReply& r = replies[i];
-    out.worker_ns[reqs[i].first] += int64_t(r.h.compute_ns);
-    // The worker's own compute time, drawn ending when its reply was in hand (clocks differ between
-    // processes; the duration is the worker's, the placement approximate).
-    out.spans.push_back({o_.worker_prefix + std::to_string(reqs[i].first), span(l, b.slot, ""),
-                         t1 - int64_t(r.h.compute_ns), int64_t(r.h.compute_ns)});
-    FD_CHECK(r.frames.at(0).size() == (p.end - p.begin) * row_bytes(c.q_dim()),
-             o_.worker_prefix << reqs[i].first << " (" << client_->endpoint(reqs[i].first) << "): attention reply of " << r.frames.at(0).size() << " bytes");
-    rows.push_back({r.frames.at(0).data(), int64_t(p.end - p.begin)});
-  }
-  spart_->set_attention(b.slot, host_dtype(), rows);
-  spart_->attention_output_and_mlp(b.slot, l);
-  out.s_ns += now_ns() - t1;
-  out.spans.push_back({"s-part" + o_.track_suffix, span(l, b.slot, "output+MLP"), t1, now_ns() - t1});
+  const std::vector<RWorkerReply> replies = rec_.attend_replies(l, b.slot, reqs);
+  rec_.s_part("s-part", rec_.name(l, b.slot, "output+MLP"), [&] {
+    std::vector<HostRows> rows;  // workers in row order: their ranges are consecutive
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const auto& p = b.parts[reqs[i].first];
+      const RWorkerReply& r = replies[i];
+      FD_CHECK(r.frames.at(0).size() == (p.end - p.begin) * row_bytes(c.q_dim()),
+               o_.worker_prefix << reqs[i].first << " (" << client_->endpoint(reqs[i].first) << "): attention reply of "
+                                << r.frames.at(0).size() << " bytes");
+      rows.push_back({r.frames.at(0).data(), int64_t(p.end - p.begin)});
+    }
+    spart_->set_attention(b.slot, host_dtype(), rows);
+    spart_->attention_output_and_mlp(b.slot, l);
+  });
 }
 
 void SRank::decode(const StepPlan& plan, RankStep& out) {
-  const int64_t t_start = now_ns();
-  const SPart::CopyTimes c0 = spart_->copy_times();
-  const int64_t s0 = out.s_ns;
+  rec_.decode_begin();
   const int64_t L = spart_->config().num_layers, V = spart_->config().vocab_size;
   const size_t n_mb = plan.decode.size();
   const bool last_stage = o_.pp_rank + 1 == o_.pp_size;
@@ -328,32 +275,28 @@ void SRank::decode(const StepPlan& plan, RankStep& out) {
     const size_t b0 = plan.waves[w], b1 = plan.waves[w + 1];
     // The pipeline inside a stage: while the R-workers attend for one mini-batch, the S-Part runs the other.
     for (size_t m = b0; m < b1; ++m) {
-      setup(*batches_[m], plan.decode[m], out);
-      launch(*batches_[m], 0, out);
+      setup(*batches_[m], plan.decode[m]);
+      launch(*batches_[m], 0);
     }
     for (int l = 0; l < L; ++l)
       for (size_t m = b0; m < b1; ++m) {
-        finish(*batches_[m], l, out);
-        if (l + 1 < L) launch(*batches_[m], l + 1, out);
+        finish(*batches_[m], l);
+        if (l + 1 < L) launch(*batches_[m], l + 1);
         else if (!last_stage) hand_on(batches_[m]->slot);
       }
     if (!last_stage) continue;
-    const int64_t t1 = now_ns();  // the last stage samples each wave as it ends
-    for (size_t m = b0; m < b1; ++m) {
-      const PlanBatch& pb = plan.decode[m];
-      out.decode_tokens[m].resize(pb.sample_rows.size());
-      out.decode_recorded[m].resize(pb.draws.record.size() * size_t(V));
-      spart_->sample(pb.slot, pb.sample_rows, pb.draws.params, pb.draws.ids, pb.draws.steps, out.decode_tokens[m].data(),
-                     pb.draws.record, pb.draws.record.empty() ? nullptr : out.decode_recorded[m].data());
-    }
-    out.s_ns += now_ns() - t1;
+    rec_.s_part("s-part", "", [&] {  // the last stage samples each wave as it ends
+      for (size_t m = b0; m < b1; ++m) {
+        const PlanBatch& pb = plan.decode[m];
+        out.decode_tokens[m].resize(pb.sample_rows.size());
+        out.decode_recorded[m].resize(pb.draws.record.size() * size_t(V));
+        spart_->sample(pb.slot, pb.sample_rows, pb.draws.params, pb.draws.ids, pb.draws.steps, out.decode_tokens[m].data(),
+                       pb.draws.record, pb.draws.record.empty() ? nullptr : out.decode_recorded[m].data());
+      }
+    });
   }
   if (!last_stage) pp_->flush_sends();
-  const SPart::CopyTimes c1 = spart_->copy_times();
-  out.d2h_ns += c1.d2h_ns - c0.d2h_ns, out.h2d_ns += c1.h2d_ns - c0.h2d_ns;
-  out.decode_ns += now_ns() - t_start;
-  out.decode_s_ns += out.s_ns - s0;
-  out.spans.push_back({"s-worker" + o_.track_suffix, "decode step", t_start, now_ns() - t_start});
+  rec_.decode_end();
 }
 
 // Prompts run through the S-Part with its own causal attention (the prompt is compute-bound: the S-Part's
@@ -361,7 +304,7 @@ void SRank::decode(const StepPlan& plan, RankStep& out) {
 // token sampled at the last stage.
 // pb: one entry of ids / workers per sequence (ordered by worker), tokens and pos per prompt token.
 void SRank::prefill(const PlanBatch& pb, RankStep& out) {
-  const int64_t t_start = now_ns();
+  rec_.prefill_begin();
   const ModelConfig& c = spart_->config();
   const int64_t T = int64_t(pb.pos.size());
   const int slot = pb.slot;
@@ -370,9 +313,7 @@ void SRank::prefill(const PlanBatch& pb, RankStep& out) {
     spart_->embed(slot, pb.tokens.data(), pb.pos.data(), T);
   } else {
     spart_->prepare(slot, pb.pos.data(), T);
-    const int64_t tr = now_ns();
-    spart_->recv_residual(slot, *pp_, o_.pp_rank - 1);
-    out.spans.push_back({"comm" + o_.track_suffix, "prefill residual in", tr, now_ns() - tr});
+    rec_.span("comm", "prefill residual in", [&] { spart_->recv_residual(slot, *pp_, o_.pp_rank - 1); });
   }
   // APPEND_KV per (layer, worker) from two alternating K/V buffers: before a buffer is refilled, the sends of
   // two layers earlier (its readers, zero-copy) are answered. A worker's share goes in chunks of at most
@@ -393,18 +334,12 @@ void SRank::prefill(const PlanBatch& pb, RankStep& out) {
   }
   std::vector<std::pair<size_t, uint64_t>> pending[2];
   // Host spans of each layer's stages (a CUDA S-Part's launches return early: a stage's device time shows in the
-  // next call that waits, attention_input's copy of k/v down).
-  const auto timed = [&](int l, const char* track, const char* what, auto&& f) {
-    const int64_t t = now_ns();
-    f();
-    out.spans.push_back({std::string(track) + o_.track_suffix, span(l, slot, what), t, now_ns() - t});
-  };
+  // next call that waits, attention_input's copy of k/v down); prefill's S-Part time is its whole (prefill_end).
+  const auto timed = [&](int l, const char* track, const char* what, auto&& f) { rec_.span(track, rec_.name(l, slot, what), f); };
   for (int l = 0; l < c.num_layers; ++l) {
     const int b = l % 2;
     if (!pending[b].empty()) {
-      const int64_t tw = now_ns();
-      timed(l, "s-worker", "prefill append wait", [&] { client_->wait(pending[b]); });
-      out.r_wait_ns += now_ns() - tw;
+      rec_.wait("s-worker", rec_.name(l, slot, "prefill append wait"), [&] { client_->wait(pending[b]); });
       pending[b].clear();
     }
     reserve(*spart_, prefill_k_[b], size_t(T) * kvb);
@@ -414,17 +349,17 @@ void SRank::prefill(const PlanBatch& pb, RankStep& out) {
     });
     timed(l, "s-part", "prefill attention", [&] { spart_->prefill_attention(slot, pb.starts); });
     timed(l, "s-part", "prefill output+MLP", [&] { spart_->attention_output_and_mlp(slot, l); });
-    const int64_t ts = now_ns();
-    for (const auto& [w, a] : per_worker) {
-      Header h = header(MsgType::AppendKV, l, a.ids.size());
-      h.n_tokens = uint32_t(a.end - a.begin);
-      const size_t n = a.end - a.begin;
-      pending[b].push_back({w, client_->send(w, h, {{a.ids.data(), a.ids.size() * 8}, {a.counts.data(), a.counts.size() * 4},
-                                                    {prefill_k_[b].data() + a.begin * kvb, n * kvb},
-                                                    {prefill_v_[b].data() + a.begin * kvb, n * kvb}})});
-    }
-    out.append_requests += int64_t(per_worker.size());
-    out.spans.push_back({"s-worker" + o_.track_suffix, span(l, slot, "prefill append send"), ts, now_ns() - ts});
+    timed(l, "s-worker", "prefill append send", [&] {
+      for (const auto& [w, a] : per_worker) {
+        Header h = header(MsgType::AppendKV, l, a.ids.size());
+        h.n_tokens = uint32_t(a.end - a.begin);
+        const size_t n = a.end - a.begin;
+        pending[b].push_back({w, client_->send(w, h, {{a.ids.data(), a.ids.size() * 8}, {a.counts.data(), a.counts.size() * 4},
+                                                      {prefill_k_[b].data() + a.begin * kvb, n * kvb},
+                                                      {prefill_v_[b].data() + a.begin * kvb, n * kvb}})});
+      }
+    });
+    rec_.appends(int64_t(per_worker.size()));
   }
   if (o_.pp_rank + 1 < o_.pp_size) {
     hand_on(slot);
@@ -435,13 +370,10 @@ void SRank::prefill(const PlanBatch& pb, RankStep& out) {
     spart_->sample(slot, pb.sample_rows, pb.draws.params, pb.draws.ids, pb.draws.steps, out.prefill_tokens.data(),
                    pb.draws.record, pb.draws.record.empty() ? nullptr : out.prefill_recorded.data());
   }
-  const int64_t t1 = now_ns();
-  for (auto& p : pending) client_->wait(p);
-  out.spans.push_back({"s-worker" + o_.track_suffix, "prefill append wait (last layers)", t1, now_ns() - t1});
-  if (pp_ && o_.pp_rank + 1 < o_.pp_size) pp_->flush_sends();
-  out.r_wait_ns += now_ns() - t1;
-  out.s_ns += t1 - t_start;
-  out.spans.push_back({"s-worker" + o_.track_suffix, "prefill", t_start, now_ns() - t_start});
+  rec_.prefill_end([&] {
+    for (auto& p : pending) client_->wait(p);
+    if (pp_ && o_.pp_rank + 1 < o_.pp_size) pp_->flush_sends();
+  });
 }
 
 }  // namespace fd

@@ -13,6 +13,7 @@
 
 #include "fastdecode/engine/engine.h"
 #include "fastdecode/spart/spart.h"
+#include "fastdecode/sworker/rank_recorder.h"
 #include "fastdecode/sworker/rworker_spawn.h"
 #include "fastdecode/wire/rworker_client.h"
 
@@ -68,17 +69,7 @@ struct RankStep {
   std::vector<std::vector<float>> decode_recorded;  // per decode batch: [record.size(), V]
   std::vector<int32_t> prefill_tokens;
   std::vector<float> prefill_recorded;
-  std::vector<Span> spans;
-  int64_t s_ns = 0, r_wait_ns = 0, comm_ns = 0;
-  // Decode only: the S-Part's copies (device time, inside s_ns), the wire (per layer and mini-batch, of the wait for
-  // replies, what the reply taken last spent beyond its worker's compute) and the rank's decode wall time.
-  int64_t d2h_ns = 0, h2d_ns = 0, wire_ns = 0, decode_ns = 0, decode_s_ns = 0;  // decode_s_ns: s_ns's decode part
-  int64_t send_ns = 0;  // decode: the S-worker's time handing ATTENDs to the client (copies into regions included)
-  std::vector<int64_t> worker_ns;  // compute per R-worker of this rank's group
-  // Tensor bytes of this step's requests through the shared-memory lanes: copied into a region by the client, or
-  // sent where they lay (written there by the S-Part).
-  int64_t shm_bytes_copied = 0, shm_bytes_in_place = 0;
-  int64_t append_requests = 0;  // prefill: APPEND_KV messages sent (per layer and worker, one per chunk)
+  RankTiming timing;  // how long each piece took, the trace (rank_recorder.h)
 };
 
 struct SRankOptions {
@@ -137,20 +128,19 @@ class SRank {
   DType host_dtype() const;
   size_t row_bytes(int64_t width) const;
   proto::Header header(proto::MsgType t, int layer, size_t n_seq) const;
-  void setup(Batch& b, const PlanBatch& pb, RankStep& out);
-  void launch(Batch& b, int l, RankStep& out);
-  void finish(Batch& b, int l, RankStep& out);
+  void setup(Batch& b, const PlanBatch& pb);
+  void launch(Batch& b, int l);
+  void finish(Batch& b, int l);
   void hand_on(int slot);  // not the last stage: the slot's residual to the next stage
   void decode(const StepPlan& plan, RankStep& out);
   void prefill(const PlanBatch& pb, RankStep& out);
-  std::string span(int l, int slot, const char* what) const;
 
   std::unique_ptr<SPart> spart_;
   std::unique_ptr<RWorkerClient> client_;
   Communicator* pp_ = nullptr;
   SRankOptions o_;
   std::vector<json> hello_;
-  std::vector<int64_t> worker_free_ns_;  // per worker: the receipt of its latest ATTEND reply (decode's wire)
+  RankRecorder rec_;  // the step's timing and trace, kept out of the pipeline below
   std::vector<std::unique_ptr<Batch>> batches_;  // decode batches' buffers, kept between steps
   HostBuffer prefill_k_[2], prefill_v_[2];
   struct PendingFree {

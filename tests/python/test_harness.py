@@ -235,6 +235,11 @@ def test_fastdecode_engine_run_folder(fd_bin, models_dir, tmp_path):
     assert all(0 <= s["breakdown_ms"]["wire"] <= s["step_ms"] for s in dec)
     assert all(0 < s["breakdown_ms"]["idle"] <= s["step_ms"] for s in dec)
     assert sum(s["breakdown_ms"]["wire"] for s in dec) > 0
+    # The rank's recorder: the wire is a share of the waits; each decode step's busiest worker computed; every step
+    # ran the S-Part.
+    assert all(s["breakdown_ms"]["wire"] <= s["breakdown_ms"]["r_wait"] for s in dec)
+    assert all(s["breakdown_ms"]["r_compute_max"] > 0 for s in dec)
+    assert all(s["breakdown_ms"]["s_compute"] > 0 for s in steps)
     summary = json.loads((tmp_path / "fd" / "summary.json").read_text())
     assert summary["engine"] == "fastdecode"
     assert summary["config"]["engine"]["rworkers"]["spawn"] == 2
@@ -250,7 +255,9 @@ def test_fastdecode_engine_run_folder(fd_bin, models_dir, tmp_path):
     assert 0 < got["steady"]["count"] <= len(only)
     trace = json.loads((tmp_path / "fd" / "trace.json").read_text())
     tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert {"s-part", "rworker 0", "rworker 1"} <= tracks
+    assert {"s-part", "s-worker", "rworker 0", "rworker 1"} <= tracks
+    names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert {"decode step", "prefill", "L0 mb0 attention input", "L1 mb1 output+MLP", "L0 mb0"} <= names, sorted(names)[:20]
 
 
 def test_fastdecode_rworker_options_are_strict(fd_bin, models_dir, tmp_path):
