@@ -8,7 +8,7 @@
 # on the 2-core development machine ~10 minutes each).
 #
 #   scripts/fault-check.sh [--gpu] [--out DIR] [--faults A,B,...] [--ctest-args 'ARGS']
-#                          [--ctest-args-for FAULT 'ARGS']... [FAULT...]
+#                          [--ctest-args-for FAULT 'ARGS']... [--build-dir DIR] [FAULT...]
 #
 # Default: every fault but those of FD_GPU_FAULTS (CMakeLists.txt: only a GPU can show them), on the CPU
 # suite. --gpu (on the GPU machine; it sources scripts/device-env.sh itself): the cuda preset in build/cuda,
@@ -16,8 +16,10 @@
 # (gpu_probe_fails: a failed device query must fail the GPU tests, not skip them; cuda_decode_skips_last_kv).
 # --faults (or FAULT... as arguments) chooses the faults, CPU or GPU; --ctest-args adds ctest arguments to every run,
 # the clean build's included (a part of the suite, e.g. "-LE 'python|layering'": the GoogleTest entries and the
-# fuzz run), --ctest-args-for to one fault's run instead; the record lists each run's ctest arguments. Writes
-# DIR/faults.json, DIR/FAULTS.md and each run's ctest log (default DIR: results/faults).
+# fuzz run), --ctest-args-for to one fault's run instead; the record lists each run's ctest arguments. --build-dir: a
+# build tree of the same preset to plant the faults in (e.g. build/default, already built: switching the fault rebuilds
+# the fault's files only, not the whole project; it is left without a fault). Writes DIR/faults.json, DIR/FAULTS.md
+# and each run's ctest log (default DIR: results/faults).
 # Exit 0 when every fault was caught and the clean build passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +27,7 @@ gpu=0
 out=results/faults
 faults=()
 extra_ctest=""
+bdir_arg=""
 declare -A extra_for=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,6 +36,7 @@ while [ $# -gt 0 ]; do
     --faults) IFS=, read -r -a more <<<"$2"; faults+=("${more[@]}"); shift ;;
     --ctest-args) extra_ctest="$2"; shift ;;
     --ctest-args-for) extra_for["$2"]="$3"; shift 2 ;;
+    --build-dir) bdir_arg="$2"; shift ;;
     -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     -*) echo "fault-check: unknown option $1" >&2; exit 2 ;;
     *) faults+=("$1") ;;
@@ -62,6 +66,7 @@ if [ $gpu -eq 1 ]; then
   export FD_REQUIRE_GPU=1
   ctest_args+=(-L gpu)
 fi
+[ -n "$bdir_arg" ] && bdir="$bdir_arg"
 export OMP_WAIT_POLICY=PASSIVE
 # Missing programs fail the CPU suite, as in CI. Not with --gpu: the cuda preset leaves Gloo out on purpose, and the
 # Gloo-only tests (tensor ranks sharing one GPU) would then fail instead of skipping (seen on the H100 at 6b65906:
