@@ -100,11 +100,12 @@ run_one() {  # $1: fault name or "" (clean); appends a row to $runs: label, buil
 # Writes DIR/faults.json and DIR/FAULTS.md from the runs so far: after each run ($1 = partial: a record cut short
 # still says what ran), and at the end ($1 = final: printed, and the exit status).
 summarize() {
-python3 - "$out" "$gpu" "$runs" "${ctest_args[*]}" "$extra_ctest" "${faults[*]}" "$extra_json" "$1" <<'EOF'
+python3 - "$out" "$gpu" "$runs" "${ctest_args[*]}" "$extra_ctest" "${faults[*]}" "$extra_json" "$1" "$bdir_arg" <<'EOF'
 import json, os, platform, subprocess, sys, datetime
 sys.path.insert(0, "scripts")
 from fault_check_log import parse
 out, gpu, runs_tsv, base_args, extra, faults = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6].split()
+bdir_arg = sys.argv[9]
 extra_for = dict(l.split("\t", 1) for l in sys.argv[7].splitlines() if l)
 final = sys.argv[8] == "final"
 def sh(*a):
@@ -131,7 +132,8 @@ faulty = [r for r in rows if r["fault"] != "none"]
 # The clean build must pass every test it ran, and each fault must fail at least one.
 ok = bool(clean.get("build_ok") and clean.get("ctest_exit") == 0 and clean.get("failed") == 0 and clean.get("tests", 0) > 0
           and all(r.get("build_ok") and r.get("failed", 0) > 0 for r in faulty))
-cmd = (["scripts/fault-check.sh"] + (["--gpu"] if gpu else []) + (['--ctest-args "%s"' % extra] if extra else [])
+cmd = (["scripts/fault-check.sh"] + (["--gpu"] if gpu else []) + (["--build-dir", bdir_arg] if bdir_arg else [])
+       + (['--ctest-args "%s"' % extra] if extra else [])
        + ['--ctest-args-for %s "%s"' % kv for kv in sorted(extra_for.items())] + ["--faults", ",".join(faults)])
 suite = "ctest -L gpu with FD_REQUIRE_GPU=1 (cuda preset)" if gpu else "the whole ctest suite (default preset)"
 if extra or extra_for:
