@@ -123,8 +123,11 @@ for line in open(runs_tsv):
                   "failed_tests": p["failed_tests"], "failed_status": p["failed_status"],
                   "skipped": len(p["skipped_tests"]), "skipped_tests": p["skipped_tests"], "seconds": int(secs)})
     rows.append(r)
-commit = os.environ.get("FD_GIT_COMMIT") or sh("git", "rev-parse", "--short", "HEAD")
-dirty = sh("git", "status", "--porcelain", "--untracked-files=no")
+# FD_GIT_COMMIT names the commit of a tree copied to another machine (whose git metadata, if any, is stale): then
+# whether it had changes is not known here and is not claimed either way.
+env_commit = os.environ.get("FD_GIT_COMMIT")
+commit = env_commit or sh("git", "rev-parse", "--short", "HEAD")
+dirty = None if env_commit else sh("git", "status", "--porcelain", "--untracked-files=no")
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 gpus = sh("nvidia-smi", "--query-gpu=name", "--format=csv,noheader") if gpu else ""
 clean = next(r for r in rows if r["fault"] == "none")
@@ -138,7 +141,8 @@ cmd = (["scripts/fault-check.sh"] + (["--gpu"] if gpu else []) + (["--build-dir"
 suite = "ctest -L gpu with FD_REQUIRE_GPU=1 (cuda preset)" if gpu else "the whole ctest suite (default preset)"
 if extra or extra_for:
     suite += "; a part of it where the column ctest arguments narrows it"
-prov = {"git_commit": commit, "tracked_changes": bool(dirty),
+prov = {"git_commit": commit, "git_commit_source": "FD_GIT_COMMIT" if env_commit else "git",
+        "tracked_changes": None if dirty is None else bool(dirty),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": platform.node(),
         "cpu_model": cpu, "cpu_cores": os.cpu_count(), "gpus": [g for g in gpus.splitlines() if g],
         "command": " ".join(cmd), "ctest": "ctest --output-on-failure " + base_args,
@@ -150,7 +154,7 @@ with open(os.path.join(out, "FAULTS.md"), "w") as f:
     f.write("# Planted faults vs the test suite (%s)\n\n" % prov["suite"])
     f.write(done)
     f.write("Commit `%s`%s, %s, %s (%d cores)%s. `%s`.\n\n" % (
-        commit, " WITH UNCOMMITTED CHANGES" if dirty else "", prov["date_utc"], cpu, os.cpu_count(),
+        commit, " WITH UNCOMMITTED CHANGES" if dirty else (" (from FD_GIT_COMMIT)" if env_commit else ""), prov["date_utc"], cpu, os.cpu_count(),
         ", " + ", ".join(prov["gpus"]) if prov["gpus"] else "", prov["command"]))
     f.write("| planted fault | ctest arguments | tests failed | of | skipped | seconds | failing tests |\n"
             "| --- | --- | --- | --- | --- | --- | --- |\n")
