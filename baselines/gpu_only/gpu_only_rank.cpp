@@ -169,8 +169,7 @@ int64_t GpuOnlyRank::warm_up(int64_t max_rows) {
   if (!graphs_ || max_rows < 1) return 0;
   current();
   int64_t captured = 0;
-  for (int64_t b = GraphCache::bucket(std::min(max_rows, graph_rows_)); b >= 1;
-       b = b > GraphCache::kPow2Rows ? b - GraphCache::kRowStep : b / 2) {
+  for (const int64_t b : GraphCache::buckets_down(std::min(max_rows, graph_rows_))) {
     const int64_t Tb = std::min(b, graph_rows_);  // as replay_graph pads
     model_->ensure(graph_dec_, Tb);               // sized for graph_rows_ at allocate(): sets T, never reallocates
     captured += graphs_->capture(uint64_t(Tb), [&] { graph_body(Tb); });

@@ -21,6 +21,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -105,6 +106,14 @@ class GraphCache {
     int64_t b = 1;
     while (b < rows) b *= 2;
     return b;
+  }
+  // Every bucket up to bucket(min(rows, kMaxRows)), largest first: the sizes a warm-up captures so that any decode
+  // batch of at most `rows` rows finds its graph (none when rows < 1).
+  static std::vector<int64_t> buckets_down(int64_t rows) {
+    std::vector<int64_t> out;
+    if (rows < 1) return out;
+    for (int64_t b = bucket(std::min(rows, kMaxRows)); b >= 1; b = b > kPow2Rows ? b - kRowStep : b / 2) out.push_back(b);
+    return out;
   }
   explicit GraphCache(cudaStream_t s) : s_(s) {}
   ~GraphCache() { clear(); }

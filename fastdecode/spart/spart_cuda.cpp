@@ -133,13 +133,13 @@ class CudaSPart : public SPart {
   int64_t warm_up(int slot, int64_t max_rows, DType wire) override {
     if (max_rows < 1 || !graphed(1)) return 0;
     DevActs& a = enter(slot);
-    const int64_t top = GraphCache::bucket(std::min(max_rows, GraphCache::kMaxRows));
+    const std::vector<int64_t> sizes = GraphCache::buckets_down(max_rows);
     const uint64_t gen = a.generation;
-    model_->ensure(a, top, top);
+    model_->ensure(a, sizes.front(), sizes.front());
     if (a.generation != gen) graphs_for(slot).clear();
     const unsigned outputs = wire == DType::F16 ? CudaModel::kF16 : CudaModel::kF32;
     int64_t captured = 0;
-    for (int64_t Tb = top; Tb >= 1; Tb = Tb > GraphCache::kPow2Rows ? Tb - GraphCache::kRowStep : Tb / 2) {
+    for (const int64_t Tb : sizes) {
       a.T = Tb;
       for (int layer = 0; layer < int(cfg_.num_layers); ++layer) {
         captured += graphs_for(slot).capture(graph_key(Tb, layer, outputs, 0),

@@ -498,5 +498,21 @@ TEST(GraphCacheBuckets, PowersOfTwoThenStepsOf64) {
     ASSERT_LE(b, GraphCache::kMaxRows);
     ASSERT_EQ(GraphCache::bucket(b), b) << r;  // a bucket is its own bucket: one graph per size
   }
+  // The warm-up's sizes: for every bound, each batch of at most that many rows finds its bucket among them, and they
+  // are buckets, each once, largest first.
+  EXPECT_TRUE(GraphCache::buckets_down(0).empty());
+  EXPECT_EQ(GraphCache::buckets_down(5), (std::vector<int64_t>{8, 4, 2, 1}));
+  EXPECT_EQ(GraphCache::buckets_down(200).front(), 256);
+  EXPECT_EQ(GraphCache::buckets_down(5000).front(), GraphCache::kMaxRows);
+  for (int64_t n = 1; n <= GraphCache::kMaxRows; ++n) {
+    const std::vector<int64_t> sizes = GraphCache::buckets_down(n);
+    ASSERT_EQ(sizes.front(), GraphCache::bucket(n)) << n;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      ASSERT_EQ(GraphCache::bucket(sizes[i]), sizes[i]) << n;
+      if (i > 0) ASSERT_LT(sizes[i], sizes[i - 1]) << n;
+    }
+    for (int64_t r = 1; r <= n; ++r)
+      ASSERT_TRUE(std::find(sizes.begin(), sizes.end(), GraphCache::bucket(r)) != sizes.end()) << n << " rows " << r;
+  }
 }
 #endif
