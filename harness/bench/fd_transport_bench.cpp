@@ -19,6 +19,10 @@
 //   bytes_per_second = bytes_per_step / rtt median;  GBps_per_link = bytes_per_second / links / 1e9
 //   ratio_to_ceiling = memcpy_ceiling seconds_median / rtt median (= bytes_per_second / memcpy's)
 //   rtt_{median,p90,min,mean,max}_us; meets_target = GBps_per_link >= 4 (the per-link target)
+//   floor/zmq-ipc, floor/futex-shm (--floors)  two processes handing 64 bytes back and forth, by a ZeroMQ
+//                                          DEALER/ROUTER echo over ipc and by a futex doorbell in a shared page: the
+//                                          floors under a tiny ATTEND's round trip on the lane (transport_floor.h);
+//                                          counters rtt_{median,p90,min}_us
 // Google Benchmark picks the iteration count (--time is each benchmark's MinTime); its real_time is the
 // mean step time. The echo servers of a case live across Google Benchmark's calls of its round_trip
 // (warmed up once) and are shut down when the next case starts.
@@ -36,6 +40,7 @@
 #include "fastdecode/core/stats.h"
 #include "harness/bench/bench_main.h"
 #include "harness/bench/transport_echo.h"
+#include "harness/bench/transport_floor.h"
 #include "harness/bench/transport_link.h"
 
 namespace {
@@ -58,6 +63,7 @@ struct Options {
   int timeout_ms = 10000;
   int fail_server_after = 0;
   bool quick = false;
+  bool floors = false;
 };
 
 // The case whose servers are up, kept across Google Benchmark's calls of its round_trip.
@@ -72,7 +78,17 @@ struct Current {
   }
 };
 
+// The floor link whose peer is up (--floors), kept across Google Benchmark's calls of its benchmark.
+struct CurrentFloor {
+  std::unique_ptr<fd::bench::FloorLink> link;
+  int mode = -1;
+  void close() {
+    link.reset();
+    mode = -1;
+  }
+};
 Options g_opt;
+CurrentFloor g_floor;
 std::string g_ipc_dir;
 Current g_cur;
 fd::bench::Ceilings g_ceilings;
@@ -87,6 +103,7 @@ struct CopyBuffers {
 
 void memcpy_ceiling(benchmark::State& st, const TransportCase& c) {
   if (g_cur.name != c.name()) g_cur.close();  // the previous case's servers are not running beside it
+  g_floor.close();
   const size_t bytes = c.bytes_per_step();
   g_copy.ensure(bytes);
   uint8_t *src = g_copy.a.data(), *dst = g_copy.b.data();
@@ -154,6 +171,33 @@ void round_trip(benchmark::State& st, const TransportCase& c, int index) {
   }
 }
 
+// One round trip of a floor link per iteration; the peer lives for this benchmark's calls (warmed up once).
+void floor_round_trip(benchmark::State& st, fd::bench::FloorMode m, int index) {
+  std::unique_ptr<fd::bench::FloorLink>& link = g_floor.link;
+  if (g_floor.mode != int(m)) {
+    g_cur.close();
+    g_floor.close();
+    link = std::make_unique<fd::bench::FloorLink>(m, g_ipc_dir, index, g_opt.timeout_ms, g_opt.fail_server_after);
+    g_floor.mode = int(m);
+    const int64_t w0 = fd::now_ns();
+    for (int i = 0; i < g_opt.warmup_reps || double(fd::now_ns() - w0) * 1e-9 < g_opt.warmup_s; ++i) link->round_trip();
+  }
+  std::vector<double> ts;
+  try {
+    for (auto _ : st) {
+      ts.push_back(link->round_trip());
+      st.SetIterationTime(ts.back());
+    }
+  } catch (...) {
+    g_floor.close();
+    throw;
+  }
+  st.counters["message_bytes"] = 64;
+  st.counters["rtt_median_us"] = fd::percentile(ts, 50) * 1e6;
+  st.counters["rtt_p90_us"] = fd::percentile(ts, 90) * 1e6;
+  st.counters["rtt_min_us"] = *std::min_element(ts.begin(), ts.end()) * 1e6;
+}
+
 void register_all(CLI::App& app) {
   Options& o = g_opt;
   if (o.quick) {  // a smaller grid and shorter timings unless given explicitly
@@ -177,8 +221,20 @@ void register_all(CLI::App& app) {
             cases.push_back(fd::bench::make_case(tr, io, nl, fd::bench::parse_size(s), o.shape));
             cases.back().spin_us = spin;
           }
-  if (std::any_of(o.transports.begin(), o.transports.end(), [](const std::string& t) { return t != "tcp"; }))
+  if (o.floors || std::any_of(o.transports.begin(), o.transports.end(), [](const std::string& t) { return t != "tcp"; }))
     g_ipc_dir = fd::bench::make_ipc_dir();
+  if (o.floors)
+    for (const fd::bench::FloorMode m : {fd::bench::FloorMode::ZmqIpc, fd::bench::FloorMode::FutexShm}) {
+      const int index = int(cases.size()) + int(m);
+      benchmark::RegisterBenchmark((std::string("floor/") + fd::bench::floor_name(m)).c_str(),
+                                   [=](benchmark::State& st) {
+                                     fd::bench::run_guarded(st, std::string("floor/") + fd::bench::floor_name(m),
+                                                            [&] { floor_round_trip(st, m, index); });
+                                   })
+          ->UseManualTime()
+          ->MinTime(o.time_s)
+          ->Unit(benchmark::kMicrosecond);
+    }
 
   int major = 0, minor = 0, patch = 0;
   zmq_version(&major, &minor, &patch);
@@ -229,7 +285,8 @@ void register_all(CLI::App& app) {
                                                     {"warmup_s", o.warmup_s},
                                                     {"warmup_reps", o.warmup_reps},
                                                     {"timeout_ms", o.timeout_ms},
-                                                    {"quick", o.quick}}
+                                                    {"quick", o.quick},
+                                                    {"floors", o.floors}}
                                                .dump());
   benchmark::AddCustomContext(
       "fd_method",
@@ -251,6 +308,7 @@ void register_all(CLI::App& app) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "serve") == 0) return fd::bench::transport_echo_main(argc - 1, argv + 1);
+  if (argc > 1 && std::strcmp(argv[1], "floor-peer") == 0) return fd::bench::floor_peer_main(argc - 1, argv + 1);
   CLI::App app{
       "fd-transport-bench: the S-worker <-> R-worker ZeroMQ link with the real protocol and client "
       "(fd::RWorkerClient -> echo R-worker processes; per link one ATTEND of ~S bytes, reply ATTEND_REPLY "
@@ -302,14 +360,23 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(10, 3600000))
       ->capture_default_str();
   app.add_option("--fail-server-after", o.fail_server_after,
-                 "testing: each echo R-worker exits with status 3 instead of answering its (N+1)-th ATTEND")
+                 "testing: each echo R-worker (and each floor peer) exits with status 3 instead of answering its "
+                 "(N+1)-th ATTEND (message)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--floors", o.floors,
+               "also measure the floors under a tiny ATTEND on the lane, before the cases: 64 bytes back and forth "
+               "between two processes by a ZeroMQ DEALER/ROUTER echo over ipc (floor/zmq-ipc) and by a futex doorbell "
+               "in a shared page (floor/futex-shm)");
   app.add_flag("--quick", o.quick,
                "short run for small machines: sizes 64K,1M,4M,32M, io-threads 1, links 1,2, 0.05 s per benchmark "
                "(options given explicitly win)");
   const int rc = fd::bench::bench_main(
-      argc, argv, app, [&] { register_all(app); }, [] { g_cur.close(); });
+      argc, argv, app, [&] { register_all(app); }, [] {
+        g_floor.close();
+        g_cur.close();
+      });
   g_cur.links.reset();  // an error that ended the run early: kill what is left
+  g_floor.close();
   fd::bench::remove_ipc_dir();
   return rc;
 }

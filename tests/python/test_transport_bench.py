@@ -196,3 +196,45 @@ def test_report_takes_the_best_case_and_the_median_of_repetitions(repo_root, tmp
     for t, links in {(t, n) for t, n, _ in best}:
         row = f"| {t} | {links} | " + " | ".join(f"{best[(t, links, s)]:.2f}" for s in SIZES) + " |"
         assert row in text, row
+
+
+def test_floors_are_measured_before_the_cases(fd_bin, tmp_path, run_program):
+    # --floors: the two floors under a tiny ATTEND on the lane (64 bytes back and forth by ZeroMQ over ipc, and by a
+    # futex doorbell in a shared page), each with consistent counters, before the cases; the peers are gone after.
+    out = tmp_path / "floors.json"
+    run_program([fd_bin("fd-transport-bench"), "--floors", "--sizes", "64K", "--transports", "shm-inplace",
+                 "--io-threads", "1", "--links", "1", "--time", "0.02", "--json", out], timeout=120)
+    d = json.loads(out.read_text())
+    names = [r["name"].split("/min_time")[0] for r in d["benchmarks"]]
+    assert names[:2] == ["floor/zmq-ipc", "floor/futex-shm"], names
+    assert "round_trip/shm-inplace/io:1/links:1/size:64K" in names[2:]
+    for r in d["benchmarks"][:2]:
+        assert not r.get("error_occurred"), r
+        assert r["message_bytes"] == 64
+        assert 0 < r["rtt_min_us"] <= r["rtt_median_us"] <= r["rtt_p90_us"], r
+    assert json.loads(d["context"]["fd_params"])["floors"] is True
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "floor-peer" not in ps, ps
+
+
+def test_dead_floor_peer_is_a_clear_error_not_a_hang(fd_bin, tmp_path):
+    # Each floor peer exits (status 3) instead of answering its 3rd message: the measuring side fails at its deadline
+    # and says how the peer ended; the JSON marks both floors failed.
+    out = tmp_path / "floors-failed.json"
+    proc = subprocess.run([fd_bin("fd-transport-bench"), "--floors", "--sizes", "64K", "--transports", "shm-inplace",
+                           "--io-threads", "1", "--links", "1", "--fail-server-after", "2", "--timeout-ms", "500",
+                           "--json", out], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = {r["name"].split("/min_time")[0]: r for r in json.loads(out.read_text())["benchmarks"]}
+    for name in ("floor/zmq-ipc", "floor/futex-shm"):
+        assert rows[name]["error_occurred"] is True, rows[name]
+        assert "the peer exited with status 3" in rows[name]["error_message"], rows[name]
+        assert "rtt_median_us" not in rows[name]
+
+
+def test_floor_peer_usage(fd_bin):
+    for args in ([], ["udp", "x"], ["zmq", "ipc:///nonexistent/x", "-1"], ["futex", "/fd-floor-x", "2x"]):
+        proc = subprocess.run([fd_bin("fd-transport-bench"), "floor-peer", *args], capture_output=True, text=True,
+                              timeout=30)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "usage: fd-transport-bench floor-peer" in proc.stderr
