@@ -101,7 +101,10 @@ void SRank::collect_frees() {
   if (pending_frees_.empty()) return;
   std::vector<std::pair<size_t, uint64_t>> reqs;
   for (const auto& f : pending_frees_) reqs.push_back({f.worker, f.request});
-  pending_frees_.clear();  // a failed wait still forgets them: the error fails the run
+  struct Forget {  // after the wait, however it ends (a failed wait fails the run); not before: a FREE_SEQ's ids over
+    std::vector<PendingFree>& p;  // ConstBuffer::kCopyBytes are read by libzmq until it has sent them
+    ~Forget() { p.clear(); }
+  } forget{pending_frees_};
   client_->wait(reqs);
 }
 
@@ -121,8 +124,8 @@ void SRank::shutdown(bool spawned, const std::vector<std::string>& tokens) {
 
 void SRank::recover(const std::vector<size_t>& dead) {
   for (size_t w : dead) client_->mark_dead(w, "lost");
+  client_->drain(10000);  // the survivors' replies, the pending frees' among them, before their ids go
   pending_frees_.clear();
-  client_->drain(10000);
 }
 
 RankStep SRank::run(const StepPlan& plan) {

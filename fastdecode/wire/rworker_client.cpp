@@ -174,8 +174,11 @@ uint64_t RWorkerClient::send(size_t w, Header h, const std::vector<ConstBuffer>&
   const auto head = proto::encode_header(h);
   send_head(w, head, !frames.empty());
   for (size_t i = 0; i < frames.size(); ++i) {
-    // Zero-copy: libzmq reads the caller's buffer when it sends.
-    zmq::message_t m(const_cast<void*>(frames[i].data), frames[i].size, no_free, nullptr);
+    // Small frames copied (their buffers are the caller's again at once); large ones zero-copy: libzmq reads the
+    // caller's buffer when its I/O thread sends it (ConstBuffer).
+    zmq::message_t m = frames[i].size <= ConstBuffer::kCopyBytes
+                           ? zmq::message_t(frames[i].data, frames[i].size)
+                           : zmq::message_t(const_cast<void*>(frames[i].data), frames[i].size, no_free, nullptr);
     socks_[w].send(m, i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
   }
   return h.request_id;

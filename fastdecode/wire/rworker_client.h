@@ -28,8 +28,12 @@ struct RWorkerReply {
   int64_t recv_ns = 0;                 // now_ns() when this client took it off the socket
 };
 
-// A tensor frame to send without copying: the bytes must stay valid until the reply has arrived.
+// A frame to send. One of at most kCopyBytes (ids, counts, a tiny batch's tensors) is copied into the message by send():
+// the caller may reuse or free it once send() returns. A larger one is sent without copying (libzmq reads it when its
+// I/O thread gets to it, which may be long after send() returns behind a slow connection): its bytes must stay valid
+// until the reply has arrived.
 struct ConstBuffer {
+  static constexpr size_t kCopyBytes = 64 * 1024;
   const void* data = nullptr;
   size_t size = 0;
 };
@@ -173,8 +177,8 @@ class RWorkerClient {
   json hello(size_t w, int n_layers, int n_heads, int n_kv_heads, int head_dim, proto::WireDType dtype);
   void add_seqs(size_t w, const std::vector<uint64_t>& ids);
   void free_seqs(size_t w, const std::vector<uint64_t>& ids);
-  // FREE_SEQ without waiting: returns the request id for wait(); `ids` must stay alive until then
-  // (zero-copy send).
+  // FREE_SEQ without waiting: returns the request id for wait(); `ids` over ConstBuffer::kCopyBytes must stay alive
+  // until then (zero-copy send).
   uint64_t send_free_seqs(size_t w, const std::vector<uint64_t>& ids);
   json stats(size_t w);
   // SHUTDOWN with the worker's token (kShutdownTokenBytes bytes, or empty: refused by the worker unless it has none

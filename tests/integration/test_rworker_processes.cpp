@@ -159,6 +159,29 @@ TEST(RWorkerProcesses, StoppedOrKilledWorkerMissesDeadlineNeverHangs) {
   EXPECT_EQ(c.stats(1)["name"], "w1");
 }
 
+// send() copies a request's small frames (ids, counts) into the message: the caller may reuse or free them as soon as
+// it returns. A FREE_SEQ queued behind 15 MB that a stopped worker does not read (libzmq would read a zero-copy frame
+// only when it gets to it) frees the id it was sent with, not what its buffer held by then (the S-rank clears its
+// pending frees' ids before their replies come: a freed buffer's bytes once went out as a sequence id, CI-flaky).
+TEST(RWorkerProcesses, SmallFramesAreTheCallersOnceSendReturns) {
+  Worker a("w0");
+  RWorkerClient c({a.endpoint()}, 20000);
+  c.hello(0, kLayers, kH, kKV, kD, WireDType::F16);
+  c.add_seqs(0, {11, 12});
+  kill(a.pid(), SIGSTOP);
+  std::vector<uint8_t> filler(15u << 20, 0);  // a STATS with a frame it does not take: ERROR malformed, later
+  const uint64_t f = c.send(0, dims(MsgType::Stats, 0), {{filler.data(), filler.size()}});
+  std::vector<uint64_t> ids{11};
+  const uint64_t r = c.send_free_seqs(0, ids);
+  ids[0] = 12;  // the caller's buffer, changed once send() returned
+  kill(a.pid(), SIGCONT);
+  const std::string msg = fd::test::error_message([&] { c.wait({{0, f}, {0, r}}, 20000); });
+  EXPECT_THAT(msg, ::testing::HasSubstr("malformed"));  // the filler's answer; the FREE_SEQ's is OK
+  EXPECT_EQ(c.stats(0)["sequences"], 1);
+  EXPECT_NO_THROW(c.free_seqs(0, {12}));  // 12 is still there: 11 went
+  EXPECT_THAT(fd::test::error_message([&] { c.free_seqs(0, {11}); }), ::testing::HasSubstr("unknown-sequence"));
+}
+
 // The client checks replies as the worker checks requests: a reply whose frames do not match its
 // header's dimensions, or a message that is not a reply type, is an fd::Error naming the worker (a
 // peer on the socket that is not an fd-rworker, here a raw ROUTER, cannot hand the engine bad tensors).
