@@ -32,6 +32,9 @@ namespace {
 constexpr size_t kPageBytes = 4096;
 constexpr size_t kMessageBytes = 64;
 constexpr uint32_t kStop = UINT32_MAX;
+// How long a new peer may take to start and answer first (a loaded machine can take seconds to start a process): the
+// round trips' own deadline (--timeout-ms) holds from then on.
+constexpr int kStartMs = 20000;
 // The shared page's words (each on its own cache line): the request's sequence number (measuring side -> peer), the
 // reply's (peer -> measuring side), and the peer's "ready".
 constexpr size_t kRequestWord = 0, kReplyWord = 16, kReadyWord = 32;
@@ -72,10 +75,15 @@ int spawn_self(const std::vector<std::string>& args) {
   return pid;
 }
 
-// " (the peer exited with status N / was killed by signal N)" when the peer is gone, else "".
+// " (the peer exited with status N / was killed by signal N)" when the peer is gone, else "": after a missed deadline,
+// so it waits up to a second for a peer that is on its way out (a loaded machine can take that long to end it).
 std::string peer_gone(int pid) {
   int st = 0;
-  if (pid <= 0 || waitpid(pid, &st, WNOHANG) != pid) return "";
+  if (pid <= 0) return "";
+  bool gone = false;
+  for (const int64_t end = fd::now_ns() + 1000000000; !gone && fd::now_ns() < end; usleep(10000))
+    gone = waitpid(pid, &st, WNOHANG) == pid;
+  if (!gone) return "";
   return WIFEXITED(st) ? " (the peer exited with status " + std::to_string(WEXITSTATUS(st)) + ")"
                        : " (the peer was killed by signal " + std::to_string(WTERMSIG(st)) + ")";
 }
@@ -95,8 +103,13 @@ FloorLink::FloorLink(FloorMode m, const std::string& ipc_dir, int index, int tim
       sock_ = zmq_socket(ctx_, ZMQ_DEALER);
       const int linger = 0;
       zmq_setsockopt(sock_, ZMQ_LINGER, &linger, sizeof linger);
-      zmq_setsockopt(sock_, ZMQ_RCVTIMEO, &timeout_ms_, sizeof timeout_ms_);
+      zmq_setsockopt(sock_, ZMQ_RCVTIMEO, &kStartMs, sizeof kStartMs);
       if (zmq_connect(sock_, endpoint_.c_str()) != 0) FD_THROW("zmq_connect " << endpoint_ << ": " << zmq_strerror(zmq_errno()));
+      const int deadline = timeout_ms_;
+      timeout_ms_ = kStartMs;
+      round_trip();  // the first answer: the peer is up
+      timeout_ms_ = deadline;
+      zmq_setsockopt(sock_, ZMQ_RCVTIMEO, &timeout_ms_, sizeof timeout_ms_);
     } else {
       const std::string name = "/fd-floor-" + std::to_string(getpid()) + "-" + std::to_string(index) + "-" + random_hex();
       const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -116,9 +129,9 @@ FloorLink::FloorLink(FloorMode m, const std::string& ipc_dir, int index, int tim
         shm_unlink(name.c_str());
         throw;
       }
-      const bool ready = futex_wait_while(word(page_, kReadyWord), 0, timeout_ms_);
+      const bool ready = futex_wait_while(word(page_, kReadyWord), 0, kStartMs);
       shm_unlink(name.c_str());  // both hold their mappings
-      if (!ready) FD_THROW("floor-peer futex did not map the page within " << timeout_ms_ << " ms" << peer_gone(pid_));
+      if (!ready) FD_THROW("floor-peer futex did not map the page within " << kStartMs << " ms" << peer_gone(pid_));
     }
   } catch (...) {
     stop();

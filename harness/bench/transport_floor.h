@@ -22,7 +22,8 @@ const char* floor_name(FloorMode m);  // "zmq-ipc", "futex-shm"
 class FloorLink {
  public:
   // ipc_dir: where the zmq-ipc socket file goes (make_ipc_dir). timeout_ms: the longest a round trip may take before
-  // it throws fd::Error (a peer that died or hangs).
+  // it throws fd::Error (a peer that died or hangs); the peer's start (its first answer, or mapping the page) may take
+  // up to 20 s. zmq-ipc's first answer is a round trip of its own (counted by fail_after).
   // fail_after > 0 (testing): the peer exits with status 3 instead of answering its (fail_after + 1)-th message.
   FloorLink(FloorMode m, const std::string& ipc_dir, int index, int timeout_ms, int fail_after = 0);
   ~FloorLink();
