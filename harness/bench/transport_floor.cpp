@@ -18,11 +18,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <random>
 
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/error.h"
+#include "harness/bench/transport_link.h"
 
 extern char** environ;
 
@@ -63,9 +63,7 @@ std::string random_hex() {
 }
 
 int spawn_self(const std::vector<std::string>& args) {
-  std::error_code ec;
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  if (ec) FD_THROW("cannot find this program's path (/proc/self/exe): " << ec.message());
+  const std::string self = self_binary();
   std::vector<char*> argv{const_cast<char*>(self.c_str())};
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

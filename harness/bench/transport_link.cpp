@@ -113,14 +113,14 @@ extern "C" void on_fatal_signal(int sig) {  // async-signal-safe: unlink, rmdir,
   std::raise(sig);
 }
 
+}  // namespace
+
 std::string self_binary() {
   std::error_code ec;
   const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) FD_THROW("cannot find this program's path (/proc/self/exe): " << ec.message());
   return p.string();
 }
-
-}  // namespace
 
 std::string make_ipc_dir() {
   if (g_dir[0]) return g_dir;

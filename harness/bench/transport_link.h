@@ -48,6 +48,9 @@ struct TransportCase {
 // single sequence's request.
 TransportCase make_case(const std::string& transport, int io_threads, int links, uint64_t size, const WireShape& shape);
 
+// This program's path (/proc/self/exe), to start its own subcommands as peers; fd::Error when it cannot be read.
+std::string self_binary();
+
 // "64K" -> 65536 (K, M, G binary; an optional B/iB); ConfigError for anything else or 0.
 uint64_t parse_size(const std::string& s);
 // 65536 -> "64K" (the largest binary unit that divides it).
