@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -86,14 +88,26 @@ std::vector<zmq::message_t> loop_error(const proto::Header& req, proto::ErrorCod
   return reply;
 }
 
+// A peer's shared-memory region and this loop's ends of its rings (fastdecode/wire/shm.h): the requests it takes, the
+// replies it puts, and the requests taken from the ring that wait for a ZeroMQ message the client sent before them.
+struct PeerRegion {
+  std::shared_ptr<shm::Region> region;
+  shm::RingEnd requests, replies;
+  std::deque<shm::RingMessage> waiting;
+  explicit PeerRegion(std::shared_ptr<shm::Region> r)
+      : region(std::move(r)), requests(region->base(), shm::Ring::Requests), replies(region->base(), shm::Ring::Replies) {}
+};
+
 // SHM_ATTACH: the region is mapped for this peer (replacing one it had) after every check of shm::Region::open.
-std::vector<zmq::message_t> shm_attach(const RouterLoop& loop, std::map<std::string, std::shared_ptr<shm::Region>>& regions,
+std::vector<zmq::message_t> shm_attach(const RouterLoop& loop, std::map<std::string, PeerRegion>& regions,
                                        const std::string& peer, const proto::Frame* frames, size_t n, const proto::Header& req) {
   try {
     proto::Limits lim;
     lim.max_message_bytes = loop.max_message_bytes;
     const proto::Message m = proto::decode(frames, n, lim);
-    regions[peer] = shm::Region::open(shm::parse_attach(m.frames[0]), loop.shm_max_bytes);
+    std::shared_ptr<shm::Region> r = shm::Region::open(shm::parse_attach(m.frames[0]), loop.shm_max_bytes);
+    regions.erase(peer);
+    regions.emplace(peer, PeerRegion(std::move(r)));
   } catch (const proto::ProtocolError& e) {
     if (loop.counters) ++loop.counters->shm_refused;
     return loop_error(req, e.code(), e.what());
@@ -231,13 +245,15 @@ void run_router_loop(const RouterLoop& loop) {
   intake.curve = !loop.curve.secret_z85.empty();
   Connections conns(ctx, sock, intake, &counters, loop.log);
   counters.budget_bytes = intake.budget_bytes, counters.rss_bound_bytes = conns.rss_bound(), counters.base_rss_bytes = conns.base_rss();
-  std::map<std::string, std::shared_ptr<shm::Region>> regions;  // per peer: the shared-memory region it attached
+  std::map<std::string, PeerRegion> regions;  // per peer: the shared-memory region it attached, and its rings
+  std::map<std::string, uint64_t> zmq_taken;  // per peer: messages taken from its connection (the rings' order)
   std::vector<std::string> gone;
   const auto drain_connections = [&] {
     gone.clear();
     conns.drain(&gone);
     for (const auto& p : gone) {
       regions.erase(p);
+      zmq_taken.erase(p);
       if (loop.on_disconnect) loop.on_disconnect(p);
     }
   };
@@ -273,13 +289,110 @@ void run_router_loop(const RouterLoop& loop) {
     }
   };
   int64_t wait_from = now_ns();  // when the loop last became free to take a request
+  // A reply to a request that came through a ring goes to its peer by routing id.
+  const auto send_to = [&](const std::string& peer, std::vector<zmq::message_t>& reply) {
+    try {
+      zmq::message_t rid(peer.data(), peer.size());
+      if (!sock.send(rid, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
+      for (size_t i = 0; i < reply.size(); ++i)
+        if (!sock.send(reply[i], (i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none) | zmq::send_flags::dontwait))
+          return false;
+      return true;
+    } catch (const zmq::error_t&) {
+      return false;
+    }
+  };
+  // One request taken from a peer's ring: resolved and handled as the same request over ZeroMQ would be
+  // (shm_request); its reply into the reply ring while the client polls for it, else over ZeroMQ.
+  const auto serve_ring_message = [&](const std::string& peer, PeerRegion& pr, const shm::RingMessage& m) {
+    proto::Header req{};
+    std::memcpy(&req, m.head.data(), proto::kHeaderBytes);
+    const int64_t t_taken = now_ns();
+    if (req.magic != proto::kMagic) {  // no header to answer: dropped, as a message without one is
+      ++counters.shm_bad;
+      log("dropped a request from a shared-memory ring without this protocol's header");
+      return;
+    }
+    std::vector<zmq::message_t> reply;
+    try {
+      ++counters.ring_requests;
+      if (!(req.flags & proto::kFlagShm) || req.version < 3) {
+        ++counters.shm_bad;
+        reply = loop_error(req, proto::ErrorCode::Malformed, "a shared-memory ring carries only requests whose frames lie in the region");
+        if (loop.on_refused) loop.on_refused(reply);
+      } else {
+        const std::shared_ptr<shm::Region> keep = pr.region;  // mapped until this request is answered
+        const proto::Frame parts2[2] = {{m.head.data(), m.head.size()}, {m.desc.data(), m.desc.size()}};
+        reply = shm_request(loop, *keep, peer, parts2, 2, req);
+      }
+      const int64_t t_handled = now_ns();
+      bool in_ring = false;
+      if (reply.size() == 2 && reply[0].size() == proto::kHeaderBytes && reply[1].size() <= shm::kSlotDescBytes &&
+          (static_cast<const uint8_t*>(reply[0].data())[offsetof(proto::Header, flags)] & proto::kFlagShm) &&
+          pr.replies.taker_spinning()) {
+        std::array<uint8_t, proto::kHeaderBytes> head;
+        std::memcpy(head.data(), reply[0].data(), head.size());
+        const auto* d = static_cast<const uint8_t*>(reply[1].data());
+        in_ring = pr.replies.put(head, std::vector<uint8_t>(d, d + reply[1].size()), 0) == shm::RingEnd::Put::Published;
+        if (in_ring) ++counters.ring_replies;
+      }
+      if (!in_ring && !send_to(peer, reply)) {
+        ++counters.replies_lost;
+        log("a reply could not be sent (its peer is gone or takes no more)");
+      }
+      if (req.msg_type() == proto::MsgType::Attend) {
+        ++counters.attend_loop_requests;
+        counters.attend_wait_ns += uint64_t(std::max<int64_t>(0, t_taken - wait_from));
+        counters.attend_handle_ns += uint64_t(t_handled - t_taken);
+        counters.attend_send_ns += uint64_t(now_ns() - t_handled);
+      }
+    } catch (const std::exception& e) {
+      ++counters.peer_faults;
+      log("dropped a message whose handling failed: " + peer_text(std::string(e.what()), 400));
+      reply = loop_error(req, proto::ErrorCode::Internal, "the worker could not handle this request: " + peer_text(std::string(e.what()), 400));
+      if (!send_to(peer, reply)) ++counters.replies_lost;
+    }
+    wait_from = now_ns();
+  };
+  // A peer's ring: every request published in turn is taken; those the client sent after a ZeroMQ message this loop has
+  // not taken yet wait for it (the client's order holds whichever way each request came). Returns how many it served.
+  const auto serve_ring = [&](const std::string& peer, PeerRegion& pr) {
+    std::vector<shm::RingMessage> got;
+    pr.requests.take(got);
+    for (auto& m : got) pr.waiting.push_back(std::move(m));
+    const uint64_t taken = zmq_taken[peer];
+    size_t n = 0;
+    while (!pr.waiting.empty() && pr.waiting.front().zmq_before <= taken) {
+      const shm::RingMessage m = std::move(pr.waiting.front());
+      pr.waiting.pop_front();
+      serve_ring_message(peer, pr, m);
+      ++n;
+    }
+    return n;
+  };
+  const auto serve_rings = [&] {
+    size_t n = 0;
+    for (auto& [peer, pr] : regions) n += serve_ring(peer, pr);
+    return n;
+  };
   while (!loop.done()) {
     zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
     try {
       bool ready = false;
-      if (loop.spin_us > 0)  // spin_us: poll without sleeping for a while after the loop became free
-        for (const int64_t until = wait_from + int64_t(loop.spin_us) * 1000; !ready && now_ns() < until;)
+      if (loop.spin_us > 0) {  // spin_us: poll without sleeping for a while after the loop became free
+        // While it polls, the clients with a region may ring it through their region's request ring (no I/O thread
+        // between them); their word cleared, the ring is looked at once more (what was put as it was cleared), and
+        // only then does the loop block.
+        for (auto& [p, pr] : regions) pr.requests.set_spinning(true);
+        while (!ready && now_ns() < wait_from + int64_t(loop.spin_us) * 1000) {
           ready = zmq::poll(&item, 1, std::chrono::milliseconds(0)) > 0;
+          if (!ready && !regions.empty()) serve_rings();  // each request served moves wait_from on
+        }
+        if (!ready) {
+          for (auto& [p, pr] : regions) pr.requests.set_spinning(false);
+          if (serve_rings() > 0) continue;
+        }
+      }
       if (!ready) zmq::poll(&item, 1, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
@@ -331,6 +444,9 @@ void run_router_loop(const RouterLoop& loop) {
         continue;
       }
       conns.delivered(fd, peer, wire);
+      // What the client put in its ring before this message comes first (the rings' order).
+      if (const auto pr = regions.find(peer); pr != regions.end()) serve_ring(peer, pr->second);
+      ++zmq_taken[peer];
       ours = parts.size() >= 2 && parts[1].size() == proto::kHeaderBytes &&
              (std::memcpy(&req, parts[1].data(), proto::kHeaderBytes), req.magic == proto::kMagic);
       std::vector<zmq::message_t> reply;
@@ -361,7 +477,7 @@ void run_router_loop(const RouterLoop& loop) {
         if (ours && req.msg_type() == proto::MsgType::ShmAttach && req.version >= 3) {  // version 2 has no SHM_ATTACH
           reply = shm_attach(loop, regions, peer, frames.data(), frames.size(), req);
         } else if (ours && (req.flags & proto::kFlagShm) && req.version >= 3 && region != regions.end()) {
-          const std::shared_ptr<shm::Region> keep = region->second;  // mapped until this request is answered
+          const std::shared_ptr<shm::Region> keep = region->second.region;  // mapped until this request is answered
           reply = shm_request(loop, *keep, peer, frames.data(), frames.size(), req);
         } else {  // a flagged message without a region: decode() refuses it (malformed), as it does any bad header
           reply = loop.handle(peer, frames.data(), frames.size());
@@ -382,6 +498,8 @@ void run_router_loop(const RouterLoop& loop) {
         counters.attend_send_ns += uint64_t(t_sent - t_handled);
       }
       wait_from = now_ns();
+      // What the client put in its ring after this message and before it was answered.
+      if (const auto pr = regions.find(peer); pr != regions.end()) serve_ring(peer, pr->second);
     } catch (const std::exception& e) {
       // A peer's message made a ZeroMQ call or the handler fail: that message is dropped and the loop goes on. A
       // request with our header is answered ERROR internal, so that a client waiting for it is not left waiting.

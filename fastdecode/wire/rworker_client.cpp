@@ -73,6 +73,7 @@ RWorkerClient::RWorkerClient(std::vector<std::string> endpoints, const RWorkerCl
   lost_.assign(socks_.size(), "");
   dead_.assign(socks_.size(), false);
   max_message_.assign(socks_.size(), 0);
+  zmq_sent_.assign(socks_.size(), 0);
   shm_.resize(socks_.size());
 }
 
@@ -191,6 +192,10 @@ std::optional<RWorkerReply> RWorkerClient::receive(size_t w) {
     if (!zmq::recv_multipart(socks_[w], std::back_inserter(parts), zmq::recv_flags::dontwait)) return std::nullopt;
     if (!take_attach_reply(w, parts)) break;  // the lane's own answer is nobody's reply: take the next message
   }
+  return accept(w, parts);
+}
+
+RWorkerReply RWorkerClient::accept(size_t w, std::vector<zmq::message_t>& parts) {
   resolve_shm_reply(w, parts);
   // A reply is as untrusted as a request is to the worker: the same decoder checks its header, frame
   // count and every frame's size against the header's dimensions, and it must be a reply type.
@@ -264,9 +269,18 @@ std::vector<RWorkerReply> RWorkerClient::wait(const std::vector<std::pair<size_t
     }
     try {
       bool ready = false;
-      if (spin_us_ > 0)  // spin_us: poll without sleeping for a while before blocking
-        for (const int64_t until = std::min(deadline, now_ns() + int64_t(spin_us_) * 1000); !ready && now_ns() < until;)
+      if (spin_us_ > 0) {  // spin_us: poll without sleeping for a while before blocking
+        // While polling, the workers with an active lane may answer through its reply ring (no I/O thread between
+        // them); the words cleared, the rings are looked at once more (a reply put as they were cleared), and only
+        // then does the wait block.
+        bool took = take_ring_replies(live, 1) > 0;
+        for (const int64_t until = std::min(deadline, now_ns() + int64_t(spin_us_) * 1000); !ready && !took && now_ns() < until;) {
           ready = zmq::poll(items.data(), items.size(), std::chrono::milliseconds(0)) > 0;
+          if (!ready) took = take_ring_replies(live, -1) > 0;
+        }
+        if (take_ring_replies(live, 0) > 0) took = true;  // cleared however the spell ended: none is left set
+        if (took && !ready) continue;
+      }
       if (!ready) zmq::poll(items.data(), items.size(), std::chrono::milliseconds(std::min<int64_t>(left_ms, 100)));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;
@@ -302,7 +316,10 @@ void RWorkerClient::send_head(size_t w, const std::array<uint8_t, proto::kHeader
   // pipe to queue into, and a blocking send would wait forever. The rest of a message never blocks once its first
   // frame is queued (multipart messages are atomic).
   zmq::message_t hm(head.data(), head.size());
-  if (socks_[w].send(hm, (more ? zmq::send_flags::sndmore : zmq::send_flags::none) | zmq::send_flags::dontwait)) return;
+  if (socks_[w].send(hm, (more ? zmq::send_flags::sndmore : zmq::send_flags::none) | zmq::send_flags::dontwait)) {
+    ++zmq_sent_[w];  // the message is queued whole once its first frame is (the rings' order counts it now)
+    return;
+  }
   poll_monitors();
   if (lost_[w].empty()) lost_[w] = "its connection takes no message (the connection handshake failed, or 1000 messages are queued)";
   throw_lost({w});
@@ -429,6 +446,8 @@ bool RWorkerClient::take_attach_reply(size_t w, const std::vector<zmq::message_t
   if (h.msg_type() == MsgType::Ok && h.n_frames == 0 && parts.size() == 1) {
     l.active = true;
     l.stats.state = "active";
+    l.requests = shm::RingEnd(l.space->region->base(), shm::Ring::Requests);
+    l.replies = shm::RingEnd(l.space->region->base(), shm::Ring::Replies);
     return true;
   }
   l.stats.state = "refused";
@@ -492,6 +511,14 @@ bool RWorkerClient::send_shm(size_t w, Header& h, const std::vector<ConstBuffer>
   const auto head = proto::encode_header(h);
   const std::vector<uint8_t> desc = shm::encode_descriptor(d);
   l.inflight[h.request_id] = std::move(f);  // before a send that may throw: its space is given back with the lane
+  // The worker polling: into the request ring, in the order of everything sent to it (the ZeroMQ messages before).
+  if (l.requests && l.requests.taker_spinning() && l.requests.put(head, desc, zmq_sent_[w]) == shm::RingEnd::Put::Published) {
+    ++l.stats.requests_shm;
+    ++l.stats.requests_ring;
+    l.stats.bytes_copied += copied;
+    l.stats.bytes_in_place += in_place;
+    return true;
+  }
   send_head(w, head, true);
   socks_[w].send(zmq::message_t(desc.data(), desc.size()), zmq::send_flags::none);
   ++l.stats.requests_shm;
@@ -555,10 +582,40 @@ void RWorkerClient::resolve_shm_reply(size_t w, std::vector<zmq::message_t>& par
   parts = std::move(out);
 }
 
+size_t RWorkerClient::take_ring_replies(const std::vector<size_t>& ws, int spinning) {
+  size_t n = 0;
+  std::vector<shm::RingMessage> got;
+  for (size_t w : ws) {
+    ShmLane& l = shm_[w];
+    if (!l.replies) continue;
+    if (spinning >= 0) l.replies.set_spinning(spinning > 0);
+    got.clear();
+    l.replies.take(got);
+    for (const shm::RingMessage& m : got) {
+      std::vector<zmq::message_t> parts;
+      parts.emplace_back(m.head.data(), m.head.size());
+      parts.emplace_back(m.desc.data(), m.desc.size());
+      Header h;
+      std::memcpy(&h, m.head.data(), proto::kHeaderBytes);
+      if (!(h.flags & proto::kFlagShm))  // only a reply in the region comes this way
+        FD_THROW(who(w) << " put a reply in its ring whose frames are not in the region");
+      RWorkerReply r = accept(w, parts);
+      ++l.stats.replies_ring;
+      const std::pair<size_t, uint64_t> key{w, r.h.request_id};
+      if (outstanding_.count(key)) stash_[key] = std::move(r);  // else a reply nobody waits for (a stale one)
+      ++n;
+      if (!l.replies) break;  // accept() may have ended the lane (a malformed reply throws first, though)
+    }
+  }
+  return n;
+}
+
 void RWorkerClient::drop_shm(size_t w, const std::string& why) {
   ShmLane& l = shm_[w];
   // Nothing more goes through this region; replies already taken keep it mapped until they are destroyed.
   l.inflight.clear();
+  l.requests = {};
+  l.replies = {};
   l.space.reset();
   l.active = false;
   if (l.stats.state == "pending" || l.stats.state == "active") l.stats.state = "closed", l.stats.reason = why;

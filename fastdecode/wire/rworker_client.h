@@ -82,6 +82,8 @@ struct ShmLaneStats {
   uint64_t requests_zmq = 0;  // ATTEND / APPEND_KV sent over ZeroMQ while the lane was active (no space left)
   uint64_t replies_shm = 0;   // replies received through the region
   uint64_t replies_zmq = 0;   // replies to requests sent through the region that came over ZeroMQ (no room, ERROR)
+  uint64_t requests_ring = 0;  // of requests_shm: put in the region's request ring (the worker was polling), not sent
+  uint64_t replies_ring = 0;   // of replies_shm: taken from the region's reply ring (this client was polling)
   uint64_t bytes_copied = 0;    // tensor bytes of requests through the region that this client copied in
   uint64_t bytes_in_place = 0;  // ... that already lay in the region (a ShmBlock's) and went as they lay
 };
@@ -201,6 +203,7 @@ class RWorkerClient {
       shm::Span reply;
     };
     std::map<uint64_t, InFlight> inflight;  // by request id
+    shm::RingEnd requests, replies;         // this client's ends of the region's rings, while active
     ShmLaneStats stats;
   };
   // Queues a message's header frame without waiting; a connection that takes none is lost (RWorkerLost).
@@ -215,6 +218,11 @@ class RWorkerClient {
   void drop_shm(size_t w, const std::string& why);  // the worker is gone, or its session closed: the lane ends
 
   std::optional<RWorkerReply> receive(size_t w);  // nullopt when nothing is queued
+  // A reply's parts (from the socket or a ring) checked and decoded.
+  RWorkerReply accept(size_t w, std::vector<zmq::message_t>& parts);
+  // Takes the replies in the reply rings of `ws` (stashed when awaited); their polling words set or cleared first
+  // (spinning: -1 leaves them). Returns how many it took.
+  size_t take_ring_replies(const std::vector<size_t>& ws, int spinning);
   std::string who(size_t w) const;
   void poll_monitors();  // records workers whose connection dropped or whose handshake failed
   [[noreturn]] void throw_lost(const std::vector<size_t>& ws) const;
@@ -226,6 +234,7 @@ class RWorkerClient {
   std::vector<std::string> lost_;        // per worker: why it is gone ("" while it is not)
   std::vector<bool> dead_;               // per worker: marked dead (socket closed)
   std::vector<size_t> max_message_;      // per worker: the largest request it takes (from its HELLO; 0: unknown)
+  std::vector<uint64_t> zmq_sent_;       // per worker: messages sent over ZeroMQ (a ring request carries the count)
   int timeout_ms_;
   int spin_us_ = 0;  // RWorkerClientOptions::spin_us
   uint64_t next_id_ = 1;

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -232,6 +233,73 @@ uint64_t Allocator::free_bytes() const {
 size_t Allocator::live_blocks() const {
   std::lock_guard<std::mutex> lock(mu_);
   return used_.size();
+}
+
+// ---- the rings ----------------------------------------------------------------------------------------------------
+// A slot: u32 state, u32 seq, u64 zmq_before, u32 desc_bytes, then the header at 64 and the descriptor at 128. The
+// state and the spinning words are atomics in memory both processes map (lock-free, so address-free); every other
+// field is written before the state says Published and read after the taker's claim.
+
+namespace {
+uint32_t* word(uint8_t* p) { return reinterpret_cast<uint32_t*>(p); }
+uint8_t* spin_word(uint8_t* base, Ring taker) { return base + kSpinWordsOffset + (taker == Ring::Requests ? 0 : 64); }
+}  // namespace
+
+uint8_t* RingEnd::slot(uint32_t seq) const {
+  return base_ + kRingOffset + (ring_ == Ring::Requests ? 0 : kRingSlots * kSlotBytes) + (seq % kRingSlots) * kSlotBytes;
+}
+
+bool RingEnd::taker_spinning() const { return __atomic_load_n(word(spin_word(base_, ring_)), __ATOMIC_SEQ_CST) != 0; }
+
+void RingEnd::set_spinning(bool on) { __atomic_store_n(word(spin_word(base_, ring_)), on ? 1u : 0u, __ATOMIC_SEQ_CST); }
+
+RingEnd::Put RingEnd::put(const std::array<uint8_t, proto::kHeaderBytes>& head, const std::vector<uint8_t>& desc, uint64_t zmq_before) {
+  FD_CHECK(desc.size() <= kSlotDescBytes, "a ring slot holds a descriptor of at most " << kSlotDescBytes << " bytes");
+  uint8_t* s = slot(next_);
+  if (__atomic_load_n(word(s), __ATOMIC_ACQUIRE) != kSlotFree) return Put::Full;
+  const uint32_t seq = next_, n = uint32_t(desc.size());
+  std::memcpy(s + 4, &seq, 4);
+  std::memcpy(s + 8, &zmq_before, 8);
+  std::memcpy(s + 16, &n, 4);
+  std::memcpy(s + 64, head.data(), head.size());
+  if (n) std::memcpy(s + 128, desc.data(), n);
+  ++next_;
+  // Published, then the taker's word read (both sequentially consistent): if the taker cleared its word before it
+  // looked at this slot, this side sees the word clear and withdraws, or the taker's last look claims the slot first.
+  __atomic_store_n(word(s), kSlotPublished, __ATOMIC_SEQ_CST);
+  if (taker_spinning()) return Put::Published;
+  uint32_t expected = kSlotPublished;
+  return __atomic_compare_exchange_n(word(s), &expected, kSlotWithdrawn, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) ? Put::Withdrawn
+                                                                                                                     : Put::Published;
+}
+
+size_t RingEnd::take(std::vector<RingMessage>& out) {
+  size_t taken = 0;
+  for (;;) {
+    uint8_t* s = slot(next_);
+    uint32_t state = __atomic_load_n(word(s), __ATOMIC_SEQ_CST);
+    if (state != kSlotPublished && state != kSlotWithdrawn) return taken;
+    uint32_t seq = 0;
+    std::memcpy(&seq, s + 4, 4);
+    if (seq != next_) return taken;  // not this turn's (the peer's bug): left where it is
+    if (state == kSlotPublished &&
+        __atomic_compare_exchange_n(word(s), &state, kSlotTaken, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+      RingMessage m;
+      uint32_t n = 0;
+      std::memcpy(&m.zmq_before, s + 8, 8);
+      std::memcpy(&n, s + 16, 4);
+      std::memcpy(m.head.data(), s + 64, m.head.size());
+      m.desc.assign(s + 128, s + 128 + std::min<size_t>(n, kSlotDescBytes));
+      if (n > kSlotDescBytes) m.desc.clear();  // a descriptor that cannot be: the parse refuses the empty one
+      out.push_back(std::move(m));
+      ++taken;
+    } else if (state != kSlotWithdrawn) {
+      return taken;  // the claim failed and the slot is not Withdrawn (the publisher's only change): not ours
+    }
+    // Taken (its fields copied out) or withdrawn: the slot is the publisher's again.
+    __atomic_store_n(word(s), kSlotFree, __ATOMIC_RELEASE);
+    ++next_;
+  }
 }
 
 }  // namespace fd::shm

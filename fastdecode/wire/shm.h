@@ -103,6 +103,58 @@ std::vector<uint8_t> encode_descriptor(const Descriptor& d);
 // region_bytes, computed without overflow. Throws proto::ProtocolError(Malformed) naming the first bad span.
 Descriptor parse_descriptor(const proto::Frame& f, size_t n_frames, size_t region_bytes);
 
+// The rings (docs/RWORKER.md, "Rings"): the region's header page also carries two small rings of message slots, one
+// each way, that let a request and its reply skip ZeroMQ's I/O threads (four thread wake-ups per round trip) while the
+// side that takes them is polling anyway. A side polls without sleeping only with spin_us > 0 and says so in its
+// word (kWorkerSpinning, kClientSpinning); the other side puts a message in a slot only while that word is set, and
+// takes it back (kSlotWithdrawn, then sends it over ZeroMQ as before) when the word is clear once the slot is published:
+// whichever of the publisher's withdrawal and the taker's claim comes first wins, so a message goes exactly one way.
+// A request slot also carries how many messages the client had sent over ZeroMQ before it, and the worker takes
+// requests in the order the client sent them, whichever way each came. A slot holds a header and a descriptor (the
+// frames lie in the data area as on the lane): what it says is checked as any request or reply is.
+enum class Ring { Requests, Replies };
+constexpr size_t kSpinWordsOffset = 512;   // two 64-byte lines: the worker's word, then the client's
+constexpr size_t kRingOffset = 1024;       // kRingSlots request slots, then kRingSlots reply slots
+constexpr size_t kRingSlots = 4;
+constexpr size_t kSlotBytes = 256;
+constexpr size_t kSlotDescBytes = 96;      // a descriptor of up to 5 frames and the reply space
+enum : uint32_t { kSlotFree = 0, kSlotPublished = 1, kSlotTaken = 2, kSlotWithdrawn = 3 };
+static_assert(kRingOffset + 2 * kRingSlots * kSlotBytes <= kRegionHeaderBytes, "the rings fit the header page");
+
+// A message taken from a ring.
+struct RingMessage {
+  uint64_t zmq_before = 0;  // requests: messages the client had sent over ZeroMQ before this one
+  std::array<uint8_t, proto::kHeaderBytes> head{};
+  std::vector<uint8_t> desc;
+};
+
+// One side's end of one ring of a mapped region (`base`: the region's first byte). The publisher and the taker each
+// keep their own position; neither trusts what the other wrote (a slot out of turn stops the taker: it is the peer's
+// to fix).
+class RingEnd {
+ public:
+  RingEnd() = default;
+  RingEnd(uint8_t* base, Ring ring) : base_(base), ring_(ring) {}
+  explicit operator bool() const { return base_ != nullptr; }
+  // The publisher: whether the taker polls now (its spinning word set).
+  bool taker_spinning() const;
+  enum class Put { Published, Full, Withdrawn };
+  // Puts a message in the next slot: Full (the slot is not yet free: send it over ZeroMQ), Withdrawn (the taker
+  // stopped polling before it claimed it: send it over ZeroMQ) or Published (it is the taker's now).
+  Put put(const std::array<uint8_t, proto::kHeaderBytes>& head, const std::vector<uint8_t>& desc, uint64_t zmq_before);
+  // The taker: claims every message published in turn (frees withdrawn slots on the way), appending them to `out`.
+  // Returns how many it took.
+  size_t take(std::vector<RingMessage>& out);
+  // The taker's spinning word (the word the publisher reads).
+  void set_spinning(bool on);
+
+ private:
+  uint8_t* slot(uint32_t seq) const;
+  uint8_t* base_ = nullptr;
+  Ring ring_ = Ring::Requests;
+  uint32_t next_ = 0;  // publisher: the next slot's sequence; taker: the next one expected
+};
+
 // The client's allocator of a region's data area: first fit over free blocks kept by offset, neighbours merged on
 // free. The client alone allocates; a block is freed when its request's reply arrived (request frames) or when the
 // reply's frames are destroyed (reply space), possibly on another thread: hence the mutex.
