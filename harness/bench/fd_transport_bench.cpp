@@ -162,6 +162,12 @@ void round_trip(benchmark::State& st, const TransportCase& c, int index) {
   k["rtt_min_us"] = *std::min_element(ts.begin(), ts.end()) * 1e6;
   k["rtt_mean_us"] = sum / double(ts.size()) * 1e6;
   k["rtt_max_us"] = *std::max_element(ts.begin(), ts.end()) * 1e6;
+  // Through the region's rings (the worker, then the client, polling: spin_us), of all through the region, warm-up
+  // included: what the spin bought, next to its round trips.
+  if (const fd::ShmLaneStats lt = g_cur.links->lane_totals(); lt.requests_shm > 0) {
+    k["ring_request_share"] = double(lt.requests_ring) / double(lt.requests_shm);
+    k["ring_reply_share"] = lt.replies_shm ? double(lt.replies_ring) / double(lt.replies_shm) : 0.0;
+  }
   k["bytes_per_second"] = bps;
   k["GBps_per_link"] = bps / c.links / 1e9;
   k["meets_target"] = bps / c.links / 1e9 >= kTargetPerLinkGBs ? 1 : 0;

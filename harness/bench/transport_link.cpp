@@ -262,6 +262,16 @@ double LinkSet::step() {
   return dt;
 }
 
+ShmLaneStats LinkSet::lane_totals() const {
+  ShmLaneStats t;
+  for (size_t w = 0; client_ && w < servers_.size(); ++w) {
+    const ShmLaneStats st = client_->shm_stats(w);
+    t.requests_shm += st.requests_shm, t.replies_shm += st.replies_shm;
+    t.requests_ring += st.requests_ring, t.replies_ring += st.replies_ring;
+  }
+  return t;
+}
+
 std::string LinkSet::why_silent() const {
   // A worker's sockets close while it exits, a moment before the kernel makes it a zombie that waitid sees:
   // a connection found dropped can be reported before its process has ended. Look again for up to 2 s.

@@ -78,6 +78,9 @@ class LinkSet {
   double step();
   // SHUTDOWN to every server, then waits for them to exit. Best effort: problems go to stderr.
   void close();
+  // The shared-memory lanes' counts summed over the links (all zero off the lane): how many requests and replies went
+  // through the region, and of those through its rings (with spin_us).
+  ShmLaneStats lane_totals() const;
 
  private:
   std::string why_silent() const;      // " [echo R-worker w (pid) exited ...]", waiting briefly for a dying one
