@@ -151,8 +151,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   int spin_us = 0;
   app.add_option("--spin-us", spin_us,
-                 "Poll the socket without sleeping this many microseconds after each reply before blocking: a request "
-                 "arriving then skips the thread's wake-up, at the cost of that much of a core per idle spell (0: block)")
+                 "Poll without sleeping this many microseconds after each reply before blocking: a request arriving then "
+                 "skips the thread's wake-up, and a client with a shared-memory region puts it in the region's ring, "
+                 "skipping ZeroMQ (docs/RWORKER.md, \"Rings\"); costs that much of a core per idle spell (0: block)")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   return fd::guarded_main(app, argc, argv, [&]() {

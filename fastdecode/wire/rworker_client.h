@@ -60,7 +60,9 @@ struct RWorkerClientOptions {
   // their headers), one that refuses (another host, --shm-max-mb 0, ...) everything over ZeroMQ as before.
   size_t shm_bytes = 0;
   // > 0: each wait polls its sockets without sleeping for up to this many microseconds before it blocks (a reply
-  // arriving then is taken without the thread's wake-up: the small-message floor, issue 43). 0: block at once.
+  // arriving then is taken without the thread's wake-up: the small-message floor, issue 43), and a worker with an
+  // active lane may put its reply in the region's reply ring while this client polls (fastdecode/wire/shm.h, "rings").
+  // 0: block at once.
   int spin_us = 0;
 };
 
