@@ -47,6 +47,7 @@ RWorkersConfig RWorkersConfig::parse(StrictObject& r, int64_t ranks) {
   rw.heartbeat_timeout_ms = r.get_int("heartbeat_timeout_ms", 1, 3600000, 3000);
   rw.shm = r.get_bool("shm", true);
   rw.shm_in_place = r.get_bool("shm_in_place", true);
+  rw.spin_us = r.get_int("spin_us", 0, 1000000, 0);
   rw.append_chunk_kb = r.get_int("append_chunk_kb", 1, int64_t(1) << 22, 8192);
   if (rw.heartbeat_ms > 0 && rw.heartbeat_timeout_ms < rw.heartbeat_ms)
     r.fail("heartbeat_timeout_ms", "must be at least heartbeat_ms (" + std::to_string(rw.heartbeat_ms) + ")");
@@ -173,6 +174,7 @@ json RWorkersConfig::to_json() const {
   j["heartbeat_timeout_ms"] = r.heartbeat_timeout_ms;
   j["shm"] = r.shm;
   j["shm_in_place"] = r.shm_in_place;
+  j["spin_us"] = r.spin_us;
   j["append_chunk_kb"] = r.append_chunk_kb;
   if (!r.curve_server_public.empty())
     j["curve"] = {{"server_public", r.curve_server_public}, {"client_secret", r.curve_client_secret}};

@@ -33,6 +33,11 @@ struct RWorkersConfig {
   // With shm: the S-Part writes each worker's q/k/v straight into its region (false: into staging memory, copied into
   // the region at each send; for A/B).
   bool shm_in_place = true;
+  // > 0: every wait for replies polls this many microseconds before it blocks, and spawned workers get --spin-us of
+  // the same (listed or registered ones: their own flag). With shm, a side that polls gets the other's messages through
+  // the region's rings, skipping ZeroMQ (docs/RWORKER.md, "Rings"); each polling thread costs up to that much of a
+  // core per idle spell. 0: block at once.
+  int64_t spin_us = 0;
   // Prefill: a worker's K/V of a layer goes in APPEND_KVs of at most this many KiB (whole sequences; a longer prompt
   // alone), so the worker stores one while the next is on its way.
   int64_t append_chunk_kb = 8192;

@@ -114,6 +114,7 @@ RWorkerClientOptions client_options_for(const RWorkersConfig& r) {
   o.heartbeat_ms = int(r.heartbeat_ms);
   o.heartbeat_timeout_ms = int(r.heartbeat_timeout_ms);
   o.shm_bytes = r.shm ? kEngineShmBytes : 0;
+  o.spin_us = int(r.spin_us);
   if (!r.curve_server_public.empty()) {
     if (!curve_available()) throw ConfigError("engine.rworkers.curve: this libzmq has no CURVE support (libsodium)");
     o.curve_server_public = read_curve_public(r.curve_server_public);
@@ -203,7 +204,8 @@ json FastDecodeEngine::info() const {
     json w = json::array();
     for (size_t i = 0; i < r.hello().size(); ++i) {
       const ShmLaneStats s = r.client().shm_stats(i);  // whether this worker's tensors go through shared memory, or why not
-      json shm = {{"state", s.state}, {"bytes", s.bytes}, {"device_registered", r.region_pinned(i)}};
+      json shm = {{"state", s.state}, {"bytes", s.bytes}, {"device_registered", r.region_pinned(i)}, {"requests", s.requests_shm},
+                  {"replies", s.replies_shm}, {"requests_ring", s.requests_ring}, {"replies_ring", s.replies_ring}};
       if (!s.reason.empty()) shm["reason"] = s.reason;
       w.push_back({{"endpoint", r.endpoint(i)}, {"hello", r.hello()[i]}, {"shm", shm}});
     }

@@ -15,17 +15,18 @@ RankRecorder::RankRecorder(SPart& spart, RWorkerClient& client, Communicator* pp
   spart_.trace_device(true);
 }
 
-void RankRecorder::lane_bytes(int64_t& copied, int64_t& in_place) const {
+void RankRecorder::lane_counts(int64_t& copied, int64_t& in_place, int64_t& ring_requests, int64_t& ring_replies) const {
   for (size_t w = 0; w < client_.size(); ++w) {
     const ShmLaneStats st = client_.shm_stats(w);
     copied += int64_t(st.bytes_copied), in_place += int64_t(st.bytes_in_place);
+    ring_requests += int64_t(st.requests_ring), ring_replies += int64_t(st.replies_ring);
   }
 }
 
 void RankRecorder::begin(RankTiming& out) {
   out_ = &out;
-  copied0_ = in_place0_ = 0;
-  lane_bytes(copied0_, in_place0_);
+  copied0_ = in_place0_ = ring_requests0_ = ring_replies0_ = 0;
+  lane_counts(copied0_, in_place0_, ring_requests0_, ring_replies0_);
   out.worker_ns.assign(client_.size(), 0);
   if (pp_) pp_->busy_ms_and_reset();
 }
@@ -33,8 +34,9 @@ void RankRecorder::begin(RankTiming& out) {
 void RankRecorder::end() {
   RankTiming& out = *out_;
   if (pp_) out.comm_ns = int64_t(pp_->busy_ms_and_reset() * 1e6);
-  lane_bytes(out.shm_bytes_copied, out.shm_bytes_in_place);
+  lane_counts(out.shm_bytes_copied, out.shm_bytes_in_place, out.ring_requests, out.ring_replies);
   out.shm_bytes_copied -= copied0_, out.shm_bytes_in_place -= in_place0_;
+  out.ring_requests -= ring_requests0_, out.ring_replies -= ring_replies0_;
   // The S-Part's device timeline (CUDA: a track per stream, each span a stage of one mini-batch's slot).
   for (const SPart::DeviceSpan& d : spart_.device_spans())
     out.spans.push_back({"gpu stream " + std::to_string(d.stream) + suffix_,
@@ -124,13 +126,14 @@ void RankRecorder::prefill_begin() { prefill_t0_ = now_ns(); }
 // s_compute. Each the largest over the ranks.
 void add_rank_timing(std::vector<RankTiming>& ranks, bool decoded, StepResult& out) {
   int64_t s_ns = 0, r_wait = 0, busiest = 0, comm = 0, d2h = 0, h2d = 0, wire = 0, idle = 0, send = 0;
-  int64_t copied = 0, in_place = 0, appends = 0;
+  int64_t copied = 0, in_place = 0, appends = 0, ring_requests = 0, ring_replies = 0;
   for (RankTiming& r : ranks) {
     s_ns = std::max(s_ns, r.s_ns), r_wait = std::max(r_wait, r.r_wait_ns), comm = std::max(comm, r.comm_ns);
     d2h = std::max(d2h, r.d2h_ns), h2d = std::max(h2d, r.h2d_ns), wire = std::max(wire, r.wire_ns);
     idle = std::max(idle, r.decode_ns - r.decode_s_ns), send = std::max(send, r.send_ns);
     for (int64_t w : r.worker_ns) busiest = std::max(busiest, w);
     copied += r.shm_bytes_copied, in_place += r.shm_bytes_in_place, appends += r.append_requests;
+    ring_requests += r.ring_requests, ring_replies += r.ring_replies;
     out.spans.insert(out.spans.end(), std::make_move_iterator(r.spans.begin()), std::make_move_iterator(r.spans.end()));
   }
   out.breakdown_ms["s_compute"] = s_ns / 1e6;
@@ -147,6 +150,8 @@ void add_rank_timing(std::vector<RankTiming>& ranks, bool decoded, StepResult& o
   // The shared-memory lanes' request bytes (every rank's): copied into a region by the client, or already there.
   if (copied + in_place > 0) out.counts["shm_bytes_copied"] += copied, out.counts["shm_bytes_in_place"] += in_place;
   if (appends > 0) out.counts["append_kv_requests"] += appends;
+  // ... and what went through their rings (engine.rworkers.spin_us).
+  if (ring_requests + ring_replies > 0) out.counts["ring_requests"] += ring_requests, out.counts["ring_replies"] += ring_replies;
 }
 
 }  // namespace fd

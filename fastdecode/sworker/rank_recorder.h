@@ -31,6 +31,8 @@ struct RankTiming {
   // Tensor bytes of this step's requests through the shared-memory lanes: copied into a region by the client, or
   // sent where they lay (written there by the S-Part).
   int64_t shm_bytes_copied = 0, shm_bytes_in_place = 0;
+  // Requests put in and replies taken from the lanes' rings (with engine.rworkers.spin_us: docs/RWORKER.md, "Rings").
+  int64_t ring_requests = 0, ring_replies = 0;
   int64_t append_requests = 0;  // prefill: APPEND_KV messages sent (per layer and worker, one per chunk)
 };
 
@@ -107,7 +109,7 @@ class RankRecorder {
 
  private:
   void add_span(const char* track, std::string span_name, int64_t start, int64_t dur);
-  void lane_bytes(int64_t& copied, int64_t& in_place) const;
+  void lane_counts(int64_t& copied, int64_t& in_place, int64_t& ring_requests, int64_t& ring_replies) const;
 
   SPart& spart_;
   RWorkerClient& client_;
@@ -115,7 +117,7 @@ class RankRecorder {
   int64_t layer_begin_;
   std::string suffix_, worker_prefix_;
   RankTiming* out_ = nullptr;
-  int64_t copied0_ = 0, in_place0_ = 0;
+  int64_t copied0_ = 0, in_place0_ = 0, ring_requests0_ = 0, ring_replies0_ = 0;
   std::vector<int64_t> worker_free_ns_;         // per worker: the receipt of its latest ATTEND reply (decode's wire)
   std::vector<std::vector<int64_t>> sent_ns_;   // [slot][worker]: when its latest ATTEND went to the client
   int64_t decode_t0_ = 0, decode_s0_ = 0, prefill_t0_ = 0;

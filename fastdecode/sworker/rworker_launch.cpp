@@ -91,6 +91,7 @@ void FastDecodeEngine::spawn_group(size_t g, const RWorkersConfig& r, const std:
     std::vector<std::string> args = {"--threads", std::to_string(r.threads), "--kv-dtype", r.kv_dtype,
                                       "--memory-gb", std::to_string(r.memory_gb), "--name", name};
     if (r.query != "auto") args.insert(args.end(), {"--query", r.query});
+    if (r.spin_us > 0) args.insert(args.end(), {"--spin-us", std::to_string(r.spin_us)});
     if (r.pin) {
       const int64_t first = first_cpu + i * r.threads, last = first + r.threads - 1;
       char cpus[48];

@@ -97,30 +97,40 @@ TEST(FastDecodeEngine, SamplingMatchesReferenceToo) {
 // worker's lane is in the engine's info (summary.json), so a refused one is seen.
 // The same tokens with the lane (the S-Part writing q/k/v into the regions, or the client copying them in) as over
 // ZeroMQ; and where the decode steps' request bytes went: with shm_in_place every ATTEND byte lies in the region
-// already (none copied), without it every one is copied; prefill's APPEND_KV is copied either way.
+// already (none copied), without it every one is copied; prefill's APPEND_KV is copied either way. With a spin
+// (engine.rworkers.spin_us) requests and replies go through the regions' rings: the same tokens again.
 TEST(FastDecodeEngine, SharedMemoryLaneGivesTheSameTokensAsZeroMQ) {
   const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama-gqa.json"));
   const auto reqs = requests(c);
   std::map<std::string, Tokens> got;
-  for (const std::string mode : {"in_place", "copied", "zmq"}) {
+  for (const std::string mode : {"in_place", "copied", "rings", "zmq"}) {
     SCOPED_TRACE(mode);
     const bool shm = mode != "zmq";
     FastDecodeConfig ec = fastdecode_config(2);
     ec.rworkers.shm = shm;
-    ec.rworkers.shm_in_place = mode == "in_place";
+    ec.rworkers.shm_in_place = mode != "copied";
+    if (mode == "rings") ec.rworkers.spin_us = 5000;  // the workers and the S-rank poll: requests and replies in the rings
     auto w = make_random_source(3, DType::F16);
     auto e = make_fastdecode_engine(ec, {c, *w, SamplingParams{}});
+    ASSERT_EQ(e->info()["rworkers"].size(), 2u);  // while the engine is up (a finished run has shut its workers down)
     for (const json& worker : e->info()["rworkers"]) EXPECT_EQ(worker["shm"]["state"], shm ? "active" : "off") << worker.dump();
-    fd::test::EngineRun run;
-    got[mode] = run_tokens(*e, reqs, &run);
     // The CPU S-Part has no device to register the regions with (the CUDA one does: tests/gpu/test_gpu_only.cpp).
     for (const json& worker : e->info()["rworkers"]) EXPECT_EQ(worker["shm"]["device_registered"], false) << worker.dump();
+    fd::test::EngineRun run;
+    got[mode] = run_tokens(*e, reqs, &run);
+    const int64_t ring_requests = run.decode_counts["ring_requests"], ring_replies = run.decode_counts["ring_replies"];
+    if (mode == "rings") {
+      EXPECT_GT(ring_requests, 0) << "no request went through a ring";
+      EXPECT_GT(ring_replies, 0) << "no reply came through a ring";
+    } else {
+      EXPECT_EQ(ring_requests + ring_replies, 0) << "the rings used without a spin";
+    }
     if (!shm) {
       EXPECT_EQ(run.counts.count("shm_bytes_copied"), 0u) << "no lane, no count";
       continue;
     }
     EXPECT_GT(run.counts["shm_bytes_copied"] - run.decode_counts["shm_bytes_copied"], 0) << "prefill's APPEND_KV, copied in";
-    if (mode == "in_place") {
+    if (mode != "copied") {
       EXPECT_EQ(run.decode_counts["shm_bytes_copied"], 0) << "an ATTEND byte copied into the region";
       EXPECT_GT(run.decode_counts["shm_bytes_in_place"], 0);
     } else {
@@ -130,6 +140,7 @@ TEST(FastDecodeEngine, SharedMemoryLaneGivesTheSameTokensAsZeroMQ) {
   }
   EXPECT_EQ(got["in_place"], got["zmq"]) << "first divergence: " << first_divergence(got["in_place"], got["zmq"]);
   EXPECT_EQ(got["copied"], got["zmq"]) << "first divergence: " << first_divergence(got["copied"], got["zmq"]);
+  EXPECT_EQ(got["rings"], got["zmq"]) << "first divergence: " << first_divergence(got["rings"], got["zmq"]);
 }
 
 // A prefill's K/V in APPEND_KV chunks of whole sequences (engine.rworkers.append_chunk_kb): the same tokens as one
