@@ -74,6 +74,7 @@ struct RouterCounters {
   uint64_t shm_bad = 0;           // requests flagged as in a region that the loop refused (bad descriptor, ...)
   uint64_t ring_requests = 0;     // requests taken from a region's request ring (fastdecode/wire/shm.h, "rings")
   uint64_t ring_replies = 0;      // replies put in a region's reply ring (the client was polling)
+  uint64_t ring_waiting_max = 0;  // the most ring requests one peer had waiting for its ZeroMQ messages (bounded)
   uint64_t untracked_dropped = 0; // messages dropped: their connection is not one the loop can track (no ZMTP 3
                                   // metadata: a ZMTP 1.0 / 2.0 peer, an HTTP request, random bytes)
   uint64_t peer_faults = 0;       // messages dropped because handling them failed in a way a peer caused (a ZeroMQ

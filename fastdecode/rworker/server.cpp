@@ -277,9 +277,9 @@ void run_router_loop(const RouterLoop& loop) {
     }
   };
   // Reply: routing id, then the frames. A peer that vanished (or whose pipe is full) just loses its reply.
-  const auto send_reply = [&](std::vector<zmq::message_t>& reply) {
+  const auto send_routed = [&](zmq::message_t& routing_id, std::vector<zmq::message_t>& reply) {
     try {
-      if (!sock.send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
+      if (!sock.send(routing_id, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
       for (size_t i = 0; i < reply.size(); ++i)
         if (!sock.send(reply[i], (i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none) | zmq::send_flags::dontwait))
           return false;
@@ -288,20 +288,13 @@ void run_router_loop(const RouterLoop& loop) {
       return false;
     }
   };
-  int64_t wait_from = now_ns();  // when the loop last became free to take a request
+  const auto send_reply = [&](std::vector<zmq::message_t>& reply) { return send_routed(parts[0], reply); };
   // A reply to a request that came through a ring goes to its peer by routing id.
   const auto send_to = [&](const std::string& peer, std::vector<zmq::message_t>& reply) {
-    try {
-      zmq::message_t rid(peer.data(), peer.size());
-      if (!sock.send(rid, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
-      for (size_t i = 0; i < reply.size(); ++i)
-        if (!sock.send(reply[i], (i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none) | zmq::send_flags::dontwait))
-          return false;
-      return true;
-    } catch (const zmq::error_t&) {
-      return false;
-    }
+    zmq::message_t rid(peer.data(), peer.size());
+    return send_routed(rid, reply);
   };
+  int64_t wait_from = now_ns();  // when the loop last became free to take a request
   // One request taken from a peer's ring: resolved and handled as the same request over ZeroMQ would be
   // (shm_request); its reply into the reply ring while the client polls for it, else over ZeroMQ.
   const auto serve_ring_message = [&](const std::string& peer, PeerRegion& pr, const shm::RingMessage& m) {
@@ -356,10 +349,14 @@ void run_router_loop(const RouterLoop& loop) {
   };
   // A peer's ring: every request published in turn is taken; those the client sent after a ZeroMQ message this loop has
   // not taken yet wait for it (the client's order holds whichever way each request came). Returns how many it served.
+  // At most kRingWaiting wait: a client that claims more ZeroMQ messages before its ring requests than it sent (its
+  // bug, or a hostile one) fills its own ring, and then goes over ZeroMQ, instead of growing this loop's memory.
+  constexpr size_t kRingWaiting = 4 * shm::kRingSlots;
   const auto serve_ring = [&](const std::string& peer, PeerRegion& pr) {
     std::vector<shm::RingMessage> got;
-    pr.requests.take(got);
+    if (pr.waiting.size() < kRingWaiting) pr.requests.take(got, kRingWaiting - pr.waiting.size());
     for (auto& m : got) pr.waiting.push_back(std::move(m));
+    counters.ring_waiting_max = std::max<uint64_t>(counters.ring_waiting_max, pr.waiting.size());
     const uint64_t taken = zmq_taken[peer];
     size_t n = 0;
     while (!pr.waiting.empty() && pr.waiting.front().zmq_before <= taken) {

@@ -401,7 +401,8 @@ json RWorkerService::stats(const std::string& peer) const {
                           {"receive", double(router_->attend_receive_ns) / 1e9},
                           {"handle", double(router_->attend_handle_ns) / 1e9},
                           {"send", double(router_->attend_send_ns) / 1e9}};
-  if (router_) s["rings"] = {{"requests", router_->ring_requests}, {"replies", router_->ring_replies}};
+  if (router_)
+    s["rings"] = {{"requests", router_->ring_requests}, {"replies", router_->ring_replies}, {"waiting_max", router_->ring_waiting_max}};
   if (router_)
     s["intake"] = {{"untracked_dropped", router_->untracked_dropped},
                    {"peer_faults", router_->peer_faults},

@@ -273,9 +273,9 @@ RingEnd::Put RingEnd::put(const std::array<uint8_t, proto::kHeaderBytes>& head, 
                                                                                                                      : Put::Published;
 }
 
-size_t RingEnd::take(std::vector<RingMessage>& out) {
+size_t RingEnd::take(std::vector<RingMessage>& out, size_t max) {
   size_t taken = 0;
-  for (;;) {
+  while (taken < max) {
     uint8_t* s = slot(next_);
     uint32_t state = __atomic_load_n(word(s), __ATOMIC_SEQ_CST);
     if (state != kSlotPublished && state != kSlotWithdrawn) return taken;
@@ -300,6 +300,7 @@ size_t RingEnd::take(std::vector<RingMessage>& out) {
     __atomic_store_n(word(s), kSlotFree, __ATOMIC_RELEASE);
     ++next_;
   }
+  return taken;
 }
 
 }  // namespace fd::shm

@@ -18,6 +18,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -142,9 +143,9 @@ class RingEnd {
   // Puts a message in the next slot: Full (the slot is not yet free: send it over ZeroMQ), Withdrawn (the taker
   // stopped polling before it claimed it: send it over ZeroMQ) or Published (it is the taker's now).
   Put put(const std::array<uint8_t, proto::kHeaderBytes>& head, const std::vector<uint8_t>& desc, uint64_t zmq_before);
-  // The taker: claims every message published in turn (frees withdrawn slots on the way), appending them to `out`.
-  // Returns how many it took.
-  size_t take(std::vector<RingMessage>& out);
+  // The taker: claims the messages published in turn, at most `max` of them (frees withdrawn slots on the way),
+  // appending them to `out`. Returns how many it took.
+  size_t take(std::vector<RingMessage>& out, size_t max = SIZE_MAX);
   // The taker's spinning word (the word the publisher reads).
   void set_spinning(bool on);
 

@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <random>
 #include <thread>
 
@@ -531,6 +532,36 @@ TEST(ShmLane, RingsKeepTheClientsOrder) {
   EXPECT_GT(st.requests_ring, 0u) << "no request went through the ring: the order was not tested";
   EXPECT_EQ(p.c.stats(0)["sequences"], 1);
   std::printf("rings: %llu of 60 requests\n", (unsigned long long)st.requests_ring);
+}
+
+// A client that writes its own ring out of the protocol (every request claiming a ZeroMQ message it never sent): the
+// worker holds a bounded number of them waiting, then leaves the rest in the ring (which fills), and serves others.
+TEST(ShmLane, RingRequestsWaitingAreBounded) {
+  PollingPair p;
+  p.c.add_seqs(0, {1});  // a round trip: the worker polls from here on, and this client's ring is at its start
+  const std::shared_ptr<const shm::Region> r = p.c.shm_region(0);
+  ASSERT_TRUE(r);
+  shm::RingEnd hostile(const_cast<uint8_t*>(r->base()), shm::Ring::Requests);  // the client's ring, from slot 0
+  ASSERT_TRUE(hostile.taker_spinning());
+  std::array<uint8_t, kHeaderBytes> head{};
+  const Header h = dims(MsgType::Attend, 1);
+  std::memcpy(head.data(), &h, kHeaderBytes);
+  int put = 0;
+  for (int i = 0; i < 200; ++i) {
+    const shm::RingEnd::Put said = hostile.put(head, std::vector<uint8_t>(80, 0), uint64_t(1) << 40);
+    if (said == shm::RingEnd::Put::Full) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the worker's turn to take what it will
+      if (hostile.put(head, std::vector<uint8_t>(80, 0), uint64_t(1) << 40) == shm::RingEnd::Put::Full) break;
+    }
+    ++put;
+  }
+  EXPECT_LT(put, 200) << "the worker kept taking requests it must hold";
+  RWorkerClient other({p.w.endpoint()}, with_shm(0));
+  other.hello(0, kLayers, kH, kKV, kD, WireDType::F16);
+  const json st = other.stats(0);
+  EXPECT_LE(st["rings"]["waiting_max"].get<uint64_t>(), 4 * shm::kRingSlots) << st.dump();
+  EXPECT_GT(st["rings"]["waiting_max"].get<uint64_t>(), 0u) << "the worker took none of them";
+  std::printf("put %d; the worker held at most %llu\n", put, (unsigned long long)st["rings"]["waiting_max"].get<uint64_t>());
 }
 
 // The S-Part the S-rank registers the workers' regions with: the CPU one, with register_host / unregister_host
