@@ -46,6 +46,7 @@ class HybridEngine : public Engine {
         std::vector<std::string> args = {"--threads", std::to_string(rw.threads), "--kv-dtype", rw.kv_dtype,
                                           "--memory-gb", std::to_string(rw.memory_gb), "--name", "rworker" + std::to_string(i)};
         if (rw.pin) args.insert(args.end(), {"--cpus", std::to_string(i * rw.threads) + "-" + std::to_string((i + 1) * rw.threads - 1)});
+        if (rw.spin_us > 0) args.insert(args.end(), {"--spin-us", std::to_string(rw.spin_us)});
         spawned_.push_back(std::make_unique<SpawnedRWorker>(bin, args));
         endpoints.push_back(spawned_.back()->endpoint());
       }
@@ -53,6 +54,7 @@ class HybridEngine : public Engine {
     RWorkerClientOptions co;
     co.timeout_ms = int(rw.timeout_ms), co.heartbeat_ms = int(rw.heartbeat_ms), co.heartbeat_timeout_ms = int(rw.heartbeat_timeout_ms);
     co.shm_bytes = rw.shm ? kEngineShmBytes : 0;
+    co.spin_us = int(rw.spin_us);  // with shm, the rings: the engagement cost calibrate() measures is then theirs
     if (!rw.curve_server_public.empty())
       co.curve_server_public = read_curve_public(rw.curve_server_public), co.curve_client = read_curve_secret(rw.curve_client_secret);
     // The GPU side: the GPU-only engine's memory rule (full-depth weights and KV in the budget).
