@@ -464,6 +464,7 @@ TEST(FastDecodeCuda, TraceHasATrackPerStreamAndPerWorker) {
   while (!e->done() && steps++ < 100)
     for (const Span& s : e->step().spans) tracks[s.track].insert(s.name);
   // The workers' shared-memory regions, where ATTEND's replies land, are registered with the device (DMA copies up).
+  ASSERT_FALSE(e->info()["rworkers"].empty()) << "no worker listed: the checks below would pass on nothing";
   for (const json& w : e->info()["rworkers"]) {
     EXPECT_EQ(w["shm"]["state"], "active") << w.dump();
     EXPECT_EQ(w["shm"]["device_registered"], true) << w.dump();
