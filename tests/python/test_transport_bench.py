@@ -62,6 +62,22 @@ def test_spin_is_a_case_of_its_own(gqa_fp32):
     assert (a["spin_us"], b["spin_us"]) == (0, 30) and a["bytes_per_step"] == b["bytes_per_step"]
 
 
+def test_rings_carry_the_lane_while_both_sides_poll(fd_bin, tmp_path, run_program):
+    # The shared-memory lane with a spin: the region's rings take requests and replies (docs/RWORKER.md, "Rings"); without
+    # one, or over TCP, nothing goes through them (their counters say so, or are absent off the lane).
+    out = tmp_path / "rings.json"
+    run_program([fd_bin("fd-transport-bench"), "--sizes", "25K", "--transports", "shm-inplace,tcp", "--links", "1",
+                 "--io-threads", "1", "--time", "0.05", "--spin-us", "0,200", "--json", out], timeout=120)
+    rts = {r["name"].split("/min_time")[0]: r for r in round_trips(json.loads(out.read_text()))}
+    blocking, spin = rts["round_trip/shm-inplace/io:1/links:1/size:25K"], rts["round_trip/shm-inplace/io:1/links:1/size:25K/spin:200"]
+    assert blocking["ring_request_share"] == 0 and blocking["ring_reply_share"] == 0
+    assert 0 < spin["ring_request_share"] <= 1, spin
+    assert 0 <= spin["ring_reply_share"] <= 1, spin
+    for name, r in rts.items():
+        if "/tcp/" in name:
+            assert "ring_request_share" not in r, name
+
+
 def round_trips(d):
     return [r for r in d["benchmarks"] if r["name"].startswith("round_trip/")]
 
