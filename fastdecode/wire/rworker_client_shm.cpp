@@ -149,15 +149,14 @@ bool RWorkerClient::send_shm(size_t w, Header& h, const std::vector<ConstBuffer>
   const std::vector<uint8_t> desc = shm::encode_descriptor(d);
   l.inflight[h.request_id] = std::move(f);  // before a send that may throw: its space is given back with the lane
   // The worker polling: into the request ring, in the order of everything sent to it (the ZeroMQ messages before).
-  if (l.requests && l.requests.taker_spinning() && l.requests.put(head, desc, zmq_sent_[w]) == shm::RingEnd::Put::Published) {
-    ++l.stats.requests_shm;
+  const bool ring =
+      l.requests && l.requests.taker_spinning() && l.requests.put(head, desc, zmq_sent_[w]) == shm::RingEnd::Put::Published;
+  if (ring) {
     ++l.stats.requests_ring;
-    l.stats.bytes_copied += copied;
-    l.stats.bytes_in_place += in_place;
-    return true;
+  } else {
+    send_head(w, head, true);
+    socks_[w].send(zmq::message_t(desc.data(), desc.size()), zmq::send_flags::none);
   }
-  send_head(w, head, true);
-  socks_[w].send(zmq::message_t(desc.data(), desc.size()), zmq::send_flags::none);
   ++l.stats.requests_shm;
   l.stats.bytes_copied += copied;
   l.stats.bytes_in_place += in_place;
