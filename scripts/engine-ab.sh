@@ -8,10 +8,12 @@
 # runs `fd-bench run AB_CONFIG --set workload.requests=B` with its own build and its own copy of the config:
 #   old   the older tree's fd-bench
 #   new   this tree's fd-bench
-#   pin   this tree's fd-bench under `taskset -c AB_PIN_CPUS` (only when AB_PIN_CPUS is set, e.g. 12-15: the cores the
-#         config's pinned R-workers leave free; the workers pin themselves to theirs)
+#   pin   this tree's fd-bench with --set engine.sworker_cpus=AB_SWORKER_CPUS (only when AB_SWORKER_CPUS is set: "rest",
+#         the cores the config's pinned R-workers leave free, or a list such as 12-15): once the workers are spawned
+#         on their own cores, every S-worker thread is moved to these. (A `taskset` around fd-bench cannot do it: the
+#         engine refuses to pin workers to cores its own process may not use.)
 # Settings: AB_CONFIG (default experiments/baselines/llama-2-7b-fastdecode.json), AB_BATCHES (default "256 1024"),
-# AB_ROUNDS (default 2), AB_SIDES (default "old new", plus pin when AB_PIN_CPUS is set).
+# AB_ROUNDS (default 2), AB_SIDES (default "old new", plus pin when AB_SWORKER_CPUS is set).
 # Results: OUT/AB.md and OUT/ab.json (per side and B: each run's decode steps' median step_ms and busiest-worker compute,
 # decode-only tokens/s; written after every run, so a call cut short still returns what ran), OUT/runs.tar.gz (the
 # run folders' summary.json and steps.jsonl), OUT/ab.log. A tree copied without git history records its commit from
@@ -24,7 +26,7 @@ mkdir -p "$out/runs"
 [ -f scripts/device-env.sh ] && [ -d .deps ] && source scripts/device-env.sh
 export CUDACXX="${CUDACXX:-/usr/local/cuda/bin/nvcc}" OMP_WAIT_POLICY=PASSIVE
 config="${AB_CONFIG:-experiments/baselines/llama-2-7b-fastdecode.json}"
-sides="${AB_SIDES:-old new${AB_PIN_CPUS:+ pin}}"
+sides="${AB_SIDES:-old new${AB_SWORKER_CPUS:+ pin}}"
 old=/tmp/engine-ab-old
 log="$out/ab.log"
 { cmake --preset cuda && cmake --build --preset cuda -j "$(nproc)" --target fd-bench fd-rworker; } >"$out/build_new.log" 2>&1 ||
@@ -79,7 +81,7 @@ for round in $(seq 1 "${AB_ROUNDS:-2}"); do
       case "$side" in
         old) cmd=(env -C "$old" build/cuda/bin/fd-bench run "$config") ;;
         new) cmd=(build/cuda/bin/fd-bench run "$config") ;;
-        pin) cmd=(taskset -c "${AB_PIN_CPUS:?pin needs AB_PIN_CPUS}" build/cuda/bin/fd-bench run "$config") ;;
+        pin) cmd=(build/cuda/bin/fd-bench run "$config" --set engine.sworker_cpus="${AB_SWORKER_CPUS:?pin needs AB_SWORKER_CPUS}") ;;
         *) echo "unknown side $side"; exit 2 ;;
       esac
       t0=$SECONDS

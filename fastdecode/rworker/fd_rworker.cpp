@@ -5,11 +5,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
 #include <thread>
 
 #include "fastdecode/wire/register.h"
 #include "fastdecode/rworker/server.h"
+#include "fastdecode/core/affinity.h"
 #include "fastdecode/core/cli_main.h"
 #include "fastdecode/wire/curve.h"
 
@@ -17,25 +17,6 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop = true; }
-
-// "0-3,8,10-11" -> {0,1,2,3,8,10,11}
-std::vector<int> parse_cpus(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) {
-    const size_t dash = item.find('-');
-    try {
-      size_t used = 0;
-      const int a = std::stoi(item.substr(0, dash), &used);
-      const int b = dash == std::string::npos ? a : std::stoi(item.substr(dash + 1));
-      if (a < 0 || b < a || b > 65535) throw std::invalid_argument("range");
-      for (int c = a; c <= b; ++c) out.push_back(c);
-    } catch (const std::exception&) {
-      throw fd::ConfigError("--cpus: '" + item + "' is not a CPU number or range (e.g. 0-7,16)");
-    }
-  }
-  return out;
-}
 
 // The shutdown token from the environment (64 hex digits, as a spawning S-worker sets it); empty when unset.
 std::string shutdown_token_from_env() {
@@ -172,7 +153,7 @@ int main(int argc, char** argv) {
     cfg.shutdown_token = shutdown_token_from_env();
     fd::RWorkerServerOptions opt;
     opt.listen = listen;
-    opt.cpus = parse_cpus(cpus);
+    if (!cpus.empty()) opt.cpus = fd::parse_cpu_list(cpus, "--cpus");
     opt.verbose = verbose;
     opt.log_errors_per_s = log_errors_per_s;
     opt.heartbeat_ms = heartbeat_ms;

@@ -1,6 +1,8 @@
 // The FastDecode engine's config section: strict parsing and the echo in summary.json.
 #include "fastdecode/sworker/fastdecode_config.h"
 
+#include "fastdecode/core/affinity.h"
+
 namespace fd {
 
 // Why an R-worker endpoint cannot be one ("" when it can): tcp://HOST:PORT with a port 1..65535, or ipc://PATH.
@@ -128,6 +130,15 @@ FastDecodeConfig FastDecodeConfig::parse(StrictObject& o) {
   c.dtype = o.get_enum("dtype", {"fp16", "bf16"}, std::string("fp16"));
   c.cuda_graphs = o.get_bool("cuda_graphs", true);
   c.prefill_tokens = o.get_int("prefill_tokens", 1, 1 << 24, 16384);
+  c.sworker_cpus = o.get_string("sworker_cpus", "");
+  if (!c.sworker_cpus.empty() && c.sworker_cpus != "rest") {
+    try {
+      parse_cpu_list(c.sworker_cpus, "engine.sworker_cpus");
+    } catch (const ConfigError&) {
+      o.fail("sworker_cpus", "'" + c.sworker_cpus + "' is neither \"rest\" (the CPUs the pinned R-workers leave "
+                             "free) nor a CPU list (e.g. 12-15,20)");
+    }
+  }
   if (o.has("parallel")) {
     StrictObject p = o.get_object("parallel");
     // Slots: 16 per S-Part, the prefill one after the decode mini-batches (waves x mini_batches of them).
@@ -199,6 +210,7 @@ json FastDecodeConfig::to_json() const {
   json j = {{"backend", backend}, {"mini_batches", mini_batches},
             {"wire_dtype", wire_dtype.empty() ? (backend == "cpu" ? "fp32" : backend == "cuda" ? "fp16" : "auto") : wire_dtype},
             {"prefill_tokens", prefill_tokens}};
+  if (!sworker_cpus.empty()) j["sworker_cpus"] = sworker_cpus;
   if (backend != "cpu") j["dtype"] = dtype, j["cuda_graphs"] = cuda_graphs;
   if (parallel.ranks() > 1 || parallel.waves > 0) j["parallel"] = parallel.to_json();
   j["rworkers"] = rworkers.to_json();

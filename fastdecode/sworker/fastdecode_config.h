@@ -79,6 +79,10 @@ struct FastDecodeConfig {
   // Prompt tokens prefilled per step at most (whole prompts, at least one); the rest start later.
   int64_t prefill_tokens = 16384;
   RWorkersConfig rworkers;
+  // The S-worker's own cores, set on every thread of the process once its R-workers are spawned (threads started
+  // later inherit them): "" leaves the process as started; "rest" takes the CPUs this process may run on that the
+  // pinned spawned workers (rworkers.pin) leave free; or a CPU list ("12-15").
+  std::string sworker_cpus;
   // Tensor and pipeline parallelism (fastdecode/parallel/ranks.h, docs/PARALLEL.md): T x P S-ranks, threads of
   // the engine's process; rank (t, p) holds tensor part t of stage p's layers (fastdecode/model/shard.h) and has
   // its own group of R-workers (rworkers, overridden per group by rworkers.groups), which hold the KV of that

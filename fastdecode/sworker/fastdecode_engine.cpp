@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include "fastdecode/core/affinity.h"
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/dtype.h"
 #include "fd_fault_drop_last_token.h"  // planted fault (scripts/fault-check.sh; fastdecode/core/fault.h)
@@ -106,6 +107,38 @@ void check_pinned_cpus(const FastDecodeConfig& ec, const std::vector<int64_t>& f
   }
 }
 
+// engine.sworker_cpus as CPUs (empty: leave the process as started), checked against the CPUs this process may run on
+// before any worker is spawned. "rest": those the pinned spawned workers (pinned_first_cpus) do not take.
+std::vector<int> sworker_cpus_for(const FastDecodeConfig& ec, const std::vector<int64_t>& first_cpus) {
+  if (ec.sworker_cpus.empty()) return {};
+  const std::vector<int> allowed = allowed_cpus();
+  std::vector<int> cpus;
+  if (ec.sworker_cpus == "rest") {
+    std::vector<bool> taken(CPU_SETSIZE, false);
+    bool any = false;
+    for (size_t g = 0; g < first_cpus.size(); ++g) {
+      const RWorkersConfig r = ec.rworkers.group(g);
+      for (int64_t c = first_cpus[g]; first_cpus[g] >= 0 && c < first_cpus[g] + r.spawn * r.threads; ++c)
+        if (c < CPU_SETSIZE) taken[size_t(c)] = any = true;
+    }
+    if (!any)
+      throw ConfigError("engine.sworker_cpus: \"rest\" is the CPUs the pinned R-workers leave free, and no spawned "
+                        "worker is pinned (engine.rworkers.pin): pin them, or name the S-worker's CPUs (e.g. \"12-15\")");
+    for (int c : allowed)
+      if (!taken[size_t(c)]) cpus.push_back(c);
+    if (cpus.empty())
+      throw ConfigError("engine.sworker_cpus: the pinned R-workers take every CPU this process may run on (" +
+                        cpu_list_string(allowed) + "): none is left for the S-worker; fewer workers or threads");
+    return cpus;
+  }
+  cpus = parse_cpu_list(ec.sworker_cpus, "engine.sworker_cpus");
+  for (int c : cpus)
+    if (!std::binary_search(allowed.begin(), allowed.end(), c))
+      throw ConfigError("engine.sworker_cpus: CPU " + std::to_string(c) + " is not one this process may run on (" +
+                        cpu_list_string(allowed) + ")");
+  return cpus;
+}
+
 // The client settings of every rank's R-worker link: deadline, heartbeats, CURVE keys (read here: a bad key file
 // is a config error before any work).
 RWorkerClientOptions client_options_for(const RWorkersConfig& r) {
@@ -132,6 +165,11 @@ FastDecodeEngine::FastDecodeEngine(const FastDecodeConfig& config, const EngineC
       wire_(ec_.wire_dtype == "fp16" ? WireDType::F16 : WireDType::F32) {
   Setup s = check_setup(ctx);
   const std::vector<std::vector<std::string>> endpoints = launch_rworkers(s, ctx.hardware.network);
+  if (!s.sworker_cpus.empty()) {
+    pin_all_threads(s.sworker_cpus);
+    notes_.push_back("the S-worker's threads are pinned to CPUs " + cpu_list_string(s.sworker_cpus) +
+                     " (engine.sworker_cpus: " + ec_.sworker_cpus + ")");
+  }
   build_ranks(s, endpoints, ctx.hardware);
 }
 
@@ -156,6 +194,7 @@ FastDecodeEngine::Setup FastDecodeEngine::check_setup(const EngineContext& ctx) 
   s.weights = load_rank_weights(s.layout, ctx.model, ctx.weights);
   s.first_cpus = pinned_first_cpus(ec, s.layout.G);
   check_pinned_cpus(ec, s.first_cpus, ctx.hardware.rworkers > 0);
+  s.sworker_cpus = sworker_cpus_for(ec, s.first_cpus);
   s.client = client_options_for(ec.rworkers);
   return s;
 }

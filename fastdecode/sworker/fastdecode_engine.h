@@ -68,6 +68,7 @@ class FastDecodeEngine : public Engine {
     std::vector<ModelWeights> weights;  // per rank
     std::vector<int64_t> first_cpus;    // per group: the first core of its pinned spawned workers, or -1
     RWorkerClientOptions client;        // every rank's R-worker link (emulated hosts turn its shm lane off)
+    std::vector<int> sworker_cpus;      // engine.sworker_cpus resolved (empty: the process stays as started)
   };
   Setup check_setup(const EngineContext& ctx);
   std::vector<std::vector<std::string>> launch_rworkers(Setup& s, const NetworkLink& link);

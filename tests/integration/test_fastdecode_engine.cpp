@@ -1,11 +1,19 @@
 // The FastDecode engine on the CPU backend with R-worker processes over TCP loopback against the
 // reference engine: same greedy tokens for the tiny Llama, OPT and GQA models over >= 64 steps.
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
+#include <tuple>
 
+#include <sched.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include "fastdecode/core/affinity.h"
 #include "fastdecode/core/dtype.h"
 #include "baselines/reference/reference_engine.h"
 #include "kernels/cpu/decode_attention.h"
@@ -167,6 +175,79 @@ TEST(FastDecodeEngine, PrefillInChunksGivesTheSameTokens) {
   for (const Request& r : reqs) pieces += (int64_t(r.prompt.size()) + rows - 1) / rows;
   ASSERT_LT(rows, int64_t(reqs.back().prompt.size()));  // the longest prompt is cut
   EXPECT_EQ(got[1].counts["append_kv_requests"], pieces * c.num_layers);
+}
+
+namespace {
+
+// The CPUs thread (or process) `tid` may run on, ascending.
+std::vector<int> affinity_of(pid_t tid) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (sched_getaffinity(tid, sizeof set, &set) != 0) return {-1};
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+// The ids of entries of a /proc directory (tasks of this process, or processes).
+std::vector<pid_t> proc_ids(const std::string& dir) {
+  std::vector<pid_t> ids;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (std::isdigit(static_cast<unsigned char>(e.path().filename().string()[0]))) ids.push_back(pid_t(std::stoi(e.path().filename())));
+  return ids;
+}
+
+}  // namespace
+
+// engine.sworker_cpus "rest": once its pinned workers are spawned, every thread of the S-worker (and each one started
+// later, the run's) is allowed only the CPUs they leave free, while each worker keeps its own core. Bad values are
+// config errors before anything starts.
+TEST(FastDecodeEngine, SWorkerCpusPinEveryThreadAndLeaveTheWorkersTheirs) {
+  const std::vector<int> allowed = allowed_cpus();
+  if (allowed.size() < 2 || allowed[0] != 0) GTEST_SKIP() << "needs CPU 0 and one more: this process may run on " << cpu_list_string(allowed);
+  struct Restore {  // the test binary's other tests run on every CPU again, whatever happens here
+    std::vector<int> cpus;
+    ~Restore() { pin_all_threads(cpus); }
+  } restore{allowed};
+  const ModelConfig c = load_model_config(repo_path("experiments/models/tiny-llama.json"));
+  const std::vector<int> rest(allowed.begin() + 1, allowed.end());
+  {
+    FastDecodeConfig ec = fastdecode_config(2);
+    ec.rworkers.spawn = 1;
+    ec.rworkers.pin = true;  // the worker on CPU 0
+    ec.sworker_cpus = "rest";
+    auto w = make_random_source(3, DType::F16);
+    auto e = make_fastdecode_engine(ec, {c, *w, SamplingParams{}});
+    int workers = 0;  // this process's spawned fd-rworkers (their command line names the parent)
+    for (pid_t pid : proc_ids("/proc")) {
+      std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline");
+      std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+      if (cmd.find("fd-rworker ") == std::string::npos || cmd.find(" --parent-pid " + std::to_string(getpid()) + " ") == std::string::npos)
+        continue;
+      ++workers;
+      EXPECT_EQ(affinity_of(pid), std::vector<int>{0}) << "the worker lost its own core";
+    }
+    EXPECT_EQ(workers, 1);  // while the engine is up (a finished run has shut its workers down)
+    run_tokens(*e, requests(c));  // threads the run starts inherit the mask
+    for (pid_t tid : proc_ids("/proc/self/task")) EXPECT_EQ(affinity_of(tid), rest) << "thread " << tid;
+    EXPECT_THAT(::testing::PrintToString(e->notes()), ::testing::HasSubstr("pinned to CPUs " + cpu_list_string(rest)));
+  }
+  pin_all_threads(allowed);
+  auto w = make_random_source(3, DType::F16);
+  for (const auto& [value, pin, expect] : std::vector<std::tuple<std::string, bool, std::string>>{
+           {"rest", false, "no spawned worker is pinned"},
+           {"0-" + std::to_string(CPU_SETSIZE - 1), false, "is not one this process may run on"}}) {
+    SCOPED_TRACE(value);
+    FastDecodeConfig ec = fastdecode_config(2);
+    ec.rworkers.pin = pin;
+    ec.sworker_cpus = value;
+    const std::string msg = fd::test::error_message([&] { make_fastdecode_engine(ec, {c, *w, SamplingParams{}}); });
+    EXPECT_THAT(msg, ::testing::HasSubstr("engine.sworker_cpus"));
+    EXPECT_THAT(msg, ::testing::HasSubstr(expect));
+  }
+  EXPECT_EQ(affinity_of(0), allowed) << "a refused config moved the process";
 }
 
 TEST(FastDecodeEngine, DeadRWorkerFailsTheStepNamingIt) {

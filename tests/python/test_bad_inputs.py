@@ -114,6 +114,7 @@ CONFIG_CASES = [  # (id, change to the config, what the message names)
      "engine.rworkers.heartbeat_timeout_ms"),
     ("bad-network", lambda c: c.update(hardware={"network": "5gbe"}), "hardware.network"),
     ("bad-query", lambda c: c["engine"]["rworkers"].update(query="int4"), "engine.rworkers.query"),
+    ("bad-sworker-cpus", lambda c: c["engine"].update(sworker_cpus="12-x"), "engine.sworker_cpus"),
 ]
 
 # ---- prompts (workload.prompts): one line wrong ----
