@@ -17,11 +17,15 @@
 # Results: OUT/AB.md and OUT/ab.json (per side and B: each run's decode steps' median step_ms and busiest-worker compute,
 # decode-only tokens/s; written after every run, so a call cut short still returns what ran), OUT/runs.tar.gz (the
 # run folders' summary.json and steps.jsonl), OUT/ab.log. A tree copied without git history records its commit from
-# FD_GIT_COMMIT (set it when sending the tree).
+# FD_GIT_COMMIT (set it when sending the tree); the old side's runs record the commit `git archive` wrote into OLD_SRC.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: scripts/engine-ab.sh OUT OLD_SRC}"
 old_src="$(realpath "${2:?usage: scripts/engine-ab.sh OUT OLD_SRC}")"
+# The older tree's commit, for its runs' provenance (`git archive` writes it into the tar; else "unknown-old"): without
+# it the old side would take this tree's FD_GIT_COMMIT.
+old_commit="$(gzip -dc "$old_src" | git get-tar-commit-id 2>/dev/null)" || true
+old_commit="${old_commit:-unknown-old}"
 mkdir -p "$out/runs"
 [ -f scripts/device-env.sh ] && [ -d .deps ] && source scripts/device-env.sh
 export CUDACXX="${CUDACXX:-/usr/local/cuda/bin/nvcc}" OMP_WAIT_POLICY=PASSIVE
@@ -79,7 +83,7 @@ for round in $(seq 1 "${AB_ROUNDS:-2}"); do
     for side in $sides; do
       run="$out/runs/$side-$b-$round"
       case "$side" in
-        old) cmd=(env -C "$old" build/cuda/bin/fd-bench run "$config") ;;
+        old) cmd=(env -C "$old" FD_GIT_COMMIT="$old_commit" build/cuda/bin/fd-bench run "$config") ;;
         new) cmd=(build/cuda/bin/fd-bench run "$config") ;;
         pin) cmd=(build/cuda/bin/fd-bench run "$config" --set engine.sworker_cpus="${AB_SWORKER_CPUS:?pin needs AB_SWORKER_CPUS}") ;;
         *) echo "unknown side $side"; exit 2 ;;
