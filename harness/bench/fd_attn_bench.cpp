@@ -29,6 +29,12 @@
 //                        run's memcpy of a block (what an fp16 store does) / quantizing it. Scalar and avx2 run
 //                        the scalar quantizer, avx512 and avx512vnni the AVX-512 one.
 //
+// With --append, per kv dtype one more, single-threaded (the R-worker's ATTEND append of a decode token):
+//   kv_append/KV/B:256   KVStore::append_f16 of one token to each of 256 sequences (one layer, 40 tokens held at the
+//                        start), every iteration after a read of --cold-gb has evicted the caches, as a decode visit
+//                        finds them: ns_per_sequence; copy_ns_per_sequence = memcpy of the same bytes into one
+//                        contiguous cold buffer, the same way; ratio_to_copy = copy / append.
+//
 // Why two benchmarks and not A B A B inside one: the earlier tool alternated kernel and ceiling calls.
 // Within Google Benchmark that is honest only if one benchmark times both and reports the ceiling as
 // a counter (then the ceiling is not a benchmark of its own, with its own row and time), or if each
@@ -59,6 +65,7 @@
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/json_util.h"
 #include "fastdecode/core/stats.h"
+#include "fastdecode/rworker/kv_store.h"
 #include "harness/bench/bench_main.h"
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/decode_attention_impl.h"
@@ -75,7 +82,7 @@ struct Options {
       reps = 5, warmup = 1;
   double memory_gb = 16, cold_gb = 1.0;
   bool quick = false;
-  bool quantize = false;
+  bool quantize = false, append = false;
   std::string query = "auto";  // how int8/int4 blocks take the query (fd::QueryQuant)
   std::vector<int> prefetch = {fd::DecodeAttentionParams{}.prefetch_blocks};  // DecodeAttentionParams::prefetch_blocks
   std::vector<int> hpt = {0};  // DecodeAttentionParams::heads_per_task (0 = auto)
@@ -359,6 +366,49 @@ void register_quantize(const Options& o, const std::vector<fd::Isa>& isas, const
   }
 }
 
+// kv_append/KV/B:256: see the header comment.
+void register_append(const Options& o, const std::vector<fd::KVDType>& dts) {
+  constexpr int kSeqs = 256, kHeld = 40;
+  const int H = o.kv_heads, D = o.head_dim;
+  const size_t row = size_t(H) * D * 2;  // bytes of K (or V) of one token
+  for (const fd::KVDType dt : dts) {
+    const std::string name = "kv_append/" + std::string(fd::kv_dtype_name(dt)) + "/B:" + std::to_string(kSeqs);
+    benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
+      fd::bench::run_guarded(st, name, [&] {
+        fd::KVStore store(dt, 1, H, D, size_t(kSeqs) * (kHeld + 64) * row * 2 + (size_t(1) << 30));
+        std::vector<uint8_t> held(row * kHeld, 0x3c), k(row * kSeqs, 0x3b), v(k.size(), 0x3a), copy(row * 2 * kSeqs);
+        for (int i = 0; i < kSeqs; ++i) store.add(uint64_t(i)), store.append_f16(uint64_t(i), 0, held.data(), held.data(), kHeld);
+        std::vector<uint8_t> cold(size_t(o.cold_gb * 1e9));
+        volatile uint8_t sink = 0;
+        const auto evict = [&] {
+          for (size_t i = 0; i < cold.size(); i += 64) sink = uint8_t(sink + cold[i]);
+        };
+        std::vector<double> ta, tc;
+        for (auto _ : st) {
+          evict();
+          const int64_t t0 = fd::now_ns();
+          for (int i = 0; i < kSeqs; ++i) {
+            std::memcpy(copy.data() + size_t(i) * row * 2, k.data() + size_t(i) * row, row);
+            std::memcpy(copy.data() + size_t(i) * row * 2 + row, v.data() + size_t(i) * row, row);
+          }
+          const int64_t t1 = fd::now_ns();
+          evict();
+          const int64_t t2 = fd::now_ns();
+          for (int i = 0; i < kSeqs; ++i) store.append_f16(uint64_t(i), 0, k.data() + size_t(i) * row, v.data() + size_t(i) * row, 1);
+          const int64_t t3 = fd::now_ns();
+          tc.push_back(double(t1 - t0) / kSeqs);
+          ta.push_back(double(t3 - t2) / kSeqs);
+          st.SetIterationTime(double(t3 - t2) / 1e9);
+        }
+        st.counters["ns_per_sequence"] = fd::median(ta);
+        st.counters["copy_ns_per_sequence"] = fd::median(tc);
+        st.counters["ratio_to_copy"] = fd::median(tc) / fd::median(ta);
+        st.counters["token_bytes"] = double(row * 2);
+      });
+    })->UseManualTime()->Iterations(o.reps)->Unit(benchmark::kMicrosecond);
+  }
+}
+
 void register_all(Options& o, CLI::App& app) {
   if (o.quick) {
     if (app.count("--batch") == 0) o.batches = {1, 16, 64};
@@ -447,6 +497,7 @@ void register_all(Options& o, CLI::App& app) {
         }
       }
   if (o.quantize) register_quantize(o, isas, dts);
+  if (o.append) register_append(o, dts);
   benchmark::AddCustomContext("fd_tool", "fd-attn-bench");
   benchmark::AddCustomContext("fd_threads", std::to_string(o.threads));
   benchmark::AddCustomContext("fd_ceiling_isa", ceil_isa);
@@ -516,6 +567,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--quantize", o.quantize,
                "Also time kv_quantize_block per ISA and KV dtype, one thread, against a memcpy of the block (kv_quantize/...)");
+  app.add_flag("--append", o.append,
+               "Also time a decode token's append (KVStore) to 256 sequences per KV dtype, one thread, caches cold, "
+               "against a memcpy of the same bytes (kv_append/...)");
   app.add_flag("--quick", o.quick, "Small sweep for a 2-core dev machine: batch 1 16 64, context 512 2048 8192");
   return fd::bench::bench_main(
       argc, argv, app, [&] { register_all(o, app); }, [] { g_bench.reset(); });

@@ -214,3 +214,18 @@ def test_report_reads_the_google_benchmark_format(repo_root, tmp_path, attn):
                f"{r['ceiling_bytes_per_second'] / 1e9:.1f} | {r['ratio_to_ceiling']:.2f} | {sp} |")
         assert row in text, row
     assert any("/fp16/" in r["name"] for r in kernels) and any("/int4/" in r["name"] for r in kernels)
+
+
+def test_append_rows_time_a_decode_token_against_a_copy_of_its_bytes(fd_bin, tmp_path, run_program):
+    """--append: one kv_append row per KV dtype, 256 sequences; its counters are the medians they say they are."""
+    out = tmp_path / "append.json"
+    run_program([fd_bin("fd-attn-bench"), "--append", "--kv-dtype", "fp16", "int4", "--batch", 1, "--context", 40,
+                 "--heads", H, "--kv-heads", HKV, "--head-dim", D, "--threads", 2, "--reps", REPS, "--cold-gb", COLD_GB,
+                 "--benchmark_filter=kv_append", "--json", out], timeout=120)
+    rows = {r["name"].split("/iterations")[0]: r for r in json.loads(out.read_text())["benchmarks"]}
+    assert set(rows) == {"kv_append/fp16/B:256", "kv_append/int4/B:256"}
+    for name, r in rows.items():
+        assert r["token_bytes"] == 2 * HKV * D * 2, name  # K and V of one token, fp16
+        assert r["ns_per_sequence"] > 0 and r["copy_ns_per_sequence"] > 0, name
+        assert r["ratio_to_copy"] == pytest.approx(r["copy_ns_per_sequence"] / r["ns_per_sequence"], rel=1e-9), name
+        assert r["iterations"] == REPS, name
