@@ -1,7 +1,6 @@
 #include "harness/profile_service.h"
 
 #include <omp.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <barrier>
@@ -12,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "fastdecode/core/affinity.h"
 #include "fastdecode/core/clock.h"
 #include "fastdecode/core/dtype.h"
 #include "fastdecode/core/error.h"
@@ -39,11 +39,10 @@ void check_service_options(const ServiceProfileOptions& o) {
     if (n != "fp16" && n != "int8" && n != "int4")
       throw ConfigError("--kv-dtypes: unknown KV dtype '" + n + "' (expected fp16, int8 or int4)");
   if (o.pin) {
-    cpu_set_t allowed;
-    CPU_ZERO(&allowed);
-    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+    const std::vector<int> allowed = allowed_cpus();  // ascending; empty when it cannot be read
+    if (!allowed.empty())
       for (int c = o.first_cpu; c < o.first_cpu + o.workers * o.threads; ++c)
-        if (c >= CPU_SETSIZE || !CPU_ISSET(c, &allowed))
+        if (!std::binary_search(allowed.begin(), allowed.end(), c))
           throw ConfigError("--rworkers " + std::to_string(o.workers) + " x --rworker-threads " + std::to_string(o.threads) +
                             " pinned from CPU " + std::to_string(o.first_cpu) + ": CPU " + std::to_string(c) +
                             " is not one this process may run on (fewer workers or threads, or --no-pin)");

@@ -83,26 +83,22 @@ std::vector<int64_t> pinned_first_cpus(const FastDecodeConfig& ec, int64_t G) {
 // The cores the spawned, pinned workers will take (pinned_first_cpus), checked against the CPUs this process may run
 // on: a config error naming the key, before any worker is spawned. Registered workers are pinned by their launcher.
 void check_pinned_cpus(const FastDecodeConfig& ec, const std::vector<int64_t>& first_cpus, bool from_hardware) {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || !ec.rworkers.register_endpoint.empty()) return;
-  int n_allowed = 0, last_allowed = -1;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &allowed)) ++n_allowed, last_allowed = c;
+  const std::vector<int> allowed = allowed_cpus();  // ascending; empty when it cannot be read
+  if (allowed.empty() || !ec.rworkers.register_endpoint.empty()) return;
   const size_t G = first_cpus.size();
   for (size_t g = 0; g < G; ++g) {
     const RWorkersConfig r = ec.rworkers.group(g);
     const int64_t first_cpu = first_cpus[g], last = first_cpu + r.spawn * r.threads - 1;
     for (int64_t c = first_cpu; first_cpu >= 0 && c <= last; ++c) {
-      if (c < CPU_SETSIZE && CPU_ISSET(int(c), &allowed)) continue;
+      if (c < CPU_SETSIZE && std::binary_search(allowed.begin(), allowed.end(), int(c))) continue;
       const std::string key = from_hardware ? "hardware.rworkers (its workers are pinned: engine.rworkers.pin)"
                               : ec.rworkers.groups.empty() ? "engine.rworkers.pin"
                                                            : "engine.rworkers.groups[" + std::to_string(g) + "] (pin)";
       throw ConfigError(key + ": " + std::to_string(r.spawn) + " R-worker(s) x " + std::to_string(r.threads) +
                         " threads pinned to CPUs " + std::to_string(first_cpu) + "-" + std::to_string(last) +
                         (G > 1 ? " (group " + std::to_string(g) + ")" : "") + ", but CPU " + std::to_string(c) +
-                        " is not one this process may run on (" + std::to_string(n_allowed) + " CPUs, the last " +
-                        std::to_string(last_allowed) + "): fewer workers or threads, or pin: false");
+                        " is not one this process may run on (" + std::to_string(allowed.size()) + " CPUs, the last " +
+                        std::to_string(allowed.back()) + "): fewer workers or threads, or pin: false");
     }
   }
 }
