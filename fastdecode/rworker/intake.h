@@ -9,7 +9,7 @@
 //   SIOCINQ) less the wire bytes of the messages the loop took from it (ZMTP framing included; CURVE's per-frame box
 //   too) less a slack for the handshake and heartbeats. A connection whose message is still arriving shows here as
 //   its bytes grow, before libzmq delivers anything.
-// * Every tick (2 ms) the guard cuts (shutdown(2) on libzmq's descriptor: libzmq sees the peer gone, drops what it
+// * Every tick (2 ms) the guard cuts (disconnect_socket() on libzmq's descriptor: libzmq sees the peer gone, drops what it
 //   held for it, and the loop ends its session) the connection holding the most when
 //     - the bytes held by all connections plus the request being handled pass the intake budget, or
 //     - the process's resident memory passes its bound (memory limit + intake budget + the base the guard measured
@@ -94,6 +94,11 @@ struct RouterCounters {
 
 // The bytes one frame of `size` bytes takes on the wire (ZMTP 3 framing; with `curve`, its CURVE box).
 uint64_t wire_bytes_of_frame(size_t size, bool curve);
+
+// Cuts the connection on descriptor `fd` under its owner (libzmq): TCP resets it and drops its receive queue, so the
+// owner's next read fails at once; a socket that cannot be disconnected so (ipc://) is shut down instead (its owner
+// reads end-of-stream). Returns the bytes its receive queue held unread.
+size_t disconnect_socket(int fd);
 
 // The connections of one ROUTER socket, from its monitor's ACCEPTED and DISCONNECTED events, and the guard thread
 // that watches them. The monitor socket is shared by the loop and the guard, each draining it under the table's
