@@ -17,6 +17,7 @@ import rworker_service as rs  # noqa: E402
 
 COMMITTED = ROOT / "artifacts" / "rworker" / "service"
 HUGE_PAGES = ROOT / "artifacts" / "rworker" / "devvm-hugepages"  # the dev VM's huge-page A/B (its ABOUT.md)
+STREAM = ROOT / "artifacts" / "rworker" / "gpu-machine-stream-append-e885ccc"  # streaming-store appends (its ABOUT.md)
 
 
 def profile(rows, workers=5, threads=3):
@@ -62,7 +63,7 @@ def test_a_profile_without_a_service_section_is_refused(tmp_path):
     assert r.returncode == 2 and "no r_service section" in r.stderr
 
 
-@pytest.mark.parametrize("committed", [COMMITTED, HUGE_PAGES], ids=["service", "devvm-hugepages"])
+@pytest.mark.parametrize("committed", [COMMITTED, HUGE_PAGES, STREAM], ids=["service", "devvm-hugepages", "stream-append"])
 def test_the_committed_report_is_current(tmp_path, committed):
     profiles = sorted((committed / "profiles").glob("*.json"))
     assert profiles, f"{committed}/profiles/ holds the profiles the report is made from"
