@@ -11,6 +11,13 @@ HybridConfig HybridConfig::parse(StrictObject& o) {
   c.mini_batches = o.get_int("mini_batches", 1, 2, 2);
   if (o.has("rworkers")) {
     StrictObject r = o.get_object("rworkers");
+    // Keys of the fastdecode engine's R-workers that the hybrid engine has no mechanism for: refused, never ignored.
+    if (r.has("on_failure") && r.get_raw("on_failure") != "fail")
+      r.fail("on_failure", "recovery is not built for the hybrid engine: a worker found gone ends the run (\"fail\")");
+    if (r.has("shm_in_place"))
+      r.fail("shm_in_place", "not built for the hybrid engine (its q/k/v go from pinned host buffers into the region)");
+    if (r.has("append_chunk_kb"))
+      r.fail("append_chunk_kb", "not built for the hybrid engine (its prefill appends go in the worker's largest messages)");
     c.rworkers = RWorkersConfig::parse(r, 1);
   } else {
     o.get_raw("rworkers");
@@ -28,12 +35,19 @@ HybridConfig HybridConfig::parse(StrictObject& o) {
     o.get_raw("controller");
   }
   c.controller.max_moves_per_step = 0;  // a sequence stays on the side it was placed on
+  c.rworkers.on_failure = "fail";
   return c;
+}
+
+json HybridConfig::rworkers_json() const {
+  json j = rworkers.to_json();
+  j.erase("shm_in_place"), j.erase("append_chunk_kb");  // the fastdecode engine's only (refused above)
+  return j;
 }
 
 json HybridConfig::to_json() const {
   return {{"max_context", max_context}, {"prefill_tokens", prefill_tokens}, {"cuda_graphs", cuda_graphs},
-          {"dtype", dtype},             {"mini_batches", mini_batches},     {"rworkers", rworkers.to_json()},
+          {"dtype", dtype},             {"mini_batches", mini_batches},     {"rworkers", rworkers_json()},
           {"controller", controller.to_json()}};
 }
 

@@ -43,10 +43,7 @@ class HybridEngine : public Engine {
     if (endpoints.empty()) {
       const std::string bin = rw.binary.empty() ? default_rworker_binary() : rw.binary;
       for (int64_t i = 0; i < rw.spawn; ++i) {
-        std::vector<std::string> args = {"--threads", std::to_string(rw.threads), "--kv-dtype", rw.kv_dtype,
-                                          "--memory-gb", std::to_string(rw.memory_gb), "--name", "rworker" + std::to_string(i)};
-        if (rw.pin) args.insert(args.end(), {"--cpus", std::to_string(i * rw.threads) + "-" + std::to_string((i + 1) * rw.threads - 1)});
-        if (rw.spin_us > 0) args.insert(args.end(), {"--spin-us", std::to_string(rw.spin_us)});
+        const std::vector<std::string> args = rw.spawn_args("rworker" + std::to_string(i), i * rw.threads);
         spawned_.push_back(std::make_unique<SpawnedRWorker>(bin, args));
         endpoints.push_back(spawned_.back()->endpoint());
       }

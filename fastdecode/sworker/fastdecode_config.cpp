@@ -36,6 +36,15 @@ std::vector<std::string> endpoint_list(StrictObject& o, const json& eps) {
 
 }  // namespace
 
+std::vector<std::string> RWorkersConfig::spawn_args(const std::string& name, int64_t first_cpu) const {
+  std::vector<std::string> a = {"--threads", std::to_string(threads), "--kv-dtype", kv_dtype,
+                                "--memory-gb", std::to_string(memory_gb), "--name", name};
+  if (query != "auto") a.insert(a.end(), {"--query", query});
+  if (spin_us > 0) a.insert(a.end(), {"--spin-us", std::to_string(spin_us)});
+  if (pin) a.insert(a.end(), {"--cpus", std::to_string(first_cpu) + "-" + std::to_string(first_cpu + threads - 1)});
+  return a;
+}
+
 RWorkersConfig RWorkersConfig::parse(StrictObject& r, int64_t ranks) {
   RWorkersConfig rw;
   const json& eps = r.get_raw("endpoints");

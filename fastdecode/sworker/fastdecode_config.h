@@ -62,6 +62,9 @@ struct RWorkersConfig {
   std::vector<Group> groups;
   // Group g's settings: these, overridden by groups[g] when there are groups (the result has none).
   RWorkersConfig group(size_t g) const;
+  // The fd-rworker flags of a worker these settings spawn, named `name` (pinned: `threads` CPUs from first_cpu).
+  // Every launcher of spawned workers uses this (the fastdecode and hybrid engines), so none drops a key.
+  std::vector<std::string> spawn_args(const std::string& name, int64_t first_cpu) const;
   // The "rworkers" object of an engine section (ranks: the engine's S-ranks, for `groups`), and its echo.
   static RWorkersConfig parse(StrictObject& r, int64_t ranks);
   json to_json() const;

@@ -88,16 +88,7 @@ void FastDecodeEngine::spawn_group(size_t g, const RWorkersConfig& r, const std:
     char name[48];  // rworker<i>, or g<g>w<i> with several groups (snprintf: GCC 12 warns falsely on "g" + to_string)
     if (G == 1) std::snprintf(name, sizeof name, "rworker%lld", (long long)i);
     else std::snprintf(name, sizeof name, "g%zuw%lld", g, (long long)i);
-    std::vector<std::string> args = {"--threads", std::to_string(r.threads), "--kv-dtype", r.kv_dtype,
-                                      "--memory-gb", std::to_string(r.memory_gb), "--name", name};
-    if (r.query != "auto") args.insert(args.end(), {"--query", r.query});
-    if (r.spin_us > 0) args.insert(args.end(), {"--spin-us", std::to_string(r.spin_us)});
-    if (r.pin) {
-      const int64_t first = first_cpu + i * r.threads, last = first + r.threads - 1;
-      char cpus[48];
-      std::snprintf(cpus, sizeof cpus, "%lld-%lld", (long long)first, (long long)last);
-      args.insert(args.end(), {"--cpus", cpus});
-    }
+    const std::vector<std::string> args = r.spawn_args(name, first_cpu + i * r.threads);
     SpawnPlace where;
     if (hosts_) where.prefix = hosts_->exec_prefix(next_host), where.listen_host = hosts_->address(next_host), ++next_host;
     spawned_.push_back(std::make_unique<SpawnedRWorker>(bin, args, 20000, where));

@@ -359,7 +359,25 @@ TEST(HybridConfig, ParsesAndRefuses) {
   EXPECT_THROW(parse(json{{"type", "hybrid"}, {"controller", {{"mode", "sometimes"}}}}), ConfigError);
   EXPECT_THROW(parse(json{{"type", "hybrid"}, {"rworkers", {{"register", "tcp://0.0.0.0:5600"}, {"expect", 2}}}}), ConfigError);
   EXPECT_THROW(parse(json{{"type", "hybrid"}, {"parallel", {{"tensor", 2}}}}), ConfigError);  // not built for hybrid
+  // Keys the hybrid engine has no mechanism for are refused, not ignored; its echo says what it does.
+  for (const json& rw : {json{{"on_failure", "recover"}}, json{{"shm_in_place", false}}, json{{"append_chunk_kb", 64}}})
+    EXPECT_THROW(parse(json{{"type", "hybrid"}, {"rworkers", rw}}), ConfigError) << rw.dump();
+  EXPECT_NO_THROW(parse(json{{"type", "hybrid"}, {"rworkers", {{"on_failure", "fail"}}}}));
   const json echo = engine_spec_to_json(parse(json{{"type", "hybrid"}}));
   EXPECT_EQ(echo.at("controller").at("mode"), "auto");
   EXPECT_EQ(echo.at("rworkers").at("spawn"), 2);
+  EXPECT_EQ(echo.at("rworkers").at("on_failure"), "fail");
+  EXPECT_FALSE(echo.at("rworkers").contains("shm_in_place"));
+}
+
+// The flags of a spawned R-worker, from the one builder both launchers use (the hybrid engine's dropped --query).
+TEST(RWorkersConfig, SpawnArgsCarryEveryWorkerKey) {
+  RWorkersConfig r;
+  r.threads = 3, r.kv_dtype = "int4", r.query = "fp32", r.memory_gb = 2, r.spin_us = 50, r.pin = true;
+  EXPECT_EQ(r.spawn_args("rworker1", 3), (std::vector<std::string>{"--threads", "3", "--kv-dtype", "int4", "--memory-gb", "2.000000",
+                                                                  "--name", "rworker1", "--query", "fp32", "--spin-us", "50",
+                                                                  "--cpus", "3-5"}));
+  r.query = "auto", r.spin_us = 0, r.pin = false;
+  EXPECT_EQ(r.spawn_args("w", 0), (std::vector<std::string>{"--threads", "3", "--kv-dtype", "int4", "--memory-gb", "2.000000",
+                                                           "--name", "w"}));
 }
