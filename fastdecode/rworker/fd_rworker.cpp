@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "fastdecode/wire/register.h"
@@ -48,6 +49,10 @@ int main(int argc, char** argv) {
   if (!std::getenv("OMP_WAIT_POLICY")) {
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
     setenv("FD_OMP_WAIT_POLICY_SET_BY", "fd-rworker", 1);
+    // By its own path first: a program started as /proc/self/exe is named "exe" (ps, pkill, /proc/PID/comm).
+    std::error_code ec;
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+    if (!ec && !self.empty()) execv(self.c_str(), argv);
     execv("/proc/self/exe", argv);  // on failure, go on with the runtime's default
     unsetenv("OMP_WAIT_POLICY");
   }
