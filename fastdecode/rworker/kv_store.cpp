@@ -75,10 +75,11 @@ void populate(void* p, size_t bytes) {
 #endif
 }
 
-// An fp16 row of a token into a head's tail rows with streaming (non-temporal) stores where SSE2 has them: a decode
-// token's rows land in lines no cache holds, and an ordinary store first reads each such line from memory (on the GPU
-// machine's Xeon the busiest R-worker's appends took 0.37-0.71x the time, artifacts/rworker/stream-append/). Whole
-// aligned 16-byte stores: head_dim is a multiple of 32 (the constructor checks) and blocks are 64-byte aligned.
+// An fp16 row of a token into a head's tail rows with streaming (non-temporal) stores where SSE2 has them: an appended
+// token's rows land in lines no cache holds, and an ordinary store first reads each such line from memory (decode
+// appends on the GPU machine's Xeon: the busiest R-worker's took 0.37-0.71x the time at fp16,
+// artifacts/rworker/gpu-machine-stream-append-e885ccc/). Whole aligned 16-byte stores: head_dim is a multiple of 32
+// (the constructor checks) and blocks are 64-byte aligned.
 inline void copy_row_streaming(uint16_t* dst, const uint8_t* src, size_t bytes) {
 #if defined(__SSE2__)
   auto* d = reinterpret_cast<__m128i*>(dst);
@@ -269,7 +270,9 @@ void KVStore::append(uint64_t seq, int layer, const T* k, const T* v, int64_t n)
   }
   LayerCache& l = cache(seq, layer);
   const int64_t H = n_kv_heads_, D = head_dim_, row = H * D;
-  const bool stream = dtype_ == KVDType::F16 || n == 1;  // a prompt's quantized tail: kept in cache for the quantizer
+  // Streamed: fp16 rows, and a decode token's (n = 1) of a quantized store; a prompt's rows into a quantized store's
+  // tail stay in cache for the quantizer that reads each block as it fills.
+  const bool stream = dtype_ == KVDType::F16 || n == 1;
   for (int64_t t = 0; t < n; ++t) {
     if (!l.tail) l.tail = static_cast<uint16_t*>(alloc_block(tail_bytes_));
     l.tail_holds_last_full = false;  // this token overwrites the last full block's fp16 values
