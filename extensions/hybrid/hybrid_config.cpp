@@ -39,15 +39,11 @@ HybridConfig HybridConfig::parse(StrictObject& o) {
   return c;
 }
 
-json HybridConfig::rworkers_json() const {
-  json j = rworkers.to_json();
-  j.erase("shm_in_place"), j.erase("append_chunk_kb");  // the fastdecode engine's only (refused above)
-  return j;
-}
-
 json HybridConfig::to_json() const {
+  json rw = rworkers.to_json();
+  rw.erase("shm_in_place"), rw.erase("append_chunk_kb");  // the fastdecode engine's only (refused above)
   return {{"max_context", max_context}, {"prefill_tokens", prefill_tokens}, {"cuda_graphs", cuda_graphs},
-          {"dtype", dtype},             {"mini_batches", mini_batches},     {"rworkers", rworkers_json()},
+          {"dtype", dtype},             {"mini_batches", mini_batches},     {"rworkers", rw},
           {"controller", controller.to_json()}};
 }
 

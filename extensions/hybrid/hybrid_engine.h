@@ -27,7 +27,6 @@ struct HybridConfig {
   HybridControllerConfig controller;  // placement: auto (from measured rates), all-gpu, all-cpu, fixed-fraction
   static HybridConfig parse(StrictObject& o);
   json to_json() const;
-  json rworkers_json() const;  // rworkers.to_json() without the keys the hybrid engine refuses
 };
 
 std::unique_ptr<Engine> make_hybrid_engine(const HybridConfig& c, const EngineContext& ctx);

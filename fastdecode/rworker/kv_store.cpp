@@ -294,7 +294,7 @@ void KVStore::append(uint64_t seq, int layer, const T* k, const T* v, int64_t n)
       }
     }
     if (++l.n_tail == kKVBlockTokens) {
-      if (sizeof(T) == 1 && stream) stream_fence();  // the quantizer below reads the rows
+      if (sizeof(T) == 1 && stream && dtype_ != KVDType::F16) stream_fence();  // the quantizer below reads the rows
       if (dtype_ == KVDType::F16) {
         // The full fp16 tail becomes a block as it is; a new tail is allocated with the next token.
         l.full.push_back(l.tail);
